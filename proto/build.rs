@@ -1,6 +1,8 @@
 //! Compiles `csi.proto` with the pure-Rust `protox` compiler (no system
 //! `protoc`, `PROTOC` is never consulted) and generates tonic clients and
-//! servers for every CSI service.
+//! servers for every CSI service. Server traits get default methods that
+//! answer `UNIMPLEMENTED` (as the CSI spec asks for an RPC a plugin does not
+//! offer), so a driver or a test wrapper implements only what it serves.
 //!
 //! Messages that carry a field marked `(csi_secret) = true` do not get prost's
 //! derived `Debug`; this script writes a `Debug` impl for them that prints
@@ -27,7 +29,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         manifest_dir.join(PROTO_DIR)
     };
-    println!("cargo:rerun-if-changed={}", include.join(PROTO_FILE).display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        include.join(PROTO_FILE).display()
+    );
 
     let mut compiler = protox::Compiler::new([&include])?;
     compiler.include_imports(true).include_source_info(true);
@@ -68,6 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        .generate_default_stubs(true)
         .skip_debug(redacted_messages)
         .compile_fds(fds)?;
 
@@ -155,7 +161,11 @@ fn write_redacted_debug(
         if secret_fields.iter().any(|s| s == name) {
             writeln!(out, "            .field(\"{name}\", &crate::STRIPPED)")?;
         } else {
-            writeln!(out, "            .field(\"{name}\", &self.{})", rust_ident(name))?;
+            writeln!(
+                out,
+                "            .field(\"{name}\", &self.{})",
+                rust_ident(name)
+            )?;
         }
     }
     writeln!(out, "            .finish()")?;

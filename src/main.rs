@@ -1,1 +1,54 @@
-fn main(){}
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use csi_provisioner::cli::{CliError, Options};
+use csi_provisioner::startup;
+use futures_util::FutureExt;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let options = match Options::parse_from_args(std::env::args_os()) {
+        Ok(options) => options,
+        // Help and --help exit 0, parse errors 2, as clap prints them.
+        Err(CliError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("csi-provisioner: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if options.version {
+        println!("csi-provisioner {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    init_logging(&options);
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("csi-provisioner: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let shutdown = startup::termination_signal().shared();
+    match runtime.block_on(startup::run(options, shutdown)) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(options: &Options) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(options.log_level().as_str().to_ascii_lowercase()));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

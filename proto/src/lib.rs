@@ -31,8 +31,11 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/csi.v1.redact.rs"));
 }
 
+pub mod transport;
+
 pub use v1::*;
 
 /// The compiled `csi.proto` (with its imports) as an encoded
 /// `google.protobuf.FileDescriptorSet`, for reflection and conformance tests.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/csi_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/csi_descriptor.bin"));

@@ -191,7 +191,10 @@ fn compiled_schema_matches_the_wire_table() {
                 let m = pool
                     .get_message_by_name(&format!("csi.v1.{parent}"))
                     .expect("message");
-                assert!(m.oneofs().any(|o| o.name() == name), "{parent} oneof {name}");
+                assert!(
+                    m.oneofs().any(|o| o.name() == name),
+                    "{parent} oneof {name}"
+                );
             }
             "field" => {
                 fields_in_table += 1;
@@ -278,12 +281,10 @@ fn relative_name(full: &str, nested: bool) -> String {
 }
 
 fn type_name(f: &prost_reflect::FieldDescriptor) -> String {
-    if f.is_map() {
-        if let Kind::Message(entry) = f.kind() {
-            let k = entry.map_entry_key_field().kind();
-            let v = entry.map_entry_value_field().kind();
-            return format!("map<{},{}>", scalar_name(&k), scalar_name(&v));
-        }
+    if let (true, Kind::Message(entry)) = (f.is_map(), f.kind()) {
+        let k = entry.map_entry_key_field().kind();
+        let v = entry.map_entry_value_field().kind();
+        return format!("map<{},{}>", scalar_name(&k), scalar_name(&v));
     }
     scalar_name(&f.kind())
 }

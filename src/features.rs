@@ -1,0 +1,292 @@
+//! `--feature-gates` in the Kubernetes syntax (`A=true,B=false`), with the
+//! gate table of the design (DESIGN §2).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Every gate this sidecar knows, with its maturity and default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Feature {
+    /// KEP-2644: the PV deletion-protection finalizer (DESIGN §4).
+    HonorPVReclaimPolicy,
+    /// Embedded PVC-protection loop (DESIGN §5).
+    PVCProtection,
+    /// Embedded StatefulSet PVC retention loop (DESIGN §6).
+    StatefulSetAutoDeletePVC,
+    /// Embedded PV releaser loop (DESIGN §7), needs `--controller-id`.
+    PVReleaser,
+    /// Topology-aware provisioning.
+    Topology,
+    /// Pass VolumeAttributesClass parameters to CreateVolume.
+    VolumeAttributesClass,
+    /// Data sources in other namespaces (with ReferenceGrants).
+    CrossNamespaceVolumeDataSource,
+    /// Give up the Lease on a clean exit so a successor need not wait.
+    ReleaseLeaderElectionOnExit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Alpha,
+    Beta,
+    Ga,
+}
+
+impl Feature {
+    pub const ALL: [Feature; 8] = [
+        Feature::HonorPVReclaimPolicy,
+        Feature::PVCProtection,
+        Feature::StatefulSetAutoDeletePVC,
+        Feature::PVReleaser,
+        Feature::Topology,
+        Feature::VolumeAttributesClass,
+        Feature::CrossNamespaceVolumeDataSource,
+        Feature::ReleaseLeaderElectionOnExit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::HonorPVReclaimPolicy => "HonorPVReclaimPolicy",
+            Feature::PVCProtection => "PVCProtection",
+            Feature::StatefulSetAutoDeletePVC => "StatefulSetAutoDeletePVC",
+            Feature::PVReleaser => "PVReleaser",
+            Feature::Topology => "Topology",
+            Feature::VolumeAttributesClass => "VolumeAttributesClass",
+            Feature::CrossNamespaceVolumeDataSource => "CrossNamespaceVolumeDataSource",
+            Feature::ReleaseLeaderElectionOnExit => "ReleaseLeaderElectionOnExit",
+        }
+    }
+
+    pub fn default_enabled(self) -> bool {
+        matches!(
+            self,
+            Feature::HonorPVReclaimPolicy | Feature::Topology | Feature::VolumeAttributesClass
+        )
+    }
+
+    pub fn stage(self) -> Stage {
+        match self {
+            Feature::HonorPVReclaimPolicy | Feature::Topology | Feature::VolumeAttributesClass => {
+                Stage::Ga
+            }
+            Feature::PVCProtection
+            | Feature::StatefulSetAutoDeletePVC
+            | Feature::PVReleaser
+            | Feature::CrossNamespaceVolumeDataSource
+            | Feature::ReleaseLeaderElectionOnExit => Stage::Alpha,
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Feature> {
+        Feature::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+impl fmt::Display for Feature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FeatureGateError {
+    #[error("unrecognized feature gate: {0}")]
+    Unknown(String),
+    #[error("missing bool value for {0}")]
+    MissingValue(String),
+    #[error(
+        "invalid value of {gate}={value}, err: strconv.ParseBool: parsing {value:?}: invalid syntax"
+    )]
+    BadValue { gate: String, value: String },
+}
+
+/// The resolved gates: defaults overridden by what the command line set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeatureGates {
+    enabled: BTreeMap<Feature, bool>,
+}
+
+impl Default for FeatureGates {
+    fn default() -> Self {
+        Self {
+            enabled: Feature::ALL
+                .into_iter()
+                .map(|f| (f, f.default_enabled()))
+                .collect(),
+        }
+    }
+}
+
+impl FeatureGates {
+    pub fn enabled(&self, feature: Feature) -> bool {
+        self.enabled
+            .get(&feature)
+            .copied()
+            .unwrap_or(feature.default_enabled())
+    }
+
+    pub fn set(&mut self, feature: Feature, value: bool) {
+        self.enabled.insert(feature, value);
+    }
+
+    /// Applies one `--feature-gates` value. Like Kubernetes: comma separated
+    /// `Name=bool` pairs, spaces around items ignored, empty items skipped,
+    /// `AllAlpha` / `AllBeta` set every gate of that stage (explicit gates in
+    /// the same value win regardless of order).
+    pub fn apply(&mut self, spec: &str) -> Result<(), FeatureGateError> {
+        let mut explicit = Vec::new();
+        let mut all_alpha = None;
+        let mut all_beta = None;
+        for item in spec.split(',') {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let Some((name, value)) = item.split_once('=') else {
+                return Err(FeatureGateError::MissingValue(item.to_owned()));
+            };
+            let (name, value) = (name.trim(), value.trim());
+            let parsed = parse_go_bool(value).ok_or_else(|| FeatureGateError::BadValue {
+                gate: name.to_owned(),
+                value: value.to_owned(),
+            })?;
+            match name {
+                "AllAlpha" => all_alpha = Some(parsed),
+                "AllBeta" => all_beta = Some(parsed),
+                _ => {
+                    let feature = Feature::from_name(name)
+                        .ok_or_else(|| FeatureGateError::Unknown(name.to_owned()))?;
+                    explicit.push((feature, parsed));
+                }
+            }
+        }
+        for feature in Feature::ALL {
+            match (feature.stage(), all_alpha, all_beta) {
+                (Stage::Alpha, Some(v), _) | (Stage::Beta, _, Some(v)) => self.set(feature, v),
+                _ => {}
+            }
+        }
+        for (feature, value) in explicit {
+            self.set(feature, value);
+        }
+        Ok(())
+    }
+
+    /// `Name=bool` for every gate, for the start-up log line.
+    pub fn summary(&self) -> String {
+        Feature::ALL
+            .into_iter()
+            .map(|f| format!("{}={}", f.name(), self.enabled(f)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Go's `strconv.ParseBool`: the spellings a Go flag accepts for booleans.
+pub fn parse_go_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_design_table() {
+        let gates = FeatureGates::default();
+        assert!(gates.enabled(Feature::HonorPVReclaimPolicy));
+        assert!(gates.enabled(Feature::Topology));
+        assert!(gates.enabled(Feature::VolumeAttributesClass));
+        assert!(!gates.enabled(Feature::PVCProtection));
+        assert!(!gates.enabled(Feature::StatefulSetAutoDeletePVC));
+        assert!(!gates.enabled(Feature::PVReleaser));
+        assert!(!gates.enabled(Feature::CrossNamespaceVolumeDataSource));
+        assert!(!gates.enabled(Feature::ReleaseLeaderElectionOnExit));
+    }
+
+    #[test]
+    fn parses_kubernetes_syntax() {
+        let mut gates = FeatureGates::default();
+        gates
+            .apply(" PVCProtection=true, HonorPVReclaimPolicy=false,,PVReleaser=T ")
+            .expect("valid");
+        assert!(gates.enabled(Feature::PVCProtection));
+        assert!(!gates.enabled(Feature::HonorPVReclaimPolicy));
+        assert!(gates.enabled(Feature::PVReleaser));
+        // A later flag value merges with the earlier one.
+        gates.apply("PVReleaser=0").expect("valid");
+        assert!(!gates.enabled(Feature::PVReleaser));
+        assert!(gates.enabled(Feature::PVCProtection));
+        gates.apply("").expect("empty is fine");
+    }
+
+    #[test]
+    fn all_alpha_and_explicit_override() {
+        let mut gates = FeatureGates::default();
+        gates
+            .apply("PVReleaser=false,AllAlpha=true")
+            .expect("valid");
+        assert!(gates.enabled(Feature::PVCProtection));
+        assert!(gates.enabled(Feature::StatefulSetAutoDeletePVC));
+        assert!(!gates.enabled(Feature::PVReleaser), "explicit gate wins");
+        assert!(gates.enabled(Feature::HonorPVReclaimPolicy), "GA untouched");
+        gates.apply("AllBeta=false").expect("valid, no beta gates");
+    }
+
+    #[test]
+    fn every_bad_input_names_the_gate() {
+        let cases = [
+            ("Bogus=true", FeatureGateError::Unknown("Bogus".into())),
+            (
+                "pvcprotection=true",
+                FeatureGateError::Unknown("pvcprotection".into()),
+            ),
+            (
+                "PVCProtection",
+                FeatureGateError::MissingValue("PVCProtection".into()),
+            ),
+            (
+                "PVCProtection=yes",
+                FeatureGateError::BadValue {
+                    gate: "PVCProtection".into(),
+                    value: "yes".into(),
+                },
+            ),
+            (
+                "Topology=",
+                FeatureGateError::BadValue {
+                    gate: "Topology".into(),
+                    value: "".into(),
+                },
+            ),
+            ("=true", FeatureGateError::Unknown("".into())),
+        ];
+        for (spec, want) in cases {
+            let mut gates = FeatureGates::default();
+            assert_eq!(gates.apply(spec), Err(want.clone()), "{spec}");
+            assert_eq!(gates, FeatureGates::default(), "{spec}: nothing applied");
+        }
+        assert!(
+            FeatureGateError::Unknown("Bogus".into())
+                .to_string()
+                .contains("Bogus")
+        );
+    }
+
+    #[test]
+    fn go_bool_spellings() {
+        for v in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert_eq!(parse_go_bool(v), Some(true), "{v}");
+        }
+        for v in ["0", "f", "F", "FALSE", "false", "False"] {
+            assert_eq!(parse_go_bool(v), Some(false), "{v}");
+        }
+        for v in ["", "yes", "no", "tRUE", "2", " true"] {
+            assert_eq!(parse_go_bool(v), None, "{v}");
+        }
+    }
+}
