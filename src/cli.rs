@@ -284,19 +284,8 @@ pub enum CliError {
 /// built yet. Each one that is set on the command line is reported once at
 /// start-up, so nobody believes a setting took effect when it did not.
 pub const NOT_YET_IMPLEMENTED: &[&str] = &[
-    "kubeconfig",
-    "master",
-    "retry-interval-start",
-    "retry-interval-max",
-    "worker-threads",
     "kube-api-qps",
     "kube-api-burst",
-    "volume-name-prefix",
-    "volume-name-uuid-length",
-    "default-fstype",
-    "extra-create-metadata",
-    "strict-topology",
-    "immediate-topology",
     "leader-election",
     "leader-election-namespace",
     "leader-election-lease-duration",
@@ -317,14 +306,11 @@ pub const NOT_YET_IMPLEMENTED: &[&str] = &[
     "node-deployment-immediate-binding",
     "node-deployment-base-delay",
     "node-deployment-max-delay",
-    "controller-publish-readonly",
-    "prevent-volume-mode-conversion",
     "cloning-protection-threads",
     "snapshot-orphan-sweep-interval",
     "controller-id",
     "disable-automatic-association",
     "releaser-resync-period",
-    "feature-gates",
 ];
 
 impl Options {
@@ -441,7 +427,19 @@ impl Options {
             .unwrap_or_else(|_| PathBuf::from(&self.csi_address))
     }
 
-    /// The tracing filter for `-v`.
+    /// The tracing filter directives for `-v`: our own logs follow the
+    /// level, libraries (HTTP, gRPC) stay at info until the highest levels,
+    /// as klog's verbosity only affects the sidecar's own messages.
+    pub fn log_filter(&self) -> String {
+        match self.verbosity {
+            0..=1 => "info".to_owned(),
+            2..=4 => "info,csi_provisioner=debug".to_owned(),
+            5..=7 => "info,csi_provisioner=trace".to_owned(),
+            _ => "debug,csi_provisioner=trace".to_owned(),
+        }
+    }
+
+    /// The level of our own logs for `-v`.
     pub fn log_level(&self) -> tracing::Level {
         match self.verbosity {
             0..=1 => tracing::Level::INFO,
@@ -610,7 +608,8 @@ mod tests {
         assert_eq!(o.capacity_ownerref_level, -1);
         assert_eq!(o.snapshot_orphan_sweep_interval, Duration::ZERO);
         assert_eq!(o.log_level(), tracing::Level::TRACE);
-        assert!(o.set_but_not_implemented().contains(&"worker-threads"));
+        assert!(o.set_but_not_implemented().contains(&"kube-api-qps"));
+        assert!(!o.set_but_not_implemented().contains(&"worker-threads"));
         assert!(!o.set_but_not_implemented().contains(&"timeout"));
     }
 

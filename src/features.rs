@@ -25,6 +25,16 @@ pub enum Feature {
     ReleaseLeaderElectionOnExit,
 }
 
+/// Gates that parse but whose loops are not built yet; enabling one is
+/// reported at start-up so nobody believes it took effect.
+pub const NOT_YET_IMPLEMENTED: &[Feature] = &[
+    Feature::PVCProtection,
+    Feature::StatefulSetAutoDeletePVC,
+    Feature::PVReleaser,
+    Feature::CrossNamespaceVolumeDataSource,
+    Feature::ReleaseLeaderElectionOnExit,
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     Alpha,

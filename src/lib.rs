@@ -3,5 +3,11 @@
 pub mod cli;
 pub mod csi;
 pub mod duration;
+pub mod events;
 pub mod features;
+pub mod informer;
+pub mod kube_client;
+pub mod provision;
+pub mod queue;
 pub mod startup;
+pub mod wellknown;

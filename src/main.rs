@@ -43,8 +43,8 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(options: &Options) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(options.log_level().as_str().to_ascii_lowercase()));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(options.log_filter()));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -3,9 +3,18 @@
 
 use std::future::Future;
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
+
 use crate::cli::Options;
 use crate::csi::connection::{ConnectError, connect_and_probe};
 use crate::csi::{Driver, StartupError};
+use crate::features::Feature;
+use crate::kube_client::{ClientConfigError, load_config};
+use crate::provision::controller::{self as provisioning, LoopSettings};
+use crate::provision::{DriverCapabilities, ProvisionerConfig};
+use crate::queue::Backoff;
 
 /// Why the process stops with a non-zero exit code.
 #[derive(Debug, thiserror::Error)]
@@ -14,6 +23,10 @@ pub enum RunError {
     Connect(#[from] ConnectError),
     #[error(transparent)]
     Startup(#[from] StartupError),
+    #[error(transparent)]
+    KubeConfig(#[from] ClientConfigError),
+    #[error("cannot start provisioning: {0}")]
+    Journal(#[from] provisioning::journal::JournalError),
 }
 
 /// How the run ended without an error.
@@ -68,17 +81,120 @@ pub async fn run(
     for flag in options.set_but_not_implemented() {
         tracing::warn!(flag = %format!("--{flag}"), "flag accepted but not supported yet by this version; it has no effect");
     }
+    for gate in crate::features::NOT_YET_IMPLEMENTED {
+        if options.gates().enabled(*gate) {
+            tracing::warn!(gate = %gate, "feature gate enabled but not supported yet by this version; it has no effect");
+        }
+    }
     let Some(driver) = connect_driver(&options, shutdown.clone()).await? else {
         tracing::info!("termination signal received before the driver was ready, exiting");
         return Ok(Stopped::Signal);
     };
-    tracing::info!(
-        driver = %driver.name(),
-        "driver can provision; the provisioning controller is not part of this build yet, waiting for a termination signal"
-    );
+    let kube_config = load_config(&options.kubeconfig, &options.master).await?;
+    let namespace = own_namespace(&options, &kube_config.default_namespace);
+    let client = kube::Client::try_from(kube_config).map_err(ClientConfigError::from)?;
+    let config = provisioner_config(&options, &driver);
+    let host = hostname();
+    let settings = LoopSettings {
+        workers: options.worker_threads as usize,
+        backoff: Backoff {
+            start: options.retry_interval_start,
+            max: options.retry_interval_max,
+        },
+        namespace,
+        component: format!("{}_{host}", config.driver_name),
+        host,
+    };
+    tracing::info!(driver = %config.driver_name, journal_namespace = %settings.namespace, workers = settings.workers, "starting the provisioning loop");
+    let started = tokio::select! {
+        started = provisioning::start(client, driver, config, settings) => started?,
+        () = shutdown.clone() => {
+            tracing::info!("termination signal received during start-up, exiting");
+            return Ok(Stopped::Signal);
+        }
+    };
+    tracing::info!("provisioning loop running");
     shutdown.await;
+    started.claims.shut_down();
+    started.volumes.shut_down();
     tracing::info!("termination signal received, exiting");
     Ok(Stopped::Signal)
+}
+
+/// The provisioning decisions' configuration, from flags, gates and what the
+/// driver can do.
+pub fn provisioner_config(options: &Options, driver: &Driver) -> ProvisionerConfig {
+    let info = driver.info();
+    let gates = options.gates();
+    let mut config = ProvisionerConfig::with_defaults(info.name.clone());
+    config.provisioner_identity = provisioner_identity(&info.name);
+    config.volume_name_prefix = options.volume_name_prefix.clone();
+    config.volume_name_uuid_length = usize::try_from(options.volume_name_uuid_length).ok();
+    config.default_fstype = options.default_fstype.clone();
+    config.extra_create_metadata = options.extra_create_metadata;
+    config.strict_topology = options.strict_topology;
+    config.immediate_topology = options.immediate_topology;
+    config.topology_enabled =
+        gates.enabled(Feature::Topology) && info.plugin.volume_accessibility_constraints;
+    config.controller_publish_readonly = options.controller_publish_readonly;
+    config.prevent_volume_mode_conversion = options.prevent_volume_mode_conversion;
+    config.honor_pv_reclaim_policy = gates.enabled(Feature::HonorPVReclaimPolicy);
+    config.volume_attributes_class_enabled = gates.enabled(Feature::VolumeAttributesClass);
+    config.cross_namespace_data_source = gates.enabled(Feature::CrossNamespaceVolumeDataSource);
+    config.capabilities = DriverCapabilities {
+        clone_volume: info.controller.has(ControllerCap::CloneVolume),
+        create_delete_snapshot: info.controller.has(ControllerCap::CreateDeleteSnapshot),
+        modify_volume: info.controller.has(ControllerCap::ModifyVolume),
+        single_node_multi_writer: info.controller.has(ControllerCap::SingleNodeMultiWriter),
+    };
+    config
+}
+
+/// Upstream's identity string: recorded in each PV's volume attributes so a
+/// restarted provisioner can tell its own PVs; unique per process start.
+fn provisioner_identity(driver: &str) -> String {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    format!("{millis}-{}-{driver}", std::process::id() % 10_000)
+}
+
+/// The namespace of the journal: `--leader-election-namespace`, else the
+/// pod's namespace (`NAMESPACE` / `POD_NAMESPACE` env or the service-account
+/// file), else the kubeconfig's namespace.
+fn own_namespace(options: &Options, kubeconfig_namespace: &str) -> String {
+    if !options.leader_election_namespace.is_empty() {
+        return options.leader_election_namespace.clone();
+    }
+    for var in ["NAMESPACE", "POD_NAMESPACE"] {
+        if let Ok(ns) = std::env::var(var)
+            && !ns.is_empty()
+        {
+            return ns;
+        }
+    }
+    if let Ok(ns) =
+        std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    {
+        let ns = ns.trim();
+        if !ns.is_empty() {
+            return ns.to_owned();
+        }
+    }
+    kubeconfig_namespace.to_owned()
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_default()
 }
 
 /// Completes on SIGTERM or SIGINT.

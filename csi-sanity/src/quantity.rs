@@ -1,0 +1,174 @@
+//! Parsing of sizes (`10Mi`, `1G`, `1073741824`) and durations (`30s`,
+//! `2m`, `90`).
+
+use std::time::Duration;
+
+/// A size or duration that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    #[error("empty value")]
+    Empty,
+    #[error("{0:?} is not a size: use plain bytes (1073741824) or a quantity (10Mi, 1Gi, 500M)")]
+    BadSize(String),
+    #[error("{0:?} is too large")]
+    Overflow(String),
+    #[error("{0:?} is not a duration: use seconds (90) or a number with s, m or h (30s, 2m)")]
+    BadDuration(String),
+}
+
+/// Parses a byte count: a plain non-negative integer (the upstream tool's
+/// `--csi.testvolumesize` takes bytes) or a Kubernetes-style quantity with a
+/// binary (`Ki`, `Mi`, `Gi`, `Ti`, `Pi`, `Ei`) or decimal (`k`, `K`, `M`, `G`,
+/// `T`, `P`, `E`) suffix. Fractions are accepted when the result is a whole
+/// number of bytes (`1.5Gi`).
+pub fn parse_size(input: &str) -> Result<i64, QuantityError> {
+    let s = input.trim();
+    if s.is_empty() {
+        return Err(QuantityError::Empty);
+    }
+    let bad = || QuantityError::BadSize(input.to_owned());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    let multiplier: u128 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    let (whole, frac) = match number.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (number, ""),
+    };
+    if whole.is_empty() && frac.is_empty() {
+        return Err(bad());
+    }
+    if frac.contains('.') || frac.len() > 18 {
+        return Err(bad());
+    }
+    let overflow = || QuantityError::Overflow(input.to_owned());
+    let whole_v: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| overflow())?
+    };
+    let mut total = whole_v.checked_mul(multiplier).ok_or_else(overflow)?;
+    if !frac.is_empty() {
+        let frac_v: u128 = frac.parse().map_err(|_| bad())?;
+        let scale = 10u128.pow(u32::try_from(frac.len()).map_err(|_| bad())?);
+        let scaled = frac_v.checked_mul(multiplier).ok_or_else(overflow)?;
+        if scaled % scale != 0 {
+            return Err(QuantityError::BadSize(format!(
+                "{input} (not a whole number of bytes)"
+            )));
+        }
+        total = total.checked_add(scaled / scale).ok_or_else(overflow)?;
+    }
+    i64::try_from(total).map_err(|_| overflow())
+}
+
+/// Parses a duration: plain seconds (`90`) or a number followed by `ms`, `s`,
+/// `m` or `h` (`500ms`, `30s`, `2m`, `1h`).
+pub fn parse_duration(input: &str) -> Result<Duration, QuantityError> {
+    let s = input.trim();
+    if s.is_empty() {
+        return Err(QuantityError::Empty);
+    }
+    let bad = || QuantityError::BadDuration(input.to_owned());
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let ms_per_unit: u64 = match unit {
+        "" | "s" => 1_000,
+        "ms" => 1,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(bad()),
+    };
+    let ms = n
+        .checked_mul(ms_per_unit)
+        .ok_or_else(|| QuantityError::Overflow(input.to_owned()))?;
+    Ok(Duration::from_millis(ms))
+}
+
+/// Formats a byte count the way a person writes it (`10Mi`, `1536Ki`, `7`).
+pub fn format_size(bytes: i64) -> String {
+    const UNITS: [(&str, i64); 6] = [
+        ("Ei", 1 << 60),
+        ("Pi", 1 << 50),
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ];
+    for (suffix, unit) in UNITS {
+        if bytes != 0 && bytes % unit == 0 {
+            return format!("{}{suffix}", bytes / unit);
+        }
+    }
+    bytes.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("10Mi"), Ok(10 << 20));
+        assert_eq!(parse_size("1073741824"), Ok(1 << 30));
+        assert_eq!(parse_size(" 1Gi "), Ok(1 << 30));
+        assert_eq!(parse_size("500M"), Ok(500_000_000));
+        assert_eq!(parse_size("2k"), Ok(2_000));
+        assert_eq!(parse_size("1.5Gi"), Ok(3 << 29));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(matches!(parse_size("10MB"), Err(QuantityError::BadSize(_))));
+        assert!(matches!(parse_size("-1"), Err(QuantityError::BadSize(_))));
+        assert!(matches!(parse_size("Mi"), Err(QuantityError::BadSize(_))));
+        assert!(matches!(
+            parse_size("1.2.3"),
+            Err(QuantityError::BadSize(_))
+        ));
+        assert!(matches!(parse_size("0.1"), Err(QuantityError::BadSize(_))));
+        assert!(matches!(
+            parse_size("16Ei"),
+            Err(QuantityError::Overflow(_))
+        ));
+        assert!(matches!(
+            parse_size("99999999999999999999999999999999999999999"),
+            Err(QuantityError::Overflow(_))
+        ));
+        assert_eq!(parse_size(""), Err(QuantityError::Empty));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(format_size(10 << 20), "10Mi");
+        assert_eq!(format_size(1536 << 10), "1536Ki");
+        assert_eq!(format_size(7), "7");
+        assert_eq!(format_size(0), "0");
+    }
+}

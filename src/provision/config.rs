@@ -1,0 +1,135 @@
+//! The provisioner's configuration: flags, gates and driver capabilities that
+//! every decision in this module reads. The lead's startup code fills it once.
+
+use std::collections::BTreeMap;
+
+/// Capabilities the driver reported at startup that change what we send it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverCapabilities {
+    /// Controller `CLONE_VOLUME`: PVC data sources are allowed.
+    pub clone_volume: bool,
+    /// Controller `CREATE_DELETE_SNAPSHOT`: VolumeSnapshot data sources are allowed.
+    pub create_delete_snapshot: bool,
+    /// Controller `MODIFY_VOLUME`: PVCs with a VolumeAttributesClass are allowed.
+    pub modify_volume: bool,
+    /// Controller `SINGLE_NODE_MULTI_WRITER`: ReadWriteOnce / ReadWriteOncePod map
+    /// to the finer single-node modes instead of `SINGLE_NODE_WRITER`.
+    pub single_node_multi_writer: bool,
+}
+
+/// `--node-deployment`: one provisioner per node for node-local volumes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeDeployment {
+    /// This provisioner's node (`NODE_NAME`).
+    pub node_name: String,
+    /// `--node-deployment-immediate-binding`: also try to take Immediate PVCs.
+    pub immediate_binding: bool,
+    /// Accessible topology from `NodeGetInfo`; decides which PVs this instance
+    /// may delete. `None` means the driver reported none (all PVs accessible).
+    pub accessible_topology: Option<BTreeMap<String, String>>,
+}
+
+/// Everything the pure provisioning and deletion decisions depend on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProvisionerConfig {
+    /// Driver name from `GetPluginInfo`; the provisioner name on PVCs and PVs.
+    pub driver_name: String,
+    /// Value of the `storage.kubernetes.io/csiProvisionerIdentity` volume
+    /// attribute; upstream uses `<start millis>-<random 0..9999>-<driver>`.
+    pub provisioner_identity: String,
+    /// `--volume-name-prefix`.
+    pub volume_name_prefix: String,
+    /// `--volume-name-uuid-length`; `None` for the flag's `-1` (no truncation).
+    pub volume_name_uuid_length: Option<usize>,
+    /// `--default-fstype`; empty when unset.
+    pub default_fstype: String,
+    /// `--extra-create-metadata`.
+    pub extra_create_metadata: bool,
+    /// `--strict-topology`.
+    pub strict_topology: bool,
+    /// `--immediate-topology`.
+    pub immediate_topology: bool,
+    /// Driver advertises `VOLUME_ACCESSIBILITY_CONSTRAINTS` and the `Topology` gate is on.
+    pub topology_enabled: bool,
+    /// `--controller-publish-readonly`.
+    pub controller_publish_readonly: bool,
+    /// `--prevent-volume-mode-conversion`.
+    pub prevent_volume_mode_conversion: bool,
+    /// `HonorPVReclaimPolicy` gate.
+    pub honor_pv_reclaim_policy: bool,
+    /// `VolumeAttributesClass` gate.
+    pub volume_attributes_class_enabled: bool,
+    /// `CrossNamespaceVolumeDataSource` gate.
+    pub cross_namespace_data_source: bool,
+    /// `--node-deployment`.
+    pub node_deployment: Option<NodeDeployment>,
+    pub capabilities: DriverCapabilities,
+}
+
+/// Upstream's provisioner identity, `<start unix millis>-<random 0..9999>-<driver>`,
+/// recorded on every PV it creates (volume attribute
+/// `storage.kubernetes.io/csiProvisionerIdentity`).
+pub fn provisioner_identity(
+    start_unix_millis: i64,
+    random_below_10000: u32,
+    driver_name: &str,
+) -> String {
+    format!(
+        "{start_unix_millis}-{}-{driver_name}",
+        random_below_10000 % 10_000
+    )
+}
+
+impl ProvisionerConfig {
+    /// The configuration with upstream's flag and gate defaults for `driver_name`.
+    pub fn with_defaults(driver_name: impl Into<String>) -> Self {
+        let driver_name = driver_name.into();
+        ProvisionerConfig {
+            provisioner_identity: driver_name.clone(),
+            driver_name,
+            volume_name_prefix: "pvc".to_owned(),
+            volume_name_uuid_length: None,
+            default_fstype: String::new(),
+            extra_create_metadata: false,
+            strict_topology: false,
+            immediate_topology: true,
+            topology_enabled: false,
+            controller_publish_readonly: false,
+            prevent_volume_mode_conversion: true,
+            honor_pv_reclaim_policy: true,
+            volume_attributes_class_enabled: true,
+            cross_namespace_data_source: false,
+            node_deployment: None,
+            capabilities: DriverCapabilities::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_upstream_flags() {
+        let config = ProvisionerConfig::with_defaults("d");
+        assert_eq!(config.volume_name_prefix, "pvc");
+        assert_eq!(config.volume_name_uuid_length, None);
+        assert!(config.immediate_topology && config.prevent_volume_mode_conversion);
+        assert!(config.honor_pv_reclaim_policy && config.volume_attributes_class_enabled);
+        assert!(
+            !config.strict_topology
+                && !config.extra_create_metadata
+                && !config.cross_namespace_data_source
+        );
+        assert_eq!(config.node_deployment, None);
+    }
+
+    #[test]
+    fn identity_format() {
+        assert_eq!(
+            provisioner_identity(1_700_000_000_000, 42, "d.csi"),
+            "1700000000000-42-d.csi"
+        );
+        assert_eq!(provisioner_identity(1, 12_345, "d"), "1-2345-d");
+    }
+}

@@ -1,0 +1,669 @@
+//! The claim worker: one PVC key at a time, never two workers on one key.
+//!
+//! Crash windows (DESIGN §3: no backend volume may outlive a crash at any
+//! instant). Each step that changes the backend is preceded by a write that
+//! lets a restarted sidecar find it:
+//! 1. Before the journal write: nothing was sent to the driver. A crash
+//!    leaves nothing behind.
+//! 2. Journal written, `CreateVolume` sent or answered, PV not yet saved:
+//!    the restarted sidecar loads the journal entry (claim uid, frozen
+//!    request). If the claim still exists, provisioning continues with the
+//!    same request (same volume name, so the driver returns the same
+//!    volume). If it is gone, [`finish_deleted_claim`] repeats the
+//!    `CreateVolume` to learn the volume id and deletes the volume.
+//! 3. PV saved, journal entry not yet removed: the restarted sidecar finds
+//!    the PV in its cache for the entry and only removes the entry. The PV
+//!    itself carries the volume from then on (and our finalizer).
+//!
+//! The same holds without a crash: an operation with a non-final error
+//! stays in `Context::in_flight` and is retried with its frozen request
+//! until its outcome is known, whatever happens to the claim.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::journal::JournalEntry;
+use super::{ClaimKey, Context, InFlight};
+use crate::csi::CsiError;
+use crate::provision::events::{self as notes, EventNote};
+use crate::provision::snapshot_types::{VolumeSnapshot, VolumeSnapshotContent};
+use crate::provision::{
+    CreateVolumeOutcome, DataSourceKind, DataSourceObjects, ProvisionDecision, ProvisionInputs,
+    SourceFinalizer, build_pv, classify_create_volume_error, data_source_ref, grpc_error_text,
+    may_reschedule, plan_provision, selected_node_name, should_provision,
+    volume_attributes_class_name, volume_name,
+};
+use crate::wellknown as wk;
+
+/// How often saving a PV is tried before the new volume is given up and
+/// deleted (upstream tries five times too).
+const SAVE_ATTEMPTS: u32 = 5;
+
+/// Processes one claim key; schedules its own retries.
+pub async fn process(ctx: &Arc<Context>, key: &ClaimKey) {
+    match provision(ctx, key).await {
+        Next::Done => ctx.claims.forget(key),
+        Next::Retry => {
+            let delay = ctx.claims.add_rate_limited(key.clone());
+            tracing::debug!(claim = %key, ?delay, "retrying claim");
+        }
+    }
+}
+
+enum Next {
+    Done,
+    Retry,
+}
+
+fn cached_claim(ctx: &Context, key: &ClaimKey) -> Option<Arc<PersistentVolumeClaim>> {
+    ctx.caches
+        .claims
+        .store()
+        .get(&ObjectRef::new(&key.name).within(&key.namespace))
+        .filter(|c| c.uid().as_deref() == Some(key.uid.as_str()))
+}
+
+async fn note(ctx: &Context, claim: &PersistentVolumeClaim, note: EventNote) {
+    ctx.recorder.record_note(claim, &note).await;
+}
+
+async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
+    let Some(claim) = cached_claim(ctx, key) else {
+        return finish_deleted_claim(ctx, key).await;
+    };
+    let class_name = crate::provision::claim_class_name(&claim);
+    let class = ctx.caches.classes.store().get(&ObjectRef::new(&class_name));
+
+    match should_provision(&claim, class.as_deref(), &ctx.config) {
+        ProvisionDecision::Provision | ProvisionDecision::BecomeOwner => {}
+        ProvisionDecision::Skip(reason) => {
+            if ctx.in_flight(&key.uid).is_some() {
+                // It stopped being ours (bound elsewhere, annotation changed)
+                // while a volume may exist: finish it like a deleted claim.
+                tracing::info!(claim = %key, %reason, "claim no longer ours while provisioning was in flight; cleaning up");
+                return finish_deleted_claim(ctx, key).await;
+            }
+            tracing::debug!(claim = %key, %reason, "not provisioning");
+            ctx.recorder.forget(&key.uid);
+            return if reason.retry_later() {
+                Next::Retry
+            } else {
+                Next::Done
+            };
+        }
+    }
+    let Some(class) = class else {
+        tracing::debug!(claim = %key, class = %class_name, "storage class not in the cache yet");
+        return Next::Retry;
+    };
+
+    // Already provisioned (the PV cache uses the real naming scheme).
+    let pv_name = match volume_name(
+        &ctx.config.volume_name_prefix,
+        &key.uid,
+        ctx.config.volume_name_uuid_length,
+    ) {
+        Ok(name) => name,
+        Err(e) => {
+            tracing::warn!(claim = %key, error = %e, "cannot name the volume");
+            note(
+                ctx,
+                &claim,
+                notes::provisioning_failed(&class_name, &e.to_string()),
+            )
+            .await;
+            return Next::Retry;
+        }
+    };
+    if let Some(pv) = ctx.caches.volumes.store().get(&ObjectRef::new(&pv_name))
+        && claim_uid_of(&pv) == Some(key.uid.as_str())
+    {
+        tracing::debug!(claim = %key, volume = %pv_name, "PV already exists");
+        ctx.finish(&key.uid);
+        return Next::Done;
+    }
+
+    // Gather the inputs from the caches (and the API for snapshots).
+    let source = match data_source_ref(&claim, &ctx.config) {
+        Ok(source) => source,
+        Err(e) => return plan_failed(ctx, &claim, &class_name, &e).await,
+    };
+    let fetched = match fetch_source(ctx, source.as_ref()).await {
+        Ok(fetched) => fetched,
+        Err(e) => {
+            tracing::warn!(claim = %key, error = %e, "cannot read the data source");
+            return Next::Retry;
+        }
+    };
+    let selected = selected_node_name(&claim).map(str::to_owned);
+    let selected_node = selected
+        .as_deref()
+        .and_then(|n| ctx.caches.nodes.store().get(&ObjectRef::new(n)));
+    let selected_csi_node = selected
+        .as_deref()
+        .and_then(|n| ctx.caches.csi_nodes.store().get(&ObjectRef::new(n)));
+    let all_nodes: Vec<Arc<Node>> = if ctx.config.topology_enabled {
+        ctx.caches.nodes.store().state()
+    } else {
+        Vec::new()
+    };
+    let all_csi_nodes: Vec<Arc<CSINode>> = if ctx.config.topology_enabled {
+        ctx.caches.csi_nodes.store().state()
+    } else {
+        Vec::new()
+    };
+    let node_refs: Vec<&Node> = all_nodes.iter().map(AsRef::as_ref).collect();
+    let csi_node_refs: Vec<&CSINode> = all_csi_nodes.iter().map(AsRef::as_ref).collect();
+    let vac = volume_attributes_class_name(&claim, &ctx.config).and_then(|n| {
+        ctx.caches
+            .attributes_classes
+            .store()
+            .get(&ObjectRef::new(n))
+    });
+    let inputs = ProvisionInputs {
+        claim: &claim,
+        class: &class,
+        selected_node: selected_node.as_deref(),
+        selected_csi_node: selected_csi_node.as_deref(),
+        nodes: &node_refs,
+        csi_nodes: &csi_node_refs,
+        data_source: fetched.objects(),
+        data_source_granted: false,
+        volume_attributes_class: vac.as_deref(),
+    };
+    let mut plan = match plan_provision(&inputs, &ctx.config) {
+        Ok(plan) => plan,
+        Err(e) => return plan_failed(ctx, &claim, &class_name, &e).await,
+    };
+    // A retry sends exactly the request of the first attempt (DESIGN §3:
+    // topology or parameters recomputed on retries could create a second,
+    // different volume).
+    let in_flight = match ctx.in_flight(&key.uid) {
+        Some(op) => {
+            plan.request = op.request.clone();
+            op
+        }
+        None => {
+            let op = InFlight {
+                request: plan.request.clone(),
+                secret: plan.provisioner_secret.clone(),
+            };
+            let entry =
+                JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref());
+            if let Err(e) = ctx.journal.record(&key.uid, entry).await {
+                tracing::warn!(claim = %key, error = %e, "cannot record the operation in the journal; not calling CreateVolume yet");
+                return Next::Retry;
+            }
+            ctx.set_in_flight(&key.uid, op.clone());
+            op
+        }
+    };
+
+    note(
+        ctx,
+        &claim,
+        notes::provisioning_started(&key.namespace, &key.name),
+    )
+    .await;
+
+    if let Some(finalizer) = &plan.source_finalizer
+        && let Err(e) = add_source_finalizer(ctx, finalizer).await
+    {
+        tracing::warn!(claim = %key, error = %e, "cannot protect the data source");
+        return Next::Retry;
+    }
+
+    let mut request = in_flight.request.clone();
+    if let Some(secret) = &in_flight.secret {
+        match ctx.secret_data(secret).await {
+            Ok(data) => request.secrets = data,
+            Err(e) => {
+                let message = format!(
+                    "failed to get secret {}/{}: {e}",
+                    secret.namespace, secret.name
+                );
+                note(
+                    ctx,
+                    &claim,
+                    notes::provisioning_failed(&class_name, &message),
+                )
+                .await;
+                return Next::Retry;
+            }
+        }
+    }
+
+    tracing::info!(claim = %key, volume = %plan.volume_name, "calling CreateVolume");
+    let response = match ctx.driver.create_volume(request.clone()).await {
+        Ok(response) => response,
+        Err(e) => return create_failed(ctx, &claim, &class_name, &plan, e).await,
+    };
+
+    let pv = match build_pv(&plan, &response, &ctx.config) {
+        Ok(pv) => pv,
+        Err(e) => {
+            // The driver answered with something we cannot record: delete
+            // what it created, then try again from scratch.
+            note(
+                ctx,
+                &claim,
+                notes::provisioning_failed(&class_name, &e.to_string()),
+            )
+            .await;
+            if let Some(id) = e.volume_to_delete(&response)
+                && let Err(del) = ctx.driver.delete_volume(id, request.secrets.clone()).await
+            {
+                tracing::error!(claim = %key, volume_id = id, error = %del, "cannot delete an unusable volume; will retry");
+                return Next::Retry;
+            }
+            ctx.finish(&key.uid);
+            return Next::Retry;
+        }
+    };
+
+    match save_pv(ctx, &claim, &pv).await {
+        SaveOutcome::Saved => {
+            tracing::info!(claim = %key, volume = %plan.volume_name, "provisioned");
+            note(
+                ctx,
+                &claim,
+                notes::provisioning_succeeded(&plan.volume_name),
+            )
+            .await;
+            ctx.finish(&key.uid);
+            // Another clone of the same source still in flight keeps the
+            // source protected; its own success removes the finalizer.
+            if let Some(finalizer) = plan
+                .source_finalizer
+                .as_ref()
+                .filter(|f| f.remove_after_provisioning)
+                && !ctx.content_source_in_use(&plan.request.volume_content_source)
+                && let Err(e) = remove_source_finalizer(ctx, finalizer).await
+            {
+                tracing::warn!(claim = %key, error = %e, "cannot remove the data source finalizer");
+            }
+            Next::Done
+        }
+        SaveOutcome::Orphan(reason) | SaveOutcome::Failed(reason) => {
+            // The new volume cannot be recorded: delete it so it does not
+            // leak, and retry the claim later.
+            let volume_id = response
+                .volume
+                .as_ref()
+                .map(|v| v.volume_id.clone())
+                .unwrap_or_default();
+            note(
+                ctx,
+                &claim,
+                notes::pv_save_failed(&key.namespace, &key.name, &reason),
+            )
+            .await;
+            match ctx.driver.delete_volume(&volume_id, request.secrets).await {
+                Ok(()) => ctx.finish(&key.uid),
+                Err(e) => {
+                    note(
+                        ctx,
+                        &claim,
+                        notes::pv_save_cleanup_failed(&plan.volume_name, &e.to_string()),
+                    )
+                    .await;
+                }
+            }
+            Next::Retry
+        }
+    }
+}
+
+fn claim_uid_of(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref()
+}
+
+async fn plan_failed(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    class_name: &str,
+    error: &crate::provision::ProvisionError,
+) -> Next {
+    let claim_name = format!(
+        "{}/{}",
+        claim.namespace().unwrap_or_default(),
+        claim.name_any()
+    );
+    if error.is_ignored() {
+        tracing::info!(claim = %claim_name, "{error}");
+        note(ctx, claim, notes::external_populator()).await;
+        return Next::Done;
+    }
+    tracing::warn!(claim = %claim_name, error = %error, reschedule = error.wants_reschedule(), "cannot provision");
+    note(
+        ctx,
+        claim,
+        notes::provisioning_failed(class_name, &error.to_string()),
+    )
+    .await;
+    if error.wants_reschedule() {
+        reschedule(ctx, claim).await;
+        return Next::Done;
+    }
+    Next::Retry
+}
+
+async fn create_failed(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    class_name: &str,
+    plan: &crate::provision::ProvisionPlan,
+    error: CsiError,
+) -> Next {
+    let uid = claim.uid().unwrap_or_default();
+    let text = grpc_error_text(&error.status);
+    let outcome = classify_create_volume_error(
+        error.code(),
+        may_reschedule(ctx.config.topology_enabled, plan.selected_node.as_deref()),
+    );
+    tracing::warn!(claim = %format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any()), ?outcome, error = %text, "CreateVolume failed");
+    match outcome {
+        CreateVolumeOutcome::InBackground => {
+            // The volume may still appear: keep the frozen request.
+            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+        }
+        CreateVolumeOutcome::Final => {
+            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+            ctx.finish(&uid);
+        }
+        CreateVolumeOutcome::Infeasible => {
+            note(
+                ctx,
+                claim,
+                notes::provisioning_infeasible(class_name, &text),
+            )
+            .await;
+            ctx.finish(&uid);
+        }
+        CreateVolumeOutcome::Reschedule => {
+            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+            ctx.finish(&uid);
+            reschedule(ctx, claim).await;
+            return Next::Done;
+        }
+    }
+    Next::Retry
+}
+
+/// Lets the scheduler pick another node: drop the selected-node annotation.
+async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim) {
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
+    let patch = serde_json::json!({"metadata": {"annotations": {wk::ANN_SELECTED_NODE: null}}});
+    if let Err(e) = api
+        .patch(
+            &claim.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::warn!(claim = %claim.name_any(), error = %e, "cannot remove the selected-node annotation");
+    }
+}
+
+/// The claim is gone (or no longer ours). If an operation may have created
+/// a volume, learn its id by repeating the frozen `CreateVolume` and delete
+/// it; otherwise there is nothing to do.
+async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next {
+    ctx.recorder.forget(&key.uid);
+    let Some(op) = ctx.in_flight(&key.uid) else {
+        return Next::Done;
+    };
+    // Saved as a PV after all: the PV owns the volume now.
+    if ctx
+        .caches
+        .volumes
+        .store()
+        .get(&ObjectRef::new(&op.request.name))
+        .is_some_and(|pv| claim_uid_of(&pv) == Some(key.uid.as_str()))
+    {
+        ctx.finish(&key.uid);
+        return Next::Done;
+    }
+    let mut request = op.request.clone();
+    if let Some(secret) = &op.secret {
+        match ctx.secret_data(secret).await {
+            Ok(data) => request.secrets = data,
+            Err(e) => {
+                tracing::warn!(claim = %key, error = %e, "cannot read the provisioner secret to clean up; will retry");
+                return Next::Retry;
+            }
+        }
+    }
+    let secrets = request.secrets.clone();
+    match ctx.driver.create_volume(request).await {
+        Ok(response) => {
+            let Some(id) = response
+                .volume
+                .map(|v| v.volume_id)
+                .filter(|id| !id.is_empty())
+            else {
+                ctx.finish(&key.uid);
+                return Next::Done;
+            };
+            match ctx.driver.delete_volume(&id, secrets).await {
+                Ok(()) => {
+                    tracing::info!(claim = %key, volume_id = %id, "deleted the volume of a claim deleted during provisioning");
+                    ctx.finish(&key.uid);
+                    Next::Done
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %key, volume_id = %id, error = %e, "cleanup DeleteVolume failed; will retry");
+                    Next::Retry
+                }
+            }
+        }
+        Err(e) if e.is_final() => {
+            // A final error: the driver did not create (and will not
+            // create) the volume.
+            ctx.finish(&key.uid);
+            Next::Done
+        }
+        Err(e) => {
+            tracing::warn!(claim = %key, error = %e, "cleanup CreateVolume failed; will retry");
+            Next::Retry
+        }
+    }
+}
+
+enum SaveOutcome {
+    Saved,
+    /// A PV of that name records another claim or volume.
+    Orphan(String),
+    Failed(String),
+}
+
+async fn save_pv(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+) -> SaveOutcome {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let name = pv.name_any();
+    let mut last_error = String::new();
+    for attempt in 1..=SAVE_ATTEMPTS {
+        match api.create(&PostParams::default(), pv).await {
+            Ok(_) => return SaveOutcome::Saved,
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                // Saved by an earlier attempt whose answer was lost, or a
+                // different PV of the same name (upstream #1469): compare.
+                return match api.get_opt(&name).await {
+                    Ok(Some(existing)) if same_volume(&existing, pv) => SaveOutcome::Saved,
+                    Ok(Some(_)) => SaveOutcome::Orphan(format!(
+                        "PersistentVolume {name} already exists for another claim or volume"
+                    )),
+                    Ok(None) => continue,
+                    Err(e) => SaveOutcome::Failed(e.to_string()),
+                };
+            }
+            Err(e) => {
+                last_error = e.to_string();
+                tracing::warn!(claim = %claim.name_any(), volume = %name, attempt, error = %e, "saving the PV failed");
+                tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt)))
+                    .await;
+            }
+        }
+    }
+    SaveOutcome::Failed(last_error)
+}
+
+fn same_volume(existing: &PersistentVolume, wanted: &PersistentVolume) -> bool {
+    let handle = |pv: &PersistentVolume| {
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.clone())
+    };
+    claim_uid_of(existing) == claim_uid_of(wanted) && handle(existing) == handle(wanted)
+}
+
+/// The data source objects, fetched (claims from the cache, snapshots from
+/// the API: they are rare and their CRDs may not even be installed).
+enum FetchedSource {
+    None,
+    Claim(
+        Option<Arc<PersistentVolumeClaim>>,
+        Option<Arc<PersistentVolume>>,
+    ),
+    Snapshot(Box<(Option<VolumeSnapshot>, Option<VolumeSnapshotContent>)>),
+}
+
+impl FetchedSource {
+    fn objects(&self) -> Option<DataSourceObjects<'_>> {
+        match self {
+            FetchedSource::None => None,
+            FetchedSource::Claim(claim, volume) => Some(DataSourceObjects::Claim {
+                claim: claim.as_deref(),
+                volume: volume.as_deref(),
+            }),
+            FetchedSource::Snapshot(fetched) => Some(DataSourceObjects::Snapshot {
+                snapshot: fetched.0.as_ref(),
+                content: fetched.1.as_ref(),
+            }),
+        }
+    }
+}
+
+async fn fetch_source(
+    ctx: &Context,
+    source: Option<&crate::provision::DataSourceRef>,
+) -> Result<FetchedSource, kube::Error> {
+    let Some(source) = source else {
+        return Ok(FetchedSource::None);
+    };
+    match source.kind {
+        DataSourceKind::Claim => {
+            let claim = ctx
+                .caches
+                .claims
+                .store()
+                .get(&ObjectRef::new(&source.name).within(&source.namespace));
+            let volume = claim
+                .as_ref()
+                .and_then(|c| c.spec.as_ref()?.volume_name.clone())
+                .and_then(|v| ctx.caches.volumes.store().get(&ObjectRef::new(&v)));
+            Ok(FetchedSource::Claim(claim, volume))
+        }
+        DataSourceKind::Snapshot => {
+            let snapshots: Api<VolumeSnapshot> =
+                Api::namespaced(ctx.client.clone(), &source.namespace);
+            let snapshot = snapshots.get_opt(&source.name).await?;
+            let content_name = snapshot.as_ref().and_then(|s| {
+                s.status
+                    .as_ref()?
+                    .bound_volume_snapshot_content_name
+                    .clone()
+            });
+            let content = match content_name {
+                Some(name) => {
+                    Api::<VolumeSnapshotContent>::all(ctx.client.clone())
+                        .get_opt(&name)
+                        .await?
+                }
+                None => None,
+            };
+            Ok(FetchedSource::Snapshot(Box::new((snapshot, content))))
+        }
+    }
+}
+
+fn finalizer_patch(finalizers: Vec<String>, resource_version: Option<String>) -> serde_json::Value {
+    serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}})
+}
+
+/// Adds the protection finalizer to a clone source or snapshot, guarded by
+/// its resourceVersion so a concurrent change is not overwritten.
+async fn add_source_finalizer(
+    ctx: &Context,
+    finalizer: &SourceFinalizer,
+) -> Result<(), kube::Error> {
+    edit_source_finalizers(ctx, finalizer, true).await
+}
+
+async fn remove_source_finalizer(
+    ctx: &Context,
+    finalizer: &SourceFinalizer,
+) -> Result<(), kube::Error> {
+    edit_source_finalizers(ctx, finalizer, false).await
+}
+
+async fn edit_source_finalizers(
+    ctx: &Context,
+    finalizer: &SourceFinalizer,
+    add: bool,
+) -> Result<(), kube::Error> {
+    async fn edit<K>(api: Api<K>, name: &str, finalizer: &str, add: bool) -> Result<(), kube::Error>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        for _ in 0..5 {
+            let Some(obj) = api.get_opt(name).await? else {
+                return Ok(());
+            };
+            let mut finalizers = obj.finalizers().to_vec();
+            let present = finalizers.iter().any(|f| f == finalizer);
+            if present == add {
+                return Ok(());
+            }
+            if add {
+                finalizers.push(finalizer.to_owned());
+            } else {
+                finalizers.retain(|f| f != finalizer);
+            }
+            let patch = finalizer_patch(finalizers, obj.resource_version());
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+    match finalizer.kind {
+        DataSourceKind::Claim => {
+            let api: Api<PersistentVolumeClaim> =
+                Api::namespaced(ctx.client.clone(), &finalizer.namespace);
+            edit(api, &finalizer.name, finalizer.finalizer, add).await
+        }
+        DataSourceKind::Snapshot => {
+            let api: Api<VolumeSnapshot> =
+                Api::namespaced(ctx.client.clone(), &finalizer.namespace);
+            edit(api, &finalizer.name, finalizer.finalizer, add).await
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! The provisioning loop: the I/O around the decisions of [`crate::provision`].
+//!
+//! Two queues, each with `--worker-threads` workers:
+//! - **claims** ([`claims`]): a PVC that is ours → plan → journal →
+//!   `CreateVolume` → PV. Operations whose `CreateVolume` may still be running
+//!   on the backend (non-final errors) stay *in flight* per claim uid, with
+//!   their frozen request, until the volume is saved as a PV or known to be
+//!   gone — even if the claim is deleted meanwhile, and across restarts
+//!   through the [`journal`].
+//! - **volumes** ([`volumes`]): a PV that is ours → keep our finalizer in
+//!   line with HonorPVReclaimPolicy → when Released with policy Delete,
+//!   `DeleteVolume`, then delete the PV and drop the finalizer.
+//!
+//! Everything is read from the shared watch caches ([`Caches`]); the API is
+//! only written to, except for Secrets and snapshot objects, which are read
+//! when a claim needs them.
+
+pub mod claims;
+pub mod journal;
+pub mod volumes;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use csi_proto::v1::CreateVolumeRequest;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::{
+    CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass,
+};
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use crate::csi::Driver;
+use crate::events::Recorder;
+use crate::informer::{Change, Informer};
+use crate::provision::{ProvisionerConfig, SecretRef, annotated_provisioner, is_our_volume};
+use crate::queue::{Backoff, WorkQueue};
+
+use journal::{Journal, JournalStore};
+
+/// A claim, identified by name and uid: a new claim with the same name is
+/// different work.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClaimKey {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl ClaimKey {
+    pub fn of(claim: &PersistentVolumeClaim) -> Option<ClaimKey> {
+        Some(ClaimKey {
+            namespace: claim.namespace()?,
+            name: claim.name_any(),
+            uid: claim.uid()?,
+        })
+    }
+}
+
+impl std::fmt::Display for ClaimKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A `CreateVolume` that may have reached the backend and whose volume is
+/// not yet recorded in a PV.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    pub request: CreateVolumeRequest,
+    pub secret: Option<SecretRef>,
+}
+
+/// The shared watch caches this loop reads.
+#[derive(Clone)]
+pub struct Caches {
+    pub claims: Arc<Informer<PersistentVolumeClaim>>,
+    pub volumes: Arc<Informer<PersistentVolume>>,
+    pub classes: Arc<Informer<StorageClass>>,
+    pub nodes: Arc<Informer<Node>>,
+    pub csi_nodes: Arc<Informer<CSINode>>,
+    pub attributes_classes: Arc<Informer<VolumeAttributesClass>>,
+    pub attachments: Arc<Informer<VolumeAttachment>>,
+}
+
+impl Caches {
+    pub fn new() -> Self {
+        Self {
+            claims: Arc::new(Informer::new()),
+            volumes: Arc::new(Informer::new()),
+            classes: Arc::new(Informer::new()),
+            nodes: Arc::new(Informer::new()),
+            csi_nodes: Arc::new(Informer::new()),
+            attributes_classes: Arc::new(Informer::new()),
+            attachments: Arc::new(Informer::new()),
+        }
+    }
+
+    /// Starts one watch per kind. Nodes and CSINodes are only watched when
+    /// topology is in use, VolumeAttributesClasses only with that gate.
+    pub fn start(&self, client: &Client, config: &ProvisionerConfig) {
+        fn spawn<K>(informer: &Arc<Informer<K>>, api: Api<K>)
+        where
+            K: kube::Resource<DynamicType = ()>
+                + Clone
+                + serde::de::DeserializeOwned
+                + std::fmt::Debug
+                + Send
+                + Sync
+                + 'static,
+        {
+            let informer = Arc::clone(informer);
+            tokio::spawn(async move { informer.run(api, watcher::Config::default(), None).await });
+        }
+        spawn(&self.claims, Api::all(client.clone()));
+        spawn(&self.volumes, Api::all(client.clone()));
+        spawn(&self.classes, Api::all(client.clone()));
+        spawn(&self.attachments, Api::all(client.clone()));
+        if config.topology_enabled {
+            spawn(&self.nodes, Api::all(client.clone()));
+            spawn(&self.csi_nodes, Api::all(client.clone()));
+        }
+        if config.volume_attributes_class_enabled {
+            spawn(&self.attributes_classes, Api::all(client.clone()));
+        }
+    }
+
+    pub async fn wait_until_ready(&self, config: &ProvisionerConfig) {
+        self.claims.wait_until_ready().await;
+        self.volumes.wait_until_ready().await;
+        self.classes.wait_until_ready().await;
+        self.attachments.wait_until_ready().await;
+        if config.topology_enabled {
+            self.nodes.wait_until_ready().await;
+            self.csi_nodes.wait_until_ready().await;
+        }
+        if config.volume_attributes_class_enabled {
+            self.attributes_classes.wait_until_ready().await;
+        }
+    }
+}
+
+impl Default for Caches {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Everything a worker needs.
+pub struct Context {
+    pub client: Client,
+    pub driver: Driver,
+    pub config: ProvisionerConfig,
+    pub caches: Caches,
+    pub recorder: Recorder,
+    pub journal: Journal,
+    pub claims: WorkQueue<ClaimKey>,
+    pub volumes: WorkQueue<String>,
+    /// Claim uid → operation whose volume may exist without a PV.
+    pub in_flight: Mutex<HashMap<String, InFlight>>,
+    /// PV uids whose backend volume is known deleted, so the update events
+    /// that follow do not call `DeleteVolume` again (upstream #1235).
+    pub deleted_volumes: Mutex<HashSet<String>>,
+}
+
+impl Context {
+    pub fn in_flight(&self, uid: &str) -> Option<InFlight> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(uid)
+            .cloned()
+    }
+
+    pub fn set_in_flight(&self, uid: &str, op: InFlight) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.to_owned(), op);
+    }
+
+    /// The operation is over (PV saved, or no volume exists): forget it here
+    /// and in the journal.
+    pub fn finish(&self, uid: &str) {
+        let removed = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+        if removed.is_some() {
+            self.journal.forget(uid);
+        }
+    }
+
+    /// Whether an operation in flight clones or restores from `source`.
+    pub fn content_source_in_use(
+        &self,
+        source: &Option<csi_proto::v1::VolumeContentSource>,
+    ) -> bool {
+        source.is_some()
+            && self
+                .in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .any(|op| &op.request.volume_content_source == source)
+    }
+
+    /// Reads a Secret's data as strings (CSI secrets are string maps).
+    pub async fn secret_data(
+        &self,
+        secret: &SecretRef,
+    ) -> Result<HashMap<String, String>, kube::Error> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &secret.namespace);
+        let found = api.get(&secret.name).await?;
+        let mut data: HashMap<String, String> = found
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect();
+        for (k, v) in found.string_data.unwrap_or_default() {
+            data.insert(k, v);
+        }
+        Ok(data)
+    }
+}
+
+/// Settings of the loop that are not provisioning decisions.
+#[derive(Debug, Clone)]
+pub struct LoopSettings {
+    pub workers: usize,
+    pub backoff: Backoff,
+    /// Where the journal ConfigMap lives.
+    pub namespace: String,
+    /// `<driver>_<host>`, the event source.
+    pub component: String,
+    pub host: String,
+}
+
+/// Starts the loop: watches, journal recovery, workers. Returns the context
+/// (for tests and metrics) once every cache is filled and workers run.
+pub async fn start(
+    client: Client,
+    driver: Driver,
+    config: ProvisionerConfig,
+    settings: LoopSettings,
+) -> Result<Arc<Context>, journal::JournalError> {
+    let caches = Caches::new();
+    let claims = WorkQueue::new("claims", settings.backoff);
+    let volumes = WorkQueue::new("volumes", settings.backoff);
+
+    let mut store = JournalStore::new(client.clone(), &settings.namespace, &config.driver_name);
+    let recovered = store.load().await?;
+    let journal = store.start();
+
+    {
+        let queue = claims.clone();
+        let driver_name = config.driver_name.clone();
+        caches.claims.on_change(move |change| match change {
+            Change::Applied(claim) => {
+                // Cheap filter: only claims annotated for us (or being
+                // finished after deletion, which the Deleted arm covers).
+                if annotated_provisioner(claim) == Some(driver_name.as_str())
+                    && let Some(key) = ClaimKey::of(claim)
+                {
+                    queue.add(key);
+                }
+            }
+            Change::Deleted(claim) => {
+                if let Some(key) = ClaimKey::of(claim) {
+                    queue.add(key);
+                }
+            }
+        });
+    }
+    {
+        let queue = volumes.clone();
+        let config = config.clone();
+        caches.volumes.on_change(move |change| match change {
+            Change::Applied(pv) => {
+                if is_our_volume(pv, &config) {
+                    queue.add(pv.name_any());
+                }
+            }
+            Change::Deleted(pv) => queue.forget(&pv.name_any()),
+        });
+    }
+
+    caches.start(&client, &config);
+    caches.wait_until_ready(&config).await;
+
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            settings.component.clone(),
+            settings.host.clone(),
+        ),
+        client,
+        driver,
+        config,
+        caches,
+        journal,
+        claims: claims.clone(),
+        volumes: volumes.clone(),
+        in_flight: Mutex::default(),
+        deleted_volumes: Mutex::default(),
+    });
+
+    // Resume every operation a previous run may have left on the backend.
+    for (uid, entry) in recovered {
+        match entry.request() {
+            Ok(request) => {
+                tracing::info!(claim = %format!("{}/{}", entry.namespace, entry.name), volume = %entry.volume_name, "resuming provisioning recorded in the journal");
+                ctx.set_in_flight(
+                    &uid,
+                    InFlight {
+                        request,
+                        secret: entry.secret(),
+                    },
+                );
+                claims.add(ClaimKey {
+                    namespace: entry.namespace,
+                    name: entry.name,
+                    uid,
+                });
+            }
+            Err(e) => tracing::error!(%uid, "journal entry unusable: {e}"),
+        }
+    }
+
+    for _ in 0..settings.workers.max(1) {
+        let ctx_claims = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            while let Some(key) = ctx_claims.claims.get().await {
+                claims::process(&ctx_claims, &key).await;
+                ctx_claims.claims.done(&key);
+            }
+        });
+        let ctx_volumes = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            while let Some(name) = ctx_volumes.volumes.get().await {
+                volumes::process(&ctx_volumes, &name).await;
+                ctx_volumes.volumes.done(&name);
+            }
+        });
+    }
+    Ok(ctx)
+}

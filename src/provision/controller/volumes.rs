@@ -1,0 +1,186 @@
+//! The volume worker: one PV name at a time.
+//!
+//! - Keeps our finalizer in line with HonorPVReclaimPolicy (DESIGN §4): PVs
+//!   that existed before the sidecar started get it on the initial list, a
+//!   rollback (gate off) removes it.
+//! - Deletes the backend volume of a Released PV with policy Delete, then the
+//!   PV object, then drops the finalizer. A crash between these steps only
+//!   repeats idempotent steps: `DeleteVolume` of a missing volume is `OK`,
+//!   deleting a PV that has a deletion timestamp changes nothing, and
+//!   removing the finalizer uses a JSON patch that tests the list first.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
+
+use super::Context;
+use crate::provision::events as notes;
+use crate::provision::{
+    DeleteDecision, FinalizerChange, add_finalizer_patch, attached_node, plan_delete,
+    pv_finalizer_change, remove_finalizer_patch, should_delete,
+};
+use crate::wellknown as wk;
+
+/// Processes one PV name; schedules its own retries.
+pub async fn process(ctx: &Arc<Context>, name: &str) {
+    match reconcile(ctx, name).await {
+        Ok(()) => ctx.volumes.forget(&name.to_owned()),
+        Err(Retry::Backoff) => {
+            ctx.volumes.add_rate_limited(name.to_owned());
+        }
+    }
+}
+
+enum Retry {
+    Backoff,
+}
+
+async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
+    let Some(pv) = ctx.caches.volumes.store().get(&ObjectRef::new(name)) else {
+        return Ok(());
+    };
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+
+    if let Some(change) = pv_finalizer_change(&pv, &ctx.config) {
+        let patch = match change {
+            FinalizerChange::Add => add_finalizer_patch(
+                pv.metadata.finalizers.as_deref(),
+                wk::FINALIZER_PV,
+                pv.metadata.resource_version.as_deref().unwrap_or_default(),
+            ),
+            FinalizerChange::Remove => remove_finalizer_patch(pv.finalizers(), wk::FINALIZER_PV),
+        };
+        if let Some(patch) = patch {
+            return apply_json_patch(&api, name, patch, &format!("{change:?} finalizer")).await;
+        }
+    }
+
+    if should_delete(&pv, &ctx.config) != DeleteDecision::Delete {
+        return Ok(());
+    }
+    let uid = pv.uid().unwrap_or_default();
+    let already_deleted = ctx
+        .deleted_volumes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&uid);
+    if !already_deleted {
+        let attachments: Vec<Arc<VolumeAttachment>> = ctx.caches.attachments.store().state();
+        let refs: Vec<&VolumeAttachment> = attachments.iter().map(AsRef::as_ref).collect();
+        if let Some(node) = attached_node(name, &refs) {
+            // A wait state (upstream #1574), not an error storm: one Normal
+            // event per transition, retried with backoff.
+            ctx.recorder
+                .record_note(&*pv, &notes::delete_waiting_for_detach(name, node))
+                .await;
+            return Err(Retry::Backoff);
+        }
+        let class = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .and_then(|c| ctx.caches.classes.store().get(&ObjectRef::new(&c)));
+        let plan = match plan_delete(&pv, class.as_deref()) {
+            Ok(plan) => plan,
+            Err(e) => {
+                ctx.recorder
+                    .record_note(&*pv, &notes::delete_failed(&e.to_string()))
+                    .await;
+                return Err(Retry::Backoff);
+            }
+        };
+        let secrets = match &plan.secret {
+            Some(secret) => match ctx.secret_data(secret).await {
+                Ok(data) => data,
+                Err(e) => {
+                    let message = format!(
+                        "failed to get secret {}/{}: {e}",
+                        secret.namespace, secret.name
+                    );
+                    ctx.recorder
+                        .record_note(&*pv, &notes::delete_failed(&message))
+                        .await;
+                    return Err(Retry::Backoff);
+                }
+            },
+            None => Default::default(),
+        };
+        tracing::info!(volume = %name, volume_id = %plan.volume_id, "calling DeleteVolume");
+        if let Err(e) = ctx.driver.delete_volume(&plan.volume_id, secrets).await {
+            let text = crate::provision::grpc_error_text(&e.status);
+            tracing::warn!(volume = %name, error = %text, "DeleteVolume failed");
+            ctx.recorder
+                .record_note(&*pv, &notes::delete_failed(&text))
+                .await;
+            return Err(Retry::Backoff);
+        }
+        ctx.deleted_volumes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.clone());
+        tracing::info!(volume = %name, "backend volume deleted");
+    }
+
+    // Delete the PV object, only the one we looked at.
+    if pv.metadata.deletion_timestamp.is_none() {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(volume = %name, error = %e, "deleting the PV failed");
+                return Err(Retry::Backoff);
+            }
+        }
+    }
+    if let Some(patch) = remove_finalizer_patch(pv.finalizers(), wk::FINALIZER_PV) {
+        apply_json_patch(&api, name, patch, "remove finalizer").await?;
+    }
+    Ok(())
+}
+
+/// Applies a JSON patch built from the cached object. Its `test` operation
+/// fails (422) when the cache was stale; the update event that made it
+/// stale queues the PV again, so that is not an error. NotFound is done.
+async fn apply_json_patch(
+    api: &Api<PersistentVolume>,
+    name: &str,
+    patch: serde_json::Value,
+    what: &str,
+) -> Result<(), Retry> {
+    let patch: json_patch::Patch = match serde_json::from_value(patch) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(volume = %name, error = %e, "internal: bad JSON patch for {what}");
+            return Err(Retry::Backoff);
+        }
+    };
+    match api
+        .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::debug!(volume = %name, "{what}: done");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => {
+            tracing::debug!(volume = %name, "{what}: cache was stale, waiting for the next event");
+            Err(Retry::Backoff)
+        }
+        Err(e) => {
+            tracing::warn!(volume = %name, error = %e, "{what} failed");
+            Err(Retry::Backoff)
+        }
+    }
+}

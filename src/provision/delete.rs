@@ -1,0 +1,216 @@
+//! Deletion: which PVs are ours, when their backend volume is deleted, and
+//! with which request and secret.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+
+use super::config::ProvisionerConfig;
+use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
+use super::topology::node_affinity_matches;
+use crate::wellknown as wk;
+
+/// Whether the PV belongs to this driver: its provisioned-by annotation (or,
+/// with that annotation present, a migrated-to annotation) names us; without
+/// a provisioned-by annotation (static PV), its CSI driver or migrated-to
+/// annotation does. A PV provisioned by another driver is never ours, even if
+/// its CSI source names our driver.
+pub fn is_our_volume(pv: &PersistentVolume, config: &ProvisionerConfig) -> bool {
+    let ours = |value: Option<&String>| value.is_some_and(|value| *value == config.driver_name);
+    let annotations = pv.metadata.annotations.as_ref();
+    let migrated_to = annotations.and_then(|a| a.get(wk::ANN_MIGRATED_TO));
+    match annotations.and_then(|a| a.get(wk::ANN_PROVISIONED_BY)) {
+        Some(provisioned_by) => ours(Some(provisioned_by)) || ours(migrated_to),
+        None => match pv.spec.as_ref().and_then(|spec| spec.csi.as_ref()) {
+            Some(csi) => csi.driver == config.driver_name,
+            None => ours(migrated_to),
+        },
+    }
+}
+
+pub(crate) fn has_finalizer(pv: &PersistentVolume, finalizer: &str) -> bool {
+    pv.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|present| present == finalizer)
+}
+
+/// Whether to delete the backend volume of a PV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeleteDecision {
+    Delete,
+    Skip(DeleteSkipReason),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeleteSkipReason {
+    NotOurs,
+    /// Node deployment: the volume is not accessible from this node, so
+    /// another instance created it.
+    NotProvisionedOnThisNode,
+    /// Deletion timestamp and our finalizer gone: the volume was deleted.
+    AlreadyDeleted,
+    /// Deletion timestamp without HonorPVReclaimPolicy: someone else deletes
+    /// the PV object, leave the volume alone (upstream before KEP-2644).
+    BeingDeleted,
+    NotReleased {
+        phase: String,
+    },
+    ReclaimPolicy {
+        policy: String,
+    },
+}
+
+/// Decides whether the PV's backend volume should be deleted now.
+pub fn should_delete(pv: &PersistentVolume, config: &ProvisionerConfig) -> DeleteDecision {
+    use DeleteDecision::Skip;
+    if !is_our_volume(pv, config) {
+        return Skip(DeleteSkipReason::NotOurs);
+    }
+    if let Some(node_deployment) = &config.node_deployment
+        && let Some(topology) = &node_deployment.accessible_topology
+        && !node_affinity_matches(
+            pv.spec
+                .as_ref()
+                .and_then(|spec| spec.node_affinity.as_ref()),
+            topology,
+        )
+    {
+        return Skip(DeleteSkipReason::NotProvisionedOnThisNode);
+    }
+    if pv.metadata.deletion_timestamp.is_some() {
+        // With the gate on, a PV deleted while bound (KEP-2644) still has our
+        // finalizer and is deleted on the backend once Released; without it,
+        // the finalizer's absence says we already did.
+        if !config.honor_pv_reclaim_policy {
+            return Skip(DeleteSkipReason::BeingDeleted);
+        }
+        if !has_finalizer(pv, wk::FINALIZER_PV) {
+            return Skip(DeleteSkipReason::AlreadyDeleted);
+        }
+    }
+    let phase = pv
+        .status
+        .as_ref()
+        .and_then(|status| status.phase.clone())
+        .unwrap_or_default();
+    if phase != "Released" {
+        return Skip(DeleteSkipReason::NotReleased { phase });
+    }
+    let policy = pv
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.persistent_volume_reclaim_policy.clone())
+        .unwrap_or_default();
+    if policy != "Delete" {
+        return Skip(DeleteSkipReason::ReclaimPolicy { policy });
+    }
+    DeleteDecision::Delete
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DeleteError {
+    /// Ours (by annotation) but without a CSI source: nothing we can delete.
+    #[error("invalid CSI PV")]
+    NotCsi,
+    #[error("failed to get secretreference for volume {volume}: {error}")]
+    Secret { volume: String, error: SecretError },
+}
+
+/// What `DeleteVolume` needs for a PV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeletePlan {
+    pub volume_id: String,
+    /// Fetch it for `DeleteVolume`'s secrets. If it cannot be read, delete
+    /// without secrets (it may have been deleted with its namespace), as upstream.
+    pub secret: Option<SecretRef>,
+}
+
+/// The Secret for `DeleteVolume`: from the PV's deletion-secret annotations
+/// when it has both (both empty = none needed), else from the class's
+/// provisioner-secret templates resolved with the PV name and its claimRef
+/// (no annotations are known then, so annotation tokens fail). Without the
+/// class or a claimRef, none.
+pub fn deletion_secret_ref(
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<Option<SecretRef>, DeleteError> {
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let annotations = pv.metadata.annotations.as_ref();
+    let annotated = annotations.and_then(|a| {
+        Some((
+            a.get(wk::ANN_DELETION_SECRET_NAME)?,
+            a.get(wk::ANN_DELETION_SECRET_NAMESPACE)?,
+        ))
+    });
+    if let Some((name, namespace)) = annotated {
+        return Ok(
+            (!name.is_empty() && !namespace.is_empty()).then(|| SecretRef {
+                name: name.clone(),
+                namespace: namespace.clone(),
+            }),
+        );
+    }
+    let (Some(class), Some(claim_ref)) = (
+        class,
+        pv.spec.as_ref().and_then(|spec| spec.claim_ref.as_ref()),
+    ) else {
+        return Ok(None);
+    };
+    let empty = BTreeMap::new();
+    let context = TemplateContext {
+        pv_name: &pv_name,
+        pvc_name: claim_ref.name.as_deref().unwrap_or_default(),
+        pvc_namespace: claim_ref.namespace.as_deref().unwrap_or_default(),
+        pvc_annotations: None,
+    };
+    resolve_secret_ref(
+        SecretKind::Provisioner,
+        class.parameters.as_ref().unwrap_or(&empty),
+        &context,
+    )
+    .map_err(|error| DeleteError::Secret {
+        volume: pv_name,
+        error,
+    })
+}
+
+/// Builds the `DeleteVolume` plan of a PV `should_delete` accepted. `class`
+/// is the PV's StorageClass if it still exists.
+pub fn plan_delete(
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<DeletePlan, DeleteError> {
+    let csi = pv
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.csi.as_ref())
+        .ok_or(DeleteError::NotCsi)?;
+    Ok(DeletePlan {
+        volume_id: csi.volume_handle.clone(),
+        secret: deletion_secret_ref(pv, class)?,
+    })
+}
+
+/// The node a VolumeAttachment still attaches the PV to, if any: deleting
+/// then would pull the volume from under a node, so the caller waits
+/// (Normal event, requeue) instead of calling `DeleteVolume`.
+pub fn attached_node<'a>(pv_name: &str, attachments: &[&'a VolumeAttachment]) -> Option<&'a str> {
+    attachments
+        .iter()
+        .find(|attachment| {
+            attachment.spec.source.persistent_volume_name.as_deref() == Some(pv_name)
+        })
+        .map(|attachment| attachment.spec.node_name.as_str())
+}
+
+/// Upstream's wording for [`attached_node`].
+pub fn still_attached_message(pv_name: &str, node: &str) -> String {
+    format!("persistentvolume {pv_name} is still attached to node {node}")
+}
+
+#[cfg(test)]
+#[path = "delete_tests.rs"]
+mod tests;

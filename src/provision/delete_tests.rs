@@ -1,0 +1,362 @@
+use super::*;
+use k8s_openapi::api::core::v1::{
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
+};
+use k8s_openapi::api::storage::v1::{VolumeAttachmentSource, VolumeAttachmentSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::provision::config::NodeDeployment;
+use crate::provision::fixtures::{
+    DRIVER, VOLUME, annotate, class, config, map, now, released_volume,
+};
+
+fn without_gate() -> ProvisionerConfig {
+    ProvisionerConfig {
+        honor_pv_reclaim_policy: false,
+        ..config()
+    }
+}
+
+fn edit(change: impl FnOnce(&mut PersistentVolume)) -> PersistentVolume {
+    let mut pv = released_volume();
+    change(&mut pv);
+    pv
+}
+
+#[test]
+fn ownership() {
+    let ours = config();
+    let cases: Vec<(&str, PersistentVolume, bool)> = vec![
+        ("provisioned by us", released_volume(), true),
+        (
+            "provisioned by another driver with our CSI source",
+            edit(|pv| annotate(&mut pv.metadata, wk::ANN_PROVISIONED_BY, "other.csi")),
+            false,
+        ),
+        (
+            "provisioned by an in-tree plugin, migrated to us",
+            edit(|pv| {
+                annotate(
+                    &mut pv.metadata,
+                    wk::ANN_PROVISIONED_BY,
+                    "kubernetes.io/gce-pd",
+                );
+                annotate(&mut pv.metadata, wk::ANN_MIGRATED_TO, DRIVER);
+            }),
+            true,
+        ),
+        (
+            "static PV with our CSI source",
+            edit(|pv| pv.metadata.annotations = None),
+            true,
+        ),
+        (
+            "static PV of another driver",
+            edit(|pv| {
+                pv.metadata.annotations = None;
+                pv.spec
+                    .as_mut()
+                    .expect("spec")
+                    .csi
+                    .as_mut()
+                    .expect("csi")
+                    .driver = "other.csi".into();
+            }),
+            false,
+        ),
+        (
+            "static in-tree PV migrated to us",
+            edit(|pv| {
+                pv.metadata.annotations = Some(map(&[(wk::ANN_MIGRATED_TO, DRIVER)]));
+                pv.spec.as_mut().expect("spec").csi = None;
+            }),
+            true,
+        ),
+        (
+            "static in-tree PV",
+            edit(|pv| {
+                pv.metadata.annotations = None;
+                pv.spec.as_mut().expect("spec").csi = None;
+            }),
+            false,
+        ),
+    ];
+    for (name, pv, expected) in cases {
+        assert_eq!(is_our_volume(&pv, &ours), expected, "{name}");
+    }
+}
+
+#[test]
+fn decisions() {
+    let skip = DeleteDecision::Skip;
+    let gate_on = config();
+    let gate_off = without_gate();
+    let deleting = edit(|pv| pv.metadata.deletion_timestamp = Some(now()));
+    let deleting_without_finalizer = edit(|pv| {
+        pv.metadata.deletion_timestamp = Some(now());
+        pv.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
+    });
+    let cases: Vec<(&str, PersistentVolume, &ProvisionerConfig, DeleteDecision)> = vec![
+        (
+            "released, Delete",
+            released_volume(),
+            &gate_on,
+            DeleteDecision::Delete,
+        ),
+        (
+            "released, Delete, gate off",
+            released_volume(),
+            &gate_off,
+            DeleteDecision::Delete,
+        ),
+        (
+            "not ours",
+            edit(|pv| annotate(&mut pv.metadata, wk::ANN_PROVISIONED_BY, "other.csi")),
+            &gate_on,
+            skip(DeleteSkipReason::NotOurs),
+        ),
+        (
+            "bound",
+            edit(|pv| pv.status.as_mut().expect("status").phase = Some("Bound".into())),
+            &gate_on,
+            skip(DeleteSkipReason::NotReleased {
+                phase: "Bound".into(),
+            }),
+        ),
+        (
+            "no status",
+            edit(|pv| pv.status = None),
+            &gate_on,
+            skip(DeleteSkipReason::NotReleased {
+                phase: String::new(),
+            }),
+        ),
+        (
+            "Retain",
+            edit(|pv| {
+                pv.spec
+                    .as_mut()
+                    .expect("spec")
+                    .persistent_volume_reclaim_policy = Some("Retain".into())
+            }),
+            &gate_on,
+            skip(DeleteSkipReason::ReclaimPolicy {
+                policy: "Retain".into(),
+            }),
+        ),
+        (
+            "Recycle",
+            edit(|pv| {
+                pv.spec
+                    .as_mut()
+                    .expect("spec")
+                    .persistent_volume_reclaim_policy = Some("Recycle".into())
+            }),
+            &gate_on,
+            skip(DeleteSkipReason::ReclaimPolicy {
+                policy: "Recycle".into(),
+            }),
+        ),
+        (
+            "KEP-2644: deleted PV with our finalizer, released",
+            deleting.clone(),
+            &gate_on,
+            DeleteDecision::Delete,
+        ),
+        (
+            "KEP-2644: deleted PV with our finalizer, still bound",
+            edit(|pv| {
+                pv.metadata.deletion_timestamp = Some(now());
+                pv.status.as_mut().expect("status").phase = Some("Bound".into());
+            }),
+            &gate_on,
+            skip(DeleteSkipReason::NotReleased {
+                phase: "Bound".into(),
+            }),
+        ),
+        (
+            "deleted PV without our finalizer",
+            deleting_without_finalizer.clone(),
+            &gate_on,
+            skip(DeleteSkipReason::AlreadyDeleted),
+        ),
+        (
+            "deleted PV, gate off",
+            deleting,
+            &gate_off,
+            skip(DeleteSkipReason::BeingDeleted),
+        ),
+        (
+            "deleted PV without finalizer, gate off",
+            deleting_without_finalizer,
+            &gate_off,
+            skip(DeleteSkipReason::BeingDeleted),
+        ),
+    ];
+    for (name, pv, config, expected) in cases {
+        assert_eq!(should_delete(&pv, config), expected, "{name}");
+    }
+}
+
+#[test]
+fn node_deployment_deletes_only_its_own_volumes() {
+    let node_config = |zone: Option<&str>| ProvisionerConfig {
+        node_deployment: Some(NodeDeployment {
+            node_name: "node-1".into(),
+            immediate_binding: true,
+            accessible_topology: zone.map(|zone| map(&[("zone", zone)])),
+        }),
+        ..config()
+    };
+    let pinned = edit(|pv| {
+        pv.spec.as_mut().expect("spec").node_affinity = Some(VolumeNodeAffinity {
+            required: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "zone".into(),
+                        operator: "In".into(),
+                        values: Some(vec!["a".into()]),
+                    }]),
+                    match_fields: None,
+                }],
+            }),
+        });
+    });
+    assert_eq!(
+        should_delete(&pinned, &node_config(Some("a"))),
+        DeleteDecision::Delete
+    );
+    assert_eq!(
+        should_delete(&pinned, &node_config(Some("b"))),
+        DeleteDecision::Skip(DeleteSkipReason::NotProvisionedOnThisNode)
+    );
+    assert_eq!(
+        should_delete(&pinned, &node_config(None)),
+        DeleteDecision::Delete
+    );
+    assert_eq!(
+        should_delete(&released_volume(), &node_config(Some("b"))),
+        DeleteDecision::Delete
+    );
+}
+
+fn secret(name: &str, namespace: &str) -> Option<SecretRef> {
+    Some(SecretRef {
+        name: name.into(),
+        namespace: namespace.into(),
+    })
+}
+
+fn templated_class() -> StorageClass {
+    StorageClass {
+        parameters: Some(map(&[
+            (wk::PARAM_PROVISIONER_SECRET_NAME, "${pvc.name}-${pv.name}"),
+            (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "${pvc.namespace}"),
+        ])),
+        ..class()
+    }
+}
+
+#[test]
+fn deletion_secrets() {
+    let class = templated_class();
+    let with_annotations = |name: &str, namespace: &str| {
+        edit(|pv| {
+            annotate(&mut pv.metadata, wk::ANN_DELETION_SECRET_NAME, name);
+            annotate(
+                &mut pv.metadata,
+                wk::ANN_DELETION_SECRET_NAMESPACE,
+                namespace,
+            );
+        })
+    };
+    assert_eq!(
+        deletion_secret_ref(&with_annotations("s", "ns"), Some(&class)),
+        Ok(secret("s", "ns")),
+        "annotations win over the class"
+    );
+    assert_eq!(
+        deletion_secret_ref(&with_annotations("", ""), Some(&class)),
+        Ok(None),
+        "empty annotations record that no secret is needed"
+    );
+    assert_eq!(
+        deletion_secret_ref(&with_annotations("s", ""), Some(&class)),
+        Ok(None)
+    );
+    let only_name = edit(|pv| annotate(&mut pv.metadata, wk::ANN_DELETION_SECRET_NAME, "s"));
+    assert_eq!(
+        deletion_secret_ref(&only_name, Some(&class)),
+        Ok(secret(&format!("data-{VOLUME}"), "ns")),
+        "half the annotation pair falls back to the class"
+    );
+    assert_eq!(
+        deletion_secret_ref(&released_volume(), Some(&class)),
+        Ok(secret(&format!("data-{VOLUME}"), "ns"))
+    );
+    assert_eq!(
+        deletion_secret_ref(&released_volume(), None),
+        Ok(None),
+        "class gone"
+    );
+    assert_eq!(
+        deletion_secret_ref(
+            &released_volume(),
+            Some(&crate::provision::fixtures::class())
+        ),
+        Ok(None)
+    );
+    let no_claim_ref = edit(|pv| pv.spec.as_mut().expect("spec").claim_ref = None);
+    assert_eq!(deletion_secret_ref(&no_claim_ref, Some(&class)), Ok(None));
+
+    let annotation_template = StorageClass {
+        parameters: Some(map(&[
+            (wk::PARAM_PROVISIONER_SECRET_NAME, "${pvc.annotations['k']}"),
+            (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "ns"),
+        ])),
+        ..crate::provision::fixtures::class()
+    };
+    let error = deletion_secret_ref(&released_volume(), Some(&annotation_template))
+        .expect_err("no annotations");
+    assert!(matches!(error, DeleteError::Secret { ref volume, .. } if volume == VOLUME));
+    assert!(error.to_string().starts_with(&format!(
+        "failed to get secretreference for volume {VOLUME}"
+    )));
+}
+
+#[test]
+fn delete_plans() {
+    assert_eq!(
+        plan_delete(&released_volume(), Some(&templated_class())),
+        Ok(DeletePlan {
+            volume_id: "handle-1".into(),
+            secret: secret(&format!("data-{VOLUME}"), "ns"),
+        })
+    );
+    let not_csi = edit(|pv| pv.spec.as_mut().expect("spec").csi = None);
+    assert_eq!(plan_delete(&not_csi, None), Err(DeleteError::NotCsi));
+}
+
+#[test]
+fn attachments_block_deletion() {
+    let attachment = |pv: &str, node: &str| VolumeAttachment {
+        metadata: ObjectMeta::default(),
+        spec: VolumeAttachmentSpec {
+            attacher: DRIVER.into(),
+            node_name: node.into(),
+            source: VolumeAttachmentSource {
+                persistent_volume_name: Some(pv.into()),
+                inline_volume_spec: None,
+            },
+        },
+        status: None,
+    };
+    let other = attachment("pv-other", "node-a");
+    let ours = attachment(VOLUME, "node-b");
+    assert_eq!(attached_node(VOLUME, &[&other]), None);
+    assert_eq!(attached_node(VOLUME, &[&other, &ours]), Some("node-b"));
+    assert_eq!(
+        still_attached_message(VOLUME, "node-b"),
+        format!("persistentvolume {VOLUME} is still attached to node node-b")
+    );
+}

@@ -1,0 +1,191 @@
+//! Events of the provisioning and deletion flows, worded as upstream's so
+//! users can search for what they know from the Go sidecar. The I/O layer
+//! records each at most once per transition, not once per retry.
+
+use crate::wellknown as wk;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// An event to record on the claim or volume at hand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventNote {
+    pub event_type: EventType,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// On the claim, when a provisioning attempt starts.
+pub fn provisioning_started(namespace: &str, name: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Normal,
+        reason: wk::REASON_PROVISIONING,
+        message: format!(
+            "External provisioner is provisioning volume for claim \"{namespace}/{name}\""
+        ),
+    }
+}
+
+/// On the claim, when its data source is for an external populator.
+pub fn external_populator() -> EventNote {
+    EventNote {
+        event_type: EventType::Normal,
+        reason: wk::REASON_PROVISIONING,
+        message: "Assuming an external populator will provision the volume".to_owned(),
+    }
+}
+
+/// On the claim, once its PV is saved.
+pub fn provisioning_succeeded(volume_name: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Normal,
+        reason: wk::REASON_PROVISIONING_SUCCEEDED,
+        message: format!("Successfully provisioned volume {volume_name}"),
+    }
+}
+
+/// On the claim, when provisioning failed; `error` is the plan error or the
+/// driver's error as [`super::outcome::grpc_error_text`] prints it.
+pub fn provisioning_failed(class_name: &str, error: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Warning,
+        reason: wk::REASON_PROVISIONING_FAILED,
+        message: format!("failed to provision volume with StorageClass \"{class_name}\": {error}"),
+    }
+}
+
+/// On the claim, when the driver refused the request as invalid and retries
+/// are slowed down.
+pub fn provisioning_infeasible(class_name: &str, error: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Warning,
+        reason: wk::REASON_PROVISIONING_FAILED,
+        message: format!(
+            "Volume provisioning failed with infeasible error. Retries will be delayed. failed to provision volume with StorageClass \"{class_name}\": {error}"
+        ),
+    }
+}
+
+/// On the claim, when the PV could not be saved and the backend volume was
+/// deleted again.
+pub fn pv_save_failed(namespace: &str, name: &str, error: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Warning,
+        reason: wk::REASON_PROVISIONING_FAILED,
+        message: format!(
+            "Error creating provisioned PV object for claim {namespace}/{name}: {error}. Deleting the volume."
+        ),
+    }
+}
+
+/// On the claim, when deleting the backend volume of an unsaved PV failed too.
+pub fn pv_save_cleanup_failed(volume_name: &str, error: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Warning,
+        reason: wk::REASON_PROVISIONING_CLEANUP_FAILED,
+        message: format!(
+            "Error cleaning provisioned volume {volume_name}: {error}. Please delete manually."
+        ),
+    }
+}
+
+/// On the volume, when `DeleteVolume` failed.
+pub fn delete_failed(error: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Warning,
+        reason: wk::REASON_VOLUME_FAILED_DELETE,
+        message: error.to_owned(),
+    }
+}
+
+/// On the volume, while a VolumeAttachment still holds it: a wait, not an error.
+pub fn delete_waiting_for_detach(volume_name: &str, node: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Normal,
+        reason: wk::REASON_VOLUME_FAILED_DELETE,
+        message: super::delete::still_attached_message(volume_name, node),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_wording() {
+        let cases = [
+            (
+                provisioning_started("ns", "data"),
+                EventType::Normal,
+                "Provisioning",
+                "External provisioner is provisioning volume for claim \"ns/data\"",
+            ),
+            (
+                provisioning_succeeded("pvc-1"),
+                EventType::Normal,
+                "ProvisioningSucceeded",
+                "Successfully provisioned volume pvc-1",
+            ),
+            (
+                provisioning_failed("fast", "rpc error: code = Internal desc = boom"),
+                EventType::Warning,
+                "ProvisioningFailed",
+                "failed to provision volume with StorageClass \"fast\": rpc error: code = Internal desc = boom",
+            ),
+            (
+                provisioning_infeasible("fast", "rpc error: code = InvalidArgument desc = no"),
+                EventType::Warning,
+                "ProvisioningFailed",
+                "Volume provisioning failed with infeasible error. Retries will be delayed. failed to provision volume with StorageClass \"fast\": rpc error: code = InvalidArgument desc = no",
+            ),
+            (
+                external_populator(),
+                EventType::Normal,
+                "Provisioning",
+                "Assuming an external populator will provision the volume",
+            ),
+            (
+                pv_save_failed("ns", "data", "boom"),
+                EventType::Warning,
+                "ProvisioningFailed",
+                "Error creating provisioned PV object for claim ns/data: boom. Deleting the volume.",
+            ),
+            (
+                pv_save_cleanup_failed("pvc-1", "boom"),
+                EventType::Warning,
+                "ProvisioningCleanupFailed",
+                "Error cleaning provisioned volume pvc-1: boom. Please delete manually.",
+            ),
+            (
+                delete_failed("boom"),
+                EventType::Warning,
+                "VolumeFailedDelete",
+                "boom",
+            ),
+            (
+                delete_waiting_for_detach("pvc-1", "node-a"),
+                EventType::Normal,
+                "VolumeFailedDelete",
+                "persistentvolume pvc-1 is still attached to node node-a",
+            ),
+        ];
+        for (note, event_type, reason, message) in cases {
+            assert_eq!(note.event_type, event_type, "{message}");
+            assert_eq!(note.reason, reason, "{message}");
+            assert_eq!(note.message, message);
+        }
+        assert_eq!(EventType::Warning.as_str(), "Warning");
+    }
+}

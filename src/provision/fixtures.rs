@@ -1,0 +1,167 @@
+//! Objects shared by the tests of this module.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+    PersistentVolumeStatus, VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use super::config::{DriverCapabilities, ProvisionerConfig};
+use crate::wellknown as wk;
+
+pub const DRIVER: &str = "hostpath.csi.k8s.io";
+pub const CLAIM_UID: &str = "0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d";
+pub const VOLUME: &str = "pvc-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d";
+
+pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+pub fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}
+
+pub fn config() -> ProvisionerConfig {
+    ProvisionerConfig {
+        provisioner_identity: "1700000000000-1234-hostpath.csi.k8s.io".to_owned(),
+        capabilities: DriverCapabilities {
+            clone_volume: true,
+            create_delete_snapshot: true,
+            modify_volume: true,
+            single_node_multi_writer: false,
+        },
+        ..ProvisionerConfig::with_defaults(DRIVER)
+    }
+}
+
+/// `ns/data`, 1Gi ReadWriteOnce of class `fast`, annotated for our driver.
+pub fn claim() -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".to_owned()),
+            namespace: Some("ns".to_owned()),
+            uid: Some(CLAIM_UID.to_owned()),
+            resource_version: Some("42".to_owned()),
+            annotations: Some(map(&[(wk::ANN_STORAGE_PROVISIONER, DRIVER)])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity("1Gi".to_owned()),
+                )])),
+                limits: None,
+            }),
+            storage_class_name: Some("fast".to_owned()),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    }
+}
+
+pub fn claim_spec(claim: &mut PersistentVolumeClaim) -> &mut PersistentVolumeClaimSpec {
+    claim.spec.get_or_insert_with(Default::default)
+}
+
+pub fn annotate(metadata: &mut ObjectMeta, key: &str, value: &str) {
+    metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.to_owned(), value.to_owned());
+}
+
+/// Class `fast` of our driver, Immediate binding, no parameters.
+pub fn class() -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some("fast".to_owned()),
+            ..ObjectMeta::default()
+        },
+        provisioner: DRIVER.to_owned(),
+        volume_binding_mode: Some("Immediate".to_owned()),
+        ..StorageClass::default()
+    }
+}
+
+/// A Bound claim `ns/source` of 1Gi bound to PV `pv-source`.
+pub fn source_claim() -> PersistentVolumeClaim {
+    let mut source = claim();
+    source.metadata.name = Some("source".to_owned());
+    source.metadata.uid = Some("source-uid".to_owned());
+    claim_spec(&mut source).volume_name = Some("pv-source".to_owned());
+    source.status = Some(PersistentVolumeClaimStatus {
+        phase: Some("Bound".to_owned()),
+        ..PersistentVolumeClaimStatus::default()
+    });
+    source
+}
+
+/// The PV behind [`source_claim`]: ours, Bound, handle `source-handle`.
+pub fn source_volume() -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some("pv-source".to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            csi: Some(CSIPersistentVolumeSource {
+                driver: DRIVER.to_owned(),
+                volume_handle: "source-handle".to_owned(),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            claim_ref: Some(ObjectReference {
+                name: Some("source".to_owned()),
+                namespace: Some("ns".to_owned()),
+                uid: Some("source-uid".to_owned()),
+                ..ObjectReference::default()
+            }),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: Some(PersistentVolumeStatus {
+            phase: Some("Bound".to_owned()),
+            ..PersistentVolumeStatus::default()
+        }),
+    }
+}
+
+/// A provisioned PV of ours: Released, reclaim policy Delete, our finalizer.
+pub fn released_volume() -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(VOLUME.to_owned()),
+            annotations: Some(map(&[(wk::ANN_PROVISIONED_BY, DRIVER)])),
+            finalizers: Some(vec![wk::FINALIZER_PV.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            csi: Some(CSIPersistentVolumeSource {
+                driver: DRIVER.to_owned(),
+                volume_handle: "handle-1".to_owned(),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            claim_ref: Some(ObjectReference {
+                name: Some("data".to_owned()),
+                namespace: Some("ns".to_owned()),
+                uid: Some(CLAIM_UID.to_owned()),
+                ..ObjectReference::default()
+            }),
+            persistent_volume_reclaim_policy: Some("Delete".to_owned()),
+            storage_class_name: Some("fast".to_owned()),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: Some(PersistentVolumeStatus {
+            phase: Some("Released".to_owned()),
+            ..PersistentVolumeStatus::default()
+        }),
+    }
+}

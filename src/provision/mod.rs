@@ -1,0 +1,111 @@
+//! Provisioning and deletion decisions: plain data in, plans out, no I/O.
+//!
+//! This is the core of upstream's split between the generic provisioning loop
+//! (sig-storage-lib-external-provisioner) and the CSI-specific provisioner:
+//! the loop (watch caches, work queues, API writes, CSI calls, in
+//! [`controller`]) calls these functions at each step.
+//!
+//! # Provisioning a claim
+//!
+//! 1. [`should_provision`]`(claim, class, config)` — ours, now? Skips bound
+//!    claims, claims being deleted, other provisioners' claims,
+//!    `WaitForFirstConsumer` claims without a selected node and (node
+//!    deployment) other nodes' claims; says [`ProvisionDecision::BecomeOwner`]
+//!    when a node-local instance should try to take an Immediate claim.
+//! 2. The loop checks its PV cache for [`volume_name`]`(prefix, uid, length)`:
+//!    an existing PV means the work is done.
+//! 3. [`data_source_ref`] and [`volume_attributes_class_name`] say which
+//!    extra objects to read (source PVC + PV, or VolumeSnapshot + content;
+//!    the VolumeAttributesClass); with the selected Node/CSINode and all
+//!    Nodes/CSINodes they form the [`ProvisionInputs`].
+//! 4. [`plan_provision`] validates everything and returns a [`ProvisionPlan`]:
+//!    the complete `CreateVolumeRequest` (with [`accessibility_requirements`]
+//!    from `topology`, the content source, parameters without
+//!    `csi.storage.k8s.io/` keys, mutable parameters) and the secret
+//!    references resolved from the class templates ([`resolve_secret_ref`]).
+//!    Secrets are not read here: the loop fetches `plan.provisioner_secret`
+//!    into `request.secrets`. The loop freezes the plan per claim uid while
+//!    the operation is in flight, so retries send the identical request.
+//!    Errors: [`ProvisionError::wants_reschedule`] → remove the selected-node
+//!    annotation; [`ProvisionError::is_ignored`] → external populator, stop
+//!    quietly; otherwise record `ProvisioningFailed` and retry with backoff.
+//! 5. Before `CreateVolume`, the loop puts `plan.source_finalizer` on the
+//!    clone source or snapshot.
+//! 6. A failed `CreateVolume` is classified by
+//!    [`classify_create_volume_error`] into final / infeasible / in
+//!    background (keep retrying the frozen request even if the claim goes
+//!    away) / reschedule.
+//! 7. On success, [`build_pv`]`(plan, response, config)` makes the PV, or says
+//!    why the returned volume is unusable ([`PvBuildError`]: the loop deletes
+//!    that backend volume and retries).
+//!
+//! # Deleting a volume
+//!
+//! [`should_delete`]`(pv, config)` — ours, Released, reclaim policy Delete,
+//! and not already handled (deletion timestamp without our finalizer) — then
+//! [`plan_delete`]`(pv, class)` gives the volume id and the secret
+//! ([`deletion_secret_ref`]: PV annotations first, class templates second).
+//! [`attached_node`] says when to wait for a detach instead.
+//!
+//! # Finalizers
+//!
+//! [`pv_finalizer_change`] keeps our PV finalizer in line with the
+//! HonorPVReclaimPolicy gate and the reclaim policy;
+//! [`remove_finalizer_patch`] / [`add_finalizer_patch`] build JSON patches
+//! guarded by a `test` of the current list, so stale caches cannot clobber.
+//!
+//! # Events
+//!
+//! [`events`] has the messages with upstream's wording; the reasons and every
+//! other well-known string are in [`crate::wellknown`].
+
+mod config;
+mod content_source;
+pub mod controller;
+mod delete;
+mod error;
+pub mod events;
+mod finalizer;
+#[cfg(test)]
+mod fixtures;
+mod outcome;
+mod plan;
+mod pv;
+pub mod quantity;
+mod secrets;
+mod should_provision;
+pub mod snapshot_types;
+mod topology;
+
+pub use config::{DriverCapabilities, NodeDeployment, ProvisionerConfig, provisioner_identity};
+pub use content_source::{
+    DataSourceKind, DataSourceObjects, DataSourceRef, SourceFinalizer, content_source,
+    data_source_ref,
+};
+pub use delete::{
+    DeleteDecision, DeleteError, DeletePlan, DeleteSkipReason, attached_node, deletion_secret_ref,
+    is_our_volume, plan_delete, should_delete, still_attached_message,
+};
+pub use error::{DataSourceError, ProvisionError};
+pub use finalizer::{
+    FinalizerChange, add_finalizer_patch, pv_finalizer_change, remove_finalizer_patch,
+};
+pub use outcome::{
+    CreateVolumeOutcome, classify_create_volume_error, go_code_name, grpc_error_text,
+    may_reschedule,
+};
+pub use plan::{
+    ClaimIdentity, ProvisionInputs, ProvisionPlan, PvSecretRefs, claim_class_name, csi_access_mode,
+    driver_parameters, plan_provision, selected_node_name, volume_attributes_class_name,
+    volume_name,
+};
+pub use pv::{PvBuildError, build_pv};
+pub use secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
+pub use should_provision::{
+    ProvisionDecision, SkipReason, annotated_provisioner, should_provision,
+};
+pub use topology::{
+    SelectedNodeTopology, TopologyError, TopologyInputs, accessibility_requirements,
+    node_affinity_matches, pvc_name_hash_and_index, satisfies_requisite, topology_keys,
+    volume_node_affinity,
+};

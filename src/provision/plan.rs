@@ -1,0 +1,446 @@
+//! The `CreateVolume` plan for a claim: everything the I/O layer needs to
+//! call the driver and, afterwards, to build the PV — computed once, with no
+//! I/O, from objects the caller read from its caches.
+//!
+//! The plan is frozen per claim uid while its operation is in flight: every
+//! retry sends `request` unchanged (after filling `secrets` from
+//! `provisioner_secret`), so a retried `CreateVolume` can never ask for a
+//! different topology or size than the one that may already be running.
+
+use std::collections::{BTreeMap, HashMap};
+
+use csi_proto::v1::volume_capability::{
+    AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode,
+};
+use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttributesClass};
+
+use super::config::ProvisionerConfig;
+use super::content_source::{DataSourceObjects, SourceFinalizer, content_source, data_source_ref};
+use super::error::ProvisionError;
+use super::quantity::quantity_bytes;
+use super::secrets::{SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
+use super::topology::{SelectedNodeTopology, TopologyInputs, accessibility_requirements};
+use crate::wellknown as wk;
+
+/// The PV and CSI volume name for a claim: `<prefix>-<uid>`, or with a uuid
+/// length the uid without dashes truncated to it. Deterministic, so every
+/// `CreateVolume` retry for the claim is idempotent.
+pub fn volume_name(
+    prefix: &str,
+    claim_uid: &str,
+    uuid_length: Option<usize>,
+) -> Result<String, ProvisionError> {
+    if prefix.is_empty() {
+        return Err(ProvisionError::EmptyVolumeNamePrefix);
+    }
+    if claim_uid.is_empty() {
+        return Err(ProvisionError::MissingClaimUid);
+    }
+    let Some(length) = uuid_length else {
+        return Ok(format!("{prefix}-{claim_uid}"));
+    };
+    let compact: String = claim_uid.chars().filter(|c| *c != '-').collect();
+    // Upstream slices without a check and would panic here.
+    let truncated = compact
+        .get(..length)
+        .ok_or(ProvisionError::UuidLengthTooLong {
+            length,
+            available: compact.len(),
+        })?;
+    Ok(format!("{prefix}-{truncated}"))
+}
+
+/// The node the scheduler selected for the claim (GA annotation, else the
+/// 1.11 alpha one), ignoring empty values.
+pub fn selected_node_name(claim: &PersistentVolumeClaim) -> Option<&str> {
+    let annotations = claim.metadata.annotations.as_ref()?;
+    [wk::ANN_SELECTED_NODE, wk::ANN_ALPHA_SELECTED_NODE]
+        .iter()
+        .find_map(|key| annotations.get(*key))
+        .map(String::as_str)
+        .filter(|node| !node.is_empty())
+}
+
+/// The claim's class name as Kubernetes resolves it: the beta annotation
+/// wins over `spec.storageClassName`.
+pub fn claim_class_name(claim: &PersistentVolumeClaim) -> String {
+    if let Some(class) = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(wk::ANN_BETA_STORAGE_CLASS))
+    {
+        return class.clone();
+    }
+    claim
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.storage_class_name.clone())
+        .unwrap_or_default()
+}
+
+/// The VolumeAttributesClass the claim asks for, when the gate is on.
+pub fn volume_attributes_class_name<'a>(
+    claim: &'a PersistentVolumeClaim,
+    config: &ProvisionerConfig,
+) -> Option<&'a str> {
+    if !config.volume_attributes_class_enabled {
+        return None;
+    }
+    claim
+        .spec
+        .as_ref()?
+        .volume_attributes_class_name
+        .as_deref()
+        .filter(|name| !name.is_empty())
+}
+
+/// The objects a plan is made from, read by the I/O layer from its caches.
+#[derive(Clone, Copy, Debug)]
+pub struct ProvisionInputs<'a> {
+    pub claim: &'a PersistentVolumeClaim,
+    pub class: &'a StorageClass,
+    /// The Node named by [`selected_node_name`]; `None` if it does not exist.
+    pub selected_node: Option<&'a Node>,
+    /// Its CSINode; `None` if it does not exist.
+    pub selected_csi_node: Option<&'a CSINode>,
+    /// All Nodes and CSINodes (only read for topology aggregation).
+    pub nodes: &'a [&'a Node],
+    pub csi_nodes: &'a [&'a CSINode],
+    /// What [`data_source_ref`] named, fetched; `None` when the claim has no source.
+    pub data_source: Option<DataSourceObjects<'a>>,
+    /// A ReferenceGrant allows the claim's cross-namespace data source.
+    pub data_source_granted: bool,
+    /// The class named by [`volume_attributes_class_name`]; `None` if missing.
+    pub volume_attributes_class: Option<&'a VolumeAttributesClass>,
+}
+
+/// Identity of the claim, for the PV's claimRef.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimIdentity {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: Option<String>,
+}
+
+/// Secret references the PV's CSI source and annotations carry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PvSecretRefs {
+    pub controller_publish: Option<SecretRef>,
+    pub node_stage: Option<SecretRef>,
+    pub node_publish: Option<SecretRef>,
+    pub controller_expand: Option<SecretRef>,
+    pub node_expand: Option<SecretRef>,
+    /// Not on the CSI source: recorded as PV annotations for the external-resizer.
+    pub controller_modify: Option<SecretRef>,
+}
+
+/// Everything needed to call `CreateVolume` and then build the PV.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProvisionPlan {
+    /// PV name and CSI volume name.
+    pub volume_name: String,
+    /// The request to send; `secrets` is empty and must be filled from the
+    /// Secret `provisioner_secret` names (also for cleanup `DeleteVolume`s).
+    pub request: CreateVolumeRequest,
+    pub provisioner_secret: Option<SecretRef>,
+    pub pv_secrets: PvSecretRefs,
+    /// Put on the source object before `CreateVolume` (clone or restore).
+    pub source_finalizer: Option<SourceFinalizer>,
+    pub claim: ClaimIdentity,
+    /// Resolved fsType ("" = driver default); not used for block volumes.
+    pub fs_type: String,
+    pub storage_class_name: String,
+    /// Class reclaim policy, `Delete` by default.
+    pub reclaim_policy: String,
+    pub mount_options: Vec<String>,
+    pub access_modes: Vec<String>,
+    pub volume_mode: Option<String>,
+    pub volume_attributes_class_name: Option<String>,
+    pub selected_node: Option<String>,
+    /// The claim has a data source: the response must report a content source.
+    pub has_data_source: bool,
+}
+
+impl ProvisionPlan {
+    pub fn is_block(&self) -> bool {
+        self.volume_mode.as_deref() == Some("Block")
+    }
+}
+
+/// Builds the plan, validating the claim, class and sources as upstream does.
+pub fn plan_provision(
+    inputs: &ProvisionInputs<'_>,
+    config: &ProvisionerConfig,
+) -> Result<ProvisionPlan, ProvisionError> {
+    let claim = inputs.claim;
+    let class = inputs.class;
+    let spec = claim.spec.clone().unwrap_or_default();
+    let claim_identity = ClaimIdentity {
+        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        name: claim.metadata.name.clone().unwrap_or_default(),
+        uid: claim.metadata.uid.clone().unwrap_or_default(),
+        resource_version: claim.metadata.resource_version.clone(),
+    };
+
+    let source = data_source_ref(claim, config)?;
+    let vac_name = volume_attributes_class_name(claim, config);
+    if vac_name.is_some() && !config.capabilities.modify_volume {
+        return Err(ProvisionError::ModifyVolumeNotSupported);
+    }
+    if spec.selector.is_some() {
+        return Err(ProvisionError::SelectorNotSupported);
+    }
+    let name = volume_name(
+        &config.volume_name_prefix,
+        &claim_identity.uid,
+        config.volume_name_uuid_length,
+    )?;
+    let empty = BTreeMap::new();
+    let params = class.parameters.as_ref().unwrap_or(&empty);
+    let fs_type = fs_type(params, &config.default_fstype)?;
+
+    let resources = spec.resources.as_ref();
+    let storage = |list: Option<&BTreeMap<String, _>>| {
+        list.and_then(|list| list.get("storage"))
+            .map(quantity_bytes)
+    };
+    let required_bytes = storage(resources.and_then(|r| r.requests.as_ref()))
+        .transpose()
+        .map_err(ProvisionError::InvalidCapacity)?
+        .unwrap_or(0);
+    let limit_bytes = storage(resources.and_then(|r| r.limits.as_ref()))
+        .transpose()
+        .map_err(ProvisionError::InvalidCapacity)?
+        .unwrap_or(0);
+    if limit_bytes != 0 && limit_bytes < required_bytes {
+        return Err(ProvisionError::LimitBelowRequest {
+            request: required_bytes,
+            limit: limit_bytes,
+        });
+    }
+
+    let is_block = spec.volume_mode.as_deref() == Some("Block");
+    let mount_options = class.mount_options.clone().unwrap_or_default();
+    let access_modes = spec.access_modes.clone().unwrap_or_default();
+    let volume_capabilities =
+        volume_capabilities(&access_modes, is_block, &fs_type, &mount_options, config)?;
+
+    let mut request = CreateVolumeRequest {
+        name: name.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes,
+            limit_bytes,
+        }),
+        volume_capabilities,
+        ..CreateVolumeRequest::default()
+    };
+
+    let mut source_finalizer = None;
+    if let Some(source) = &source {
+        if source.cross_namespace && !inputs.data_source_granted {
+            return Err(ProvisionError::CrossNamespaceSourceNotGranted {
+                kind: source.kind.kind_name().to_owned(),
+                namespace: source.namespace.clone(),
+                name: source.name.clone(),
+            });
+        }
+        let objects = inputs.data_source.ok_or_else(|| {
+            ProvisionError::DataSourceObjectsMismatch(source.kind.kind_name().to_owned())
+        })?;
+        let (content, finalizer) =
+            content_source(source, objects, claim, class, required_bytes, config)?;
+        request.volume_content_source = Some(content);
+        source_finalizer = Some(finalizer);
+    }
+
+    let selected_node = selected_node_name(claim);
+    if let Some(node) = selected_node
+        && inputs.selected_node.is_none()
+    {
+        return Err(ProvisionError::SelectedNodeNotFound(node.to_owned()));
+    }
+    if config.topology_enabled {
+        let no_terms = Vec::new();
+        request.accessibility_requirements = accessibility_requirements(&TopologyInputs {
+            driver_name: &config.driver_name,
+            pvc_name: &claim_identity.name,
+            allowed_topologies: class.allowed_topologies.as_ref().unwrap_or(&no_terms),
+            selected_node: selected_node.map(|name| SelectedNodeTopology {
+                name,
+                node: inputs.selected_node,
+                csi_node: inputs.selected_csi_node,
+            }),
+            nodes: inputs.nodes,
+            csi_nodes: inputs.csi_nodes,
+            strict_topology: config.strict_topology,
+            immediate_topology: config.immediate_topology,
+        })?;
+    }
+
+    let template_context = TemplateContext {
+        pv_name: &name,
+        pvc_name: &claim_identity.name,
+        pvc_namespace: &claim_identity.namespace,
+        pvc_annotations: claim.metadata.annotations.as_ref(),
+    };
+    let secret = |kind| resolve_secret_ref(kind, params, &template_context);
+    let provisioner_secret = secret(SecretKind::Provisioner)?;
+    let pv_secrets = PvSecretRefs {
+        controller_publish: secret(SecretKind::ControllerPublish)?,
+        node_stage: secret(SecretKind::NodeStage)?,
+        node_publish: secret(SecretKind::NodePublish)?,
+        controller_expand: secret(SecretKind::ControllerExpand)?,
+        node_expand: secret(SecretKind::NodeExpand)?,
+        controller_modify: secret(SecretKind::ControllerModify)?,
+    };
+
+    request.parameters = driver_parameters(params)?;
+    if config.extra_create_metadata {
+        request
+            .parameters
+            .insert(wk::PARAM_PVC_NAME.to_owned(), claim_identity.name.clone());
+        request.parameters.insert(
+            wk::PARAM_PVC_NAMESPACE.to_owned(),
+            claim_identity.namespace.clone(),
+        );
+        request
+            .parameters
+            .insert(wk::PARAM_PV_NAME.to_owned(), name.clone());
+    }
+
+    if let Some(vac_name) = vac_name {
+        let vac = inputs
+            .volume_attributes_class
+            .filter(|vac| vac.metadata.name.as_deref() == Some(vac_name))
+            .ok_or_else(|| ProvisionError::VolumeAttributesClassNotFound(vac_name.to_owned()))?;
+        if vac.driver_name != config.driver_name {
+            return Err(ProvisionError::VolumeAttributesClassDriverMismatch {
+                name: vac_name.to_owned(),
+                driver: vac.driver_name.clone(),
+                ours: config.driver_name.clone(),
+            });
+        }
+        request.mutable_parameters = vac
+            .parameters
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+    }
+
+    Ok(ProvisionPlan {
+        volume_name: name,
+        request,
+        provisioner_secret,
+        pv_secrets,
+        source_finalizer,
+        claim: claim_identity,
+        fs_type,
+        storage_class_name: claim_class_name(claim),
+        reclaim_policy: class
+            .reclaim_policy
+            .clone()
+            .unwrap_or_else(|| "Delete".to_owned()),
+        mount_options,
+        access_modes,
+        volume_mode: spec.volume_mode.clone(),
+        volume_attributes_class_name: vac_name.map(str::to_owned),
+        selected_node: selected_node.map(str::to_owned),
+        has_data_source: source.is_some(),
+    })
+}
+
+/// fsType from `csi.storage.k8s.io/fstype` or the deprecated `fstype` key
+/// (any case), else `--default-fstype`; both keys at once is an error.
+fn fs_type(
+    params: &BTreeMap<String, String>,
+    default_fstype: &str,
+) -> Result<String, ProvisionError> {
+    let found: Vec<&String> = params
+        .iter()
+        .filter(|(key, _)| {
+            key.as_str() == wk::PARAM_FSTYPE || key.eq_ignore_ascii_case(wk::PARAM_LEGACY_FSTYPE)
+        })
+        .map(|(_, value)| value)
+        .collect();
+    match found.as_slice() {
+        [] => Ok(default_fstype.to_owned()),
+        [value] if value.is_empty() => Ok(default_fstype.to_owned()),
+        [value] => Ok((*value).clone()),
+        _ => Err(ProvisionError::FsTypeSpecifiedTwice),
+    }
+}
+
+/// Class parameters for the driver: every `csi.storage.k8s.io/` key removed,
+/// and an unknown one under that prefix refused (it is probably a typo of a
+/// key the sidecar would have honoured).
+pub fn driver_parameters(
+    params: &BTreeMap<String, String>,
+) -> Result<HashMap<String, String>, ProvisionError> {
+    let mut out = HashMap::new();
+    for (key, value) in params {
+        if key.starts_with(wk::CSI_PARAMETER_PREFIX) {
+            if !wk::KNOWN_PREFIXED_PARAMETERS.contains(&key.as_str()) {
+                return Err(ProvisionError::UnknownPrefixedParameter(key.clone()));
+            }
+        } else {
+            out.insert(key.clone(), value.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// CSI access mode of one Kubernetes access mode (csi-lib-utils' mapping; the
+/// finer single-node modes only when the driver has SINGLE_NODE_MULTI_WRITER).
+pub fn csi_access_mode(mode: &str, single_node_multi_writer: bool) -> Result<Mode, ProvisionError> {
+    Ok(match (mode, single_node_multi_writer) {
+        ("ReadWriteOncePod", true) => Mode::SingleNodeSingleWriter,
+        ("ReadWriteOncePod", false) => Mode::SingleNodeWriter,
+        ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
+        ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
+        ("ReadWriteOnce", true) => Mode::SingleNodeMultiWriter,
+        ("ReadWriteOnce", false) => Mode::SingleNodeWriter,
+        (other, _) => return Err(ProvisionError::UnsupportedAccessMode(other.to_owned())),
+    })
+}
+
+/// One capability per access mode, block or mount (with fsType and the
+/// class's mount options as mount flags).
+fn volume_capabilities(
+    access_modes: &[String],
+    is_block: bool,
+    fs_type: &str,
+    mount_options: &[String],
+    config: &ProvisionerConfig,
+) -> Result<Vec<VolumeCapability>, ProvisionError> {
+    if access_modes.is_empty() {
+        return Err(ProvisionError::NoAccessModes);
+    }
+    access_modes
+        .iter()
+        .map(|mode| {
+            let mode = csi_access_mode(mode, config.capabilities.single_node_multi_writer)?;
+            let access_type = if is_block {
+                AccessType::Block(BlockVolume {})
+            } else {
+                AccessType::Mount(MountVolume {
+                    fs_type: fs_type.to_owned(),
+                    mount_flags: mount_options.to_vec(),
+                    volume_mount_group: String::new(),
+                })
+            };
+            Ok(VolumeCapability {
+                access_mode: Some(AccessMode { mode: mode.into() }),
+                access_type: Some(access_type),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

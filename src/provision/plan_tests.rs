@@ -1,0 +1,771 @@
+use super::*;
+use csi_proto::v1::TopologyRequirement;
+use k8s_openapi::api::core::v1::TypedLocalObjectReference;
+use k8s_openapi::api::storage::v1::{CSINodeDriver, CSINodeSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::provision::content_source::DataSourceObjects;
+use crate::provision::fixtures::{
+    CLAIM_UID, DRIVER, VOLUME, annotate, claim, claim_spec, class, config, map, source_claim,
+    source_volume,
+};
+use crate::provision::quantity::QuantityError;
+use crate::provision::secrets::SecretError;
+use crate::provision::topology::TopologyError;
+
+fn inputs<'a>(claim: &'a PersistentVolumeClaim, class: &'a StorageClass) -> ProvisionInputs<'a> {
+    ProvisionInputs {
+        claim,
+        class,
+        selected_node: None,
+        selected_csi_node: None,
+        nodes: &[],
+        csi_nodes: &[],
+        data_source: None,
+        data_source_granted: false,
+        volume_attributes_class: None,
+    }
+}
+
+fn plan(
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    config: &ProvisionerConfig,
+) -> Result<ProvisionPlan, ProvisionError> {
+    plan_provision(&inputs(claim, class), config)
+}
+
+fn mount(fs_type: &str, flags: &[&str], mode: Mode) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode.into() }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.to_owned(),
+            mount_flags: flags.iter().map(|f| (*f).to_owned()).collect(),
+            volume_mount_group: String::new(),
+        })),
+    }
+}
+
+fn class_with(params: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        parameters: Some(map(params)),
+        ..class()
+    }
+}
+
+#[test]
+fn volume_names() {
+    let uid = CLAIM_UID;
+    assert_eq!(volume_name("pvc", uid, None), Ok(VOLUME.to_owned()));
+    assert_eq!(
+        volume_name("pvc", uid, Some(8)),
+        Ok("pvc-0a1b2c3d".to_owned())
+    );
+    assert_eq!(volume_name("x", uid, Some(0)), Ok("x-".to_owned()));
+    assert_eq!(
+        volume_name("p", uid, Some(32)),
+        Ok("p-0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d".to_owned())
+    );
+    assert_eq!(
+        volume_name("p", uid, Some(33)),
+        Err(ProvisionError::UuidLengthTooLong {
+            length: 33,
+            available: 32
+        })
+    );
+    assert_eq!(
+        volume_name("", uid, None),
+        Err(ProvisionError::EmptyVolumeNamePrefix)
+    );
+    assert_eq!(
+        volume_name("pvc", "", None),
+        Err(ProvisionError::MissingClaimUid)
+    );
+}
+
+#[test]
+fn selected_node_and_class_names() {
+    let mut claim = claim();
+    assert_eq!(selected_node_name(&claim), None);
+    annotate(&mut claim.metadata, wk::ANN_ALPHA_SELECTED_NODE, "alpha");
+    assert_eq!(selected_node_name(&claim), Some("alpha"));
+    annotate(&mut claim.metadata, wk::ANN_SELECTED_NODE, "ga");
+    assert_eq!(selected_node_name(&claim), Some("ga"));
+    annotate(&mut claim.metadata, wk::ANN_SELECTED_NODE, "");
+    assert_eq!(
+        selected_node_name(&claim),
+        None,
+        "an empty GA annotation hides the alpha one"
+    );
+
+    assert_eq!(claim_class_name(&claim), "fast");
+    annotate(&mut claim.metadata, wk::ANN_BETA_STORAGE_CLASS, "beta");
+    assert_eq!(claim_class_name(&claim), "beta");
+    let mut classless = crate::provision::fixtures::claim();
+    claim_spec(&mut classless).storage_class_name = None;
+    assert_eq!(claim_class_name(&classless), "");
+}
+
+#[test]
+fn basic_plan() {
+    let plan = plan(&claim(), &class(), &config()).expect("plan");
+    assert_eq!(plan.volume_name, VOLUME);
+    assert_eq!(
+        plan.request,
+        CreateVolumeRequest {
+            name: VOLUME.to_owned(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 1 << 30,
+                limit_bytes: 0
+            }),
+            volume_capabilities: vec![mount("", &[], Mode::SingleNodeWriter)],
+            ..CreateVolumeRequest::default()
+        }
+    );
+    assert_eq!(
+        plan.claim,
+        ClaimIdentity {
+            namespace: "ns".to_owned(),
+            name: "data".to_owned(),
+            uid: CLAIM_UID.to_owned(),
+            resource_version: Some("42".to_owned()),
+        }
+    );
+    assert_eq!(plan.provisioner_secret, None);
+    assert_eq!(plan.pv_secrets, PvSecretRefs::default());
+    assert_eq!(plan.source_finalizer, None);
+    assert_eq!(plan.reclaim_policy, "Delete");
+    assert_eq!(plan.storage_class_name, "fast");
+    assert_eq!(plan.access_modes, vec!["ReadWriteOnce".to_owned()]);
+    assert_eq!(plan.volume_mode, None);
+    assert!(!plan.is_block());
+    assert!(!plan.has_data_source);
+    assert_eq!(plan.selected_node, None);
+}
+
+#[test]
+fn access_modes_map_as_csi_lib_utils() {
+    let cases: &[(&str, bool, Mode)] = &[
+        ("ReadWriteOnce", false, Mode::SingleNodeWriter),
+        ("ReadWriteOnce", true, Mode::SingleNodeMultiWriter),
+        ("ReadWriteOncePod", false, Mode::SingleNodeWriter),
+        ("ReadWriteOncePod", true, Mode::SingleNodeSingleWriter),
+        ("ReadOnlyMany", false, Mode::MultiNodeReaderOnly),
+        ("ReadOnlyMany", true, Mode::MultiNodeReaderOnly),
+        ("ReadWriteMany", false, Mode::MultiNodeMultiWriter),
+        ("ReadWriteMany", true, Mode::MultiNodeMultiWriter),
+    ];
+    for (mode, snmw, expected) in cases {
+        assert_eq!(csi_access_mode(mode, *snmw), Ok(*expected), "{mode} {snmw}");
+    }
+    assert_eq!(
+        csi_access_mode("ReadWriteSometimes", false),
+        Err(ProvisionError::UnsupportedAccessMode(
+            "ReadWriteSometimes".to_owned()
+        ))
+    );
+}
+
+#[test]
+fn one_capability_per_access_mode_with_mount_options_and_fstype() {
+    let mut claim = claim();
+    claim_spec(&mut claim).access_modes =
+        Some(vec!["ReadOnlyMany".to_owned(), "ReadWriteMany".to_owned()]);
+    let class = StorageClass {
+        mount_options: Some(vec!["noatime".to_owned(), "debug".to_owned()]),
+        ..class_with(&[(wk::PARAM_FSTYPE, "xfs")])
+    };
+    let plan = plan(&claim, &class, &config()).expect("plan");
+    assert_eq!(
+        plan.request.volume_capabilities,
+        vec![
+            mount("xfs", &["noatime", "debug"], Mode::MultiNodeReaderOnly),
+            mount("xfs", &["noatime", "debug"], Mode::MultiNodeMultiWriter),
+        ]
+    );
+    assert_eq!(
+        plan.mount_options,
+        vec!["noatime".to_owned(), "debug".to_owned()]
+    );
+    assert_eq!(plan.fs_type, "xfs");
+}
+
+#[test]
+fn block_volumes_have_no_mount() {
+    let mut claim = claim();
+    claim_spec(&mut claim).volume_mode = Some("Block".to_owned());
+    let plan = plan(&claim, &class_with(&[(wk::PARAM_FSTYPE, "xfs")]), &config()).expect("plan");
+    assert_eq!(
+        plan.request.volume_capabilities,
+        vec![VolumeCapability {
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter.into()
+            }),
+            access_type: Some(AccessType::Block(BlockVolume {})),
+        }]
+    );
+    assert!(plan.is_block());
+}
+
+#[test]
+fn fstype_sources() {
+    let with_default = ProvisionerConfig {
+        default_fstype: "ext4".to_owned(),
+        ..config()
+    };
+    let fs = |params: &[(&str, &str)], config: &ProvisionerConfig| {
+        plan(&claim(), &class_with(params), config).map(|p| p.fs_type)
+    };
+    assert_eq!(fs(&[], &config()), Ok(String::new()));
+    assert_eq!(fs(&[], &with_default), Ok("ext4".to_owned()));
+    assert_eq!(
+        fs(&[(wk::PARAM_FSTYPE, "xfs")], &with_default),
+        Ok("xfs".to_owned())
+    );
+    assert_eq!(
+        fs(&[(wk::PARAM_FSTYPE, "")], &with_default),
+        Ok("ext4".to_owned())
+    );
+    assert_eq!(
+        fs(&[("FsType", "btrfs")], &with_default),
+        Ok("btrfs".to_owned())
+    );
+    assert_eq!(
+        fs(&[("fstype", "btrfs"), (wk::PARAM_FSTYPE, "xfs")], &config()),
+        Err(ProvisionError::FsTypeSpecifiedTwice)
+    );
+    // The deprecated unprefixed key still reaches the driver, as upstream.
+    let legacy = plan(&claim(), &class_with(&[("fsType", "btrfs")]), &config()).expect("plan");
+    assert_eq!(
+        legacy.request.parameters.get("fsType").map(String::as_str),
+        Some("btrfs")
+    );
+}
+
+#[test]
+fn parameters_lose_the_reserved_prefix() {
+    let class = class_with(&[
+        ("type", "ssd"),
+        (wk::PARAM_FSTYPE, "xfs"),
+        (wk::PARAM_PROVISIONER_SECRET_NAME, "s"),
+        (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "ns"),
+        ("csiNodePublishSecretName", "legacy"),
+        ("csiNodePublishSecretNamespace", "ns"),
+    ]);
+    let plan = plan(&claim(), &class, &config()).expect("plan");
+    assert_eq!(
+        plan.request.parameters,
+        HashMap::from([
+            ("type".to_owned(), "ssd".to_owned()),
+            ("csiNodePublishSecretName".to_owned(), "legacy".to_owned()),
+            ("csiNodePublishSecretNamespace".to_owned(), "ns".to_owned()),
+        ])
+    );
+    for key in wk::KNOWN_PREFIXED_PARAMETERS {
+        assert!(
+            driver_parameters(&map(&[(key, "v")]))
+                .expect("known")
+                .is_empty(),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        plan_provision(
+            &inputs(&claim(), &class_with(&[("csi.storage.k8s.io/typo", "x")])),
+            &config()
+        ),
+        Err(ProvisionError::UnknownPrefixedParameter(
+            "csi.storage.k8s.io/typo".to_owned()
+        ))
+    );
+}
+
+#[test]
+fn extra_create_metadata() {
+    let config = ProvisionerConfig {
+        extra_create_metadata: true,
+        ..config()
+    };
+    let plan = plan(&claim(), &class_with(&[("type", "ssd")]), &config).expect("plan");
+    assert_eq!(
+        plan.request.parameters,
+        HashMap::from([
+            ("type".to_owned(), "ssd".to_owned()),
+            (wk::PARAM_PVC_NAME.to_owned(), "data".to_owned()),
+            (wk::PARAM_PVC_NAMESPACE.to_owned(), "ns".to_owned()),
+            (wk::PARAM_PV_NAME.to_owned(), VOLUME.to_owned()),
+        ])
+    );
+}
+
+fn with_resources(requests: Option<&str>, limits: Option<&str>) -> PersistentVolumeClaim {
+    let mut claim = claim();
+    let storage = |value: Option<&str>| {
+        value.map(|v| BTreeMap::from([("storage".to_owned(), Quantity(v.to_owned()))]))
+    };
+    claim_spec(&mut claim).resources =
+        Some(k8s_openapi::api::core::v1::VolumeResourceRequirements {
+            requests: storage(requests),
+            limits: storage(limits),
+        });
+    claim
+}
+
+#[test]
+fn capacity_from_requests_and_limits() {
+    let range = |claim: PersistentVolumeClaim| {
+        plan(&claim, &class(), &config()).map(|p| {
+            let range = p.request.capacity_range.expect("range");
+            (range.required_bytes, range.limit_bytes)
+        })
+    };
+    assert_eq!(range(with_resources(None, None)), Ok((0, 0)));
+    assert_eq!(range(with_resources(Some("10Gi"), None)), Ok((10 << 30, 0)));
+    assert_eq!(range(with_resources(Some("100m"), None)), Ok((1, 0)));
+    assert_eq!(
+        range(with_resources(Some("1G"), Some("2G"))),
+        Ok((1_000_000_000, 2_000_000_000))
+    );
+    assert_eq!(
+        range(with_resources(None, Some("2G"))),
+        Ok((0, 2_000_000_000))
+    );
+    assert_eq!(
+        range(with_resources(Some("2G"), Some("1G"))),
+        Err(ProvisionError::LimitBelowRequest {
+            request: 2_000_000_000,
+            limit: 1_000_000_000
+        })
+    );
+    assert_eq!(
+        range(with_resources(Some("lots"), None)),
+        Err(ProvisionError::InvalidCapacity(QuantityError::NoNumber(
+            "lots".to_owned()
+        )))
+    );
+    assert_eq!(
+        range(with_resources(Some("1Gi"), Some("-1"))),
+        Err(ProvisionError::InvalidCapacity(QuantityError::Negative(
+            "-1".to_owned()
+        )))
+    );
+}
+
+#[test]
+fn claim_shape_errors() {
+    let mut selector = claim();
+    claim_spec(&mut selector).selector = Some(LabelSelector::default());
+    assert_eq!(
+        plan(&selector, &class(), &config()),
+        Err(ProvisionError::SelectorNotSupported)
+    );
+
+    let mut no_modes = claim();
+    claim_spec(&mut no_modes).access_modes = None;
+    assert_eq!(
+        plan(&no_modes, &class(), &config()),
+        Err(ProvisionError::NoAccessModes)
+    );
+
+    let mut bad_mode = claim();
+    claim_spec(&mut bad_mode).access_modes = Some(vec!["Sometimes".to_owned()]);
+    assert_eq!(
+        plan(&bad_mode, &class(), &config()),
+        Err(ProvisionError::UnsupportedAccessMode(
+            "Sometimes".to_owned()
+        ))
+    );
+
+    let mut no_uid = claim();
+    no_uid.metadata.uid = None;
+    assert_eq!(
+        plan(&no_uid, &class(), &config()),
+        Err(ProvisionError::MissingClaimUid)
+    );
+
+    let empty_prefix = ProvisionerConfig {
+        volume_name_prefix: String::new(),
+        ..config()
+    };
+    assert_eq!(
+        plan(&claim(), &class(), &empty_prefix),
+        Err(ProvisionError::EmptyVolumeNamePrefix)
+    );
+
+    let truncated = ProvisionerConfig {
+        volume_name_prefix: "vol".to_owned(),
+        volume_name_uuid_length: Some(4),
+        ..config()
+    };
+    let plan = plan(&claim(), &class(), &truncated).expect("plan");
+    assert_eq!(plan.volume_name, "vol-0a1b");
+    assert_eq!(plan.request.name, "vol-0a1b");
+}
+
+#[test]
+fn class_fields_reach_the_plan() {
+    let mut claim = claim();
+    annotate(&mut claim.metadata, wk::ANN_BETA_STORAGE_CLASS, "beta-name");
+    let class = StorageClass {
+        reclaim_policy: Some("Retain".to_owned()),
+        ..class()
+    };
+    let plan = plan(&claim, &class, &config()).expect("plan");
+    assert_eq!(plan.reclaim_policy, "Retain");
+    assert_eq!(plan.storage_class_name, "beta-name");
+}
+
+fn vac(name: &str, driver: &str) -> VolumeAttributesClass {
+    VolumeAttributesClass {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        driver_name: driver.to_owned(),
+        parameters: Some(map(&[("iops", "3000")])),
+    }
+}
+
+#[test]
+fn volume_attributes_class() {
+    let mut claim = claim();
+    claim_spec(&mut claim).volume_attributes_class_name = Some("gold".to_owned());
+    let class = class();
+    let run = |vac: Option<&VolumeAttributesClass>, config: &ProvisionerConfig| {
+        plan_provision(
+            &ProvisionInputs {
+                volume_attributes_class: vac,
+                ..inputs(&claim, &class)
+            },
+            config,
+        )
+    };
+    let gold = vac("gold", DRIVER);
+    let plan = run(Some(&gold), &config()).expect("plan");
+    assert_eq!(
+        plan.request.mutable_parameters,
+        HashMap::from([("iops".to_owned(), "3000".to_owned())])
+    );
+    assert_eq!(plan.volume_attributes_class_name.as_deref(), Some("gold"));
+
+    assert_eq!(
+        run(Some(&vac("gold", "other.csi")), &config()),
+        Err(ProvisionError::VolumeAttributesClassDriverMismatch {
+            name: "gold".to_owned(),
+            driver: "other.csi".to_owned(),
+            ours: DRIVER.to_owned(),
+        })
+    );
+    assert_eq!(
+        run(None, &config()),
+        Err(ProvisionError::VolumeAttributesClassNotFound(
+            "gold".to_owned()
+        ))
+    );
+    assert_eq!(
+        run(Some(&vac("silver", DRIVER)), &config()),
+        Err(ProvisionError::VolumeAttributesClassNotFound(
+            "gold".to_owned()
+        )),
+        "a class of another name is not the one asked for"
+    );
+    let mut no_modify = config();
+    no_modify.capabilities.modify_volume = false;
+    assert_eq!(
+        run(Some(&gold), &no_modify),
+        Err(ProvisionError::ModifyVolumeNotSupported)
+    );
+
+    let gate_off = ProvisionerConfig {
+        volume_attributes_class_enabled: false,
+        ..no_modify
+    };
+    let plan = run(None, &gate_off).expect("gate off ignores the class");
+    assert!(plan.request.mutable_parameters.is_empty());
+    assert_eq!(plan.volume_attributes_class_name, None);
+}
+
+#[test]
+fn secrets_are_resolved_not_read() {
+    let mut claim = claim();
+    annotate(&mut claim.metadata, "team/key", "team-secret");
+    let class = class_with(&[
+        (wk::PARAM_PROVISIONER_SECRET_NAME, "prov-${pvc.name}"),
+        (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "${pvc.namespace}"),
+        (
+            wk::PARAM_NODE_PUBLISH_SECRET_NAME,
+            "${pvc.annotations['team/key']}",
+        ),
+        (wk::PARAM_NODE_PUBLISH_SECRET_NAMESPACE, "${pvc.namespace}"),
+        (wk::PARAM_DEFAULT_SECRET_NAME, "default"),
+        (wk::PARAM_DEFAULT_SECRET_NAMESPACE, "storage"),
+    ]);
+    let plan = plan(&claim, &class, &config()).expect("plan");
+    let secret = |name: &str, namespace: &str| {
+        Some(SecretRef {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+        })
+    };
+    assert!(plan.request.secrets.is_empty());
+    assert_eq!(plan.provisioner_secret, secret("prov-data", "ns"));
+    assert_eq!(
+        plan.pv_secrets,
+        PvSecretRefs {
+            controller_publish: secret("default", "storage"),
+            node_stage: secret("default", "storage"),
+            node_publish: secret("team-secret", "ns"),
+            controller_expand: secret("default", "storage"),
+            node_expand: secret("default", "storage"),
+            controller_modify: secret("default", "storage"),
+        }
+    );
+
+    let half = class_with(&[(wk::PARAM_NODE_STAGE_SECRET_NAME, "x")]);
+    assert_eq!(
+        plan_provision(&inputs(&claim, &half), &config()),
+        Err(ProvisionError::Secret(SecretError::HalfSpecified {
+            kind: "NodeStage"
+        }))
+    );
+}
+
+fn csi_node(name: &str, keys: &[&str]) -> CSINode {
+    CSINode {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: CSINodeSpec {
+            drivers: vec![CSINodeDriver {
+                name: DRIVER.to_owned(),
+                node_id: name.to_owned(),
+                topology_keys: Some(keys.iter().map(|k| (*k).to_owned()).collect()),
+                allocatable: None,
+            }],
+        },
+        ..CSINode::default()
+    }
+}
+
+fn node(name: &str, zone: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(map(&[("zone", zone)])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
+#[test]
+fn selected_node_and_topology() {
+    let mut claim = claim();
+    annotate(&mut claim.metadata, wk::ANN_SELECTED_NODE, "n1");
+    let class = class();
+    let n1 = node("n1", "a");
+    let n2 = node("n2", "b");
+    let c1 = csi_node("n1", &["zone"]);
+    let nodes = [&n1, &n2];
+    let topology = ProvisionerConfig {
+        topology_enabled: true,
+        ..config()
+    };
+
+    // The Node must exist even without topology: otherwise reschedule.
+    let missing = plan_provision(&inputs(&claim, &class), &config()).expect_err("no node");
+    assert_eq!(
+        missing,
+        ProvisionError::SelectedNodeNotFound("n1".to_owned())
+    );
+    assert!(missing.wants_reschedule());
+
+    let with_node = ProvisionInputs {
+        selected_node: Some(&n1),
+        selected_csi_node: Some(&c1),
+        nodes: &nodes,
+        ..inputs(&claim, &class)
+    };
+    let without_topology = plan_provision(&with_node, &config()).expect("plan");
+    assert_eq!(without_topology.request.accessibility_requirements, None);
+    assert_eq!(without_topology.selected_node.as_deref(), Some("n1"));
+
+    let zone = |z: &str| csi_proto::v1::Topology {
+        segments: HashMap::from([("zone".to_owned(), z.to_owned())]),
+    };
+    let with_topology = plan_provision(&with_node, &topology).expect("plan");
+    assert_eq!(
+        with_topology.request.accessibility_requirements,
+        Some(TopologyRequirement {
+            requisite: vec![zone("a"), zone("b")],
+            preferred: vec![zone("a"), zone("b")],
+        })
+    );
+
+    let no_csi_node = ProvisionInputs {
+        selected_csi_node: None,
+        ..with_node
+    };
+    let error = plan_provision(&no_csi_node, &topology).expect_err("no CSINode");
+    assert_eq!(
+        error,
+        ProvisionError::Topology(TopologyError::SelectedCsiNodeNotFound("n1".to_owned()))
+    );
+    assert!(error.wants_reschedule());
+    assert!(!error.is_ignored());
+}
+
+#[test]
+fn data_source_errors_before_reading_objects() {
+    let class = class();
+    let with_source = |kind: &str, group: Option<&str>, name: &str| {
+        let mut claim = claim();
+        claim_spec(&mut claim).data_source = Some(TypedLocalObjectReference {
+            api_group: group.map(str::to_owned),
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+        });
+        claim
+    };
+    let populator = plan(
+        &with_source("Bucket", Some("example.com"), "b"),
+        &class,
+        &config(),
+    )
+    .expect_err("populator");
+    assert_eq!(
+        populator,
+        ProvisionError::ExternalPopulator("Bucket".to_owned())
+    );
+    assert!(populator.is_ignored());
+    assert!(!populator.wants_reschedule());
+
+    assert_eq!(
+        plan(
+            &with_source("VolumeSnapshot", Some("snapshot.example.com"), "s"),
+            &class,
+            &config()
+        ),
+        Err(ProvisionError::WrongSnapshotApiGroup(
+            "snapshot.example.com".to_owned()
+        ))
+    );
+    assert_eq!(
+        plan(
+            &with_source("PersistentVolumeClaim", None, ""),
+            &class,
+            &config()
+        ),
+        Err(ProvisionError::DataSourceWithoutName("data".to_owned()))
+    );
+    let mut no_clone = config();
+    no_clone.capabilities.clone_volume = false;
+    assert_eq!(
+        plan(
+            &with_source("PersistentVolumeClaim", None, "source"),
+            &class,
+            &no_clone
+        ),
+        Err(ProvisionError::CloneNotSupported)
+    );
+    let mut no_snapshot = config();
+    no_snapshot.capabilities.create_delete_snapshot = false;
+    assert_eq!(
+        plan(
+            &with_source("VolumeSnapshot", Some("snapshot.storage.k8s.io"), "s"),
+            &class,
+            &no_snapshot
+        ),
+        Err(ProvisionError::SnapshotRestoreNotSupported)
+    );
+    assert_eq!(
+        plan(
+            &with_source("PersistentVolumeClaim", None, "source"),
+            &class,
+            &config()
+        ),
+        Err(ProvisionError::DataSourceObjectsMismatch(
+            "PersistentVolumeClaim".to_owned()
+        )),
+        "the caller must pass the objects the source names"
+    );
+}
+
+#[test]
+fn clone_plan_and_cross_namespace_sources() {
+    let class = class();
+    let source = source_claim();
+    let source_pv = source_volume();
+    let objects = DataSourceObjects::Claim {
+        claim: Some(&source),
+        volume: Some(&source_pv),
+    };
+    let mut same_namespace = claim();
+    claim_spec(&mut same_namespace).data_source = Some(TypedLocalObjectReference {
+        api_group: None,
+        kind: "PersistentVolumeClaim".to_owned(),
+        name: "source".to_owned(),
+    });
+    let plan = plan_provision(
+        &ProvisionInputs {
+            data_source: Some(objects),
+            ..inputs(&same_namespace, &class)
+        },
+        &config(),
+    )
+    .expect("plan");
+    assert!(plan.has_data_source);
+    assert_eq!(
+        plan.request.volume_content_source,
+        Some(csi_proto::v1::VolumeContentSource {
+            r#type: Some(csi_proto::v1::volume_content_source::Type::Volume(
+                csi_proto::v1::volume_content_source::VolumeSource {
+                    volume_id: "source-handle".to_owned()
+                }
+            )),
+        })
+    );
+    assert_eq!(
+        plan.source_finalizer
+            .map(|f| (f.namespace, f.name, f.finalizer)),
+        Some((
+            "ns".to_owned(),
+            "source".to_owned(),
+            wk::FINALIZER_CLONE_SOURCE
+        ))
+    );
+
+    let mut cross = claim();
+    claim_spec(&mut cross).data_source_ref =
+        Some(k8s_openapi::api::core::v1::TypedObjectReference {
+            api_group: None,
+            kind: "PersistentVolumeClaim".to_owned(),
+            name: "source".to_owned(),
+            namespace: Some("other".to_owned()),
+        });
+    assert_eq!(
+        plan_provision(&inputs(&cross, &class), &config()),
+        Err(ProvisionError::CrossNamespaceSourceDisabled)
+    );
+    let gate_on = ProvisionerConfig {
+        cross_namespace_data_source: true,
+        ..config()
+    };
+    assert_eq!(
+        plan_provision(
+            &ProvisionInputs {
+                data_source: Some(objects),
+                ..inputs(&cross, &class)
+            },
+            &gate_on
+        ),
+        Err(ProvisionError::CrossNamespaceSourceNotGranted {
+            kind: "PersistentVolumeClaim".to_owned(),
+            namespace: "other".to_owned(),
+            name: "source".to_owned(),
+        })
+    );
+}

@@ -1,0 +1,224 @@
+//! The PV for a volume `CreateVolume` returned, or why the returned volume
+//! cannot be used (then it must be deleted again).
+
+use std::collections::BTreeMap;
+
+use csi_proto::v1::CreateVolumeResponse;
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
+    SecretReference,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::config::ProvisionerConfig;
+use super::plan::ProvisionPlan;
+use super::quantity::bytes_to_quantity;
+use super::topology::{satisfies_requisite, volume_node_affinity};
+use crate::wellknown as wk;
+
+/// The driver created something we cannot record as the claim's PV. The
+/// volume exists on the backend (if its id is known): the caller must
+/// `DeleteVolume` it with the provisioner secrets and retry (upstream's
+/// `ProvisioningInBackground` after cleanup).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PvBuildError {
+    #[error("CreateVolume returned no volume")]
+    MissingVolume,
+    #[error("CreateVolume returned an empty volume id")]
+    EmptyVolumeId,
+    #[error("created volume capacity {returned} less than requested capacity {requested}")]
+    CapacityTooSmall { returned: i64, requested: i64 },
+    #[error("created volume capacity {0} is negative")]
+    NegativeCapacity(i64),
+    #[error("volume content source missing")]
+    MissingContentSource,
+    #[error(
+        "created volume is accessible from {accessible:?}, outside the requested topology {requisite:?}"
+    )]
+    TopologyOutsideRequisite {
+        accessible: Vec<BTreeMap<String, String>>,
+        requisite: Vec<BTreeMap<String, String>>,
+    },
+}
+
+impl PvBuildError {
+    /// The backend volume to delete before retrying, when the driver named one.
+    pub fn volume_to_delete<'a>(&self, response: &'a CreateVolumeResponse) -> Option<&'a str> {
+        response
+            .volume
+            .as_ref()
+            .map(|volume| volume.volume_id.as_str())
+            .filter(|id| !id.is_empty())
+    }
+}
+
+fn secret_reference(secret: Option<&super::secrets::SecretRef>) -> Option<SecretReference> {
+    secret.map(SecretReference::from)
+}
+
+/// Builds the PV recording the created volume for the planned claim.
+pub fn build_pv(
+    plan: &ProvisionPlan,
+    response: &CreateVolumeResponse,
+    config: &ProvisionerConfig,
+) -> Result<PersistentVolume, PvBuildError> {
+    let volume = response
+        .volume
+        .as_ref()
+        .ok_or(PvBuildError::MissingVolume)?;
+    if volume.volume_id.is_empty() {
+        return Err(PvBuildError::EmptyVolumeId);
+    }
+    let requested = plan
+        .request
+        .capacity_range
+        .as_ref()
+        .map_or(0, |range| range.required_bytes);
+    // Capacity 0 means "unknown" (NFS and the like); record the request then.
+    let capacity = match volume.capacity_bytes {
+        0 => requested,
+        negative if negative < 0 => return Err(PvBuildError::NegativeCapacity(negative)),
+        returned if returned < requested => {
+            return Err(PvBuildError::CapacityTooSmall {
+                returned,
+                requested,
+            });
+        }
+        returned => returned,
+    };
+    if plan.has_data_source && volume.content_source.is_none() {
+        return Err(PvBuildError::MissingContentSource);
+    }
+    if config.topology_enabled
+        && !satisfies_requisite(
+            &volume.accessible_topology,
+            plan.request.accessibility_requirements.as_ref(),
+        )
+    {
+        let sorted = |topologies: &[csi_proto::v1::Topology]| {
+            topologies
+                .iter()
+                .map(|t| t.segments.clone().into_iter().collect())
+                .collect()
+        };
+        return Err(PvBuildError::TopologyOutsideRequisite {
+            accessible: sorted(&volume.accessible_topology),
+            requisite: plan
+                .request
+                .accessibility_requirements
+                .as_ref()
+                .map(|r| sorted(&r.requisite))
+                .unwrap_or_default(),
+        });
+    }
+
+    let mut volume_attributes = BTreeMap::from([(
+        wk::VOLUME_ATTR_PROVISIONER_IDENTITY.to_owned(),
+        config.provisioner_identity.clone(),
+    )]);
+    volume_attributes.extend(
+        volume
+            .volume_context
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+
+    // Only a claim that is ReadOnlyMany and nothing else is published read-only.
+    let capabilities = &plan.request.volume_capabilities;
+    let read_only = config.controller_publish_readonly
+        && capabilities.len() == 1
+        && capabilities[0].access_mode.as_ref().map(|mode| mode.mode)
+            == Some(Mode::MultiNodeReaderOnly as i32);
+
+    let secrets = &plan.pv_secrets;
+    let csi = CSIPersistentVolumeSource {
+        driver: config.driver_name.clone(),
+        volume_handle: volume.volume_id.clone(),
+        fs_type: (!plan.is_block() && !plan.fs_type.is_empty()).then(|| plan.fs_type.clone()),
+        volume_attributes: Some(volume_attributes),
+        read_only: read_only.then_some(true),
+        controller_publish_secret_ref: secret_reference(secrets.controller_publish.as_ref()),
+        node_stage_secret_ref: secret_reference(secrets.node_stage.as_ref()),
+        node_publish_secret_ref: secret_reference(secrets.node_publish.as_ref()),
+        controller_expand_secret_ref: secret_reference(secrets.controller_expand.as_ref()),
+        node_expand_secret_ref: secret_reference(secrets.node_expand.as_ref()),
+    };
+
+    // Upstream always writes the deletion-secret pair, empty when the class has
+    // no provisioner secret: that records "no secret needed" so deletion does
+    // not fall back to the (possibly changed) class.
+    let (deletion_name, deletion_namespace) = plan
+        .provisioner_secret
+        .as_ref()
+        .map(|secret| (secret.name.clone(), secret.namespace.clone()))
+        .unwrap_or_default();
+    let mut annotations = BTreeMap::from([
+        (
+            wk::ANN_PROVISIONED_BY.to_owned(),
+            config.driver_name.clone(),
+        ),
+        (wk::ANN_DELETION_SECRET_NAME.to_owned(), deletion_name),
+        (
+            wk::ANN_DELETION_SECRET_NAMESPACE.to_owned(),
+            deletion_namespace,
+        ),
+    ]);
+    if let Some(modify) = &secrets.controller_modify {
+        annotations.insert(
+            wk::ANN_CONTROLLER_MODIFY_SECRET_NAME.to_owned(),
+            modify.name.clone(),
+        );
+        annotations.insert(
+            wk::ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE.to_owned(),
+            modify.namespace.clone(),
+        );
+    }
+
+    let claim = &plan.claim;
+    Ok(PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(plan.volume_name.clone()),
+            annotations: Some(annotations),
+            // Only a volume the PV's deletion may delete needs protecting;
+            // for Retain/Recycle the volume loop would remove it again.
+            finalizers: (config.honor_pv_reclaim_policy && plan.reclaim_policy == "Delete")
+                .then(|| vec![wk::FINALIZER_PV.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: Some(plan.access_modes.clone()),
+            capacity: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                bytes_to_quantity(capacity),
+            )])),
+            claim_ref: Some(ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some(wk::PVC_KIND.to_owned()),
+                namespace: Some(claim.namespace.clone()),
+                name: Some(claim.name.clone()),
+                uid: Some(claim.uid.clone()),
+                resource_version: claim.resource_version.clone(),
+                field_path: None,
+            }),
+            csi: Some(csi),
+            mount_options: (!plan.mount_options.is_empty()).then(|| plan.mount_options.clone()),
+            node_affinity: if config.topology_enabled {
+                volume_node_affinity(&volume.accessible_topology)
+            } else {
+                None
+            },
+            persistent_volume_reclaim_policy: Some(plan.reclaim_policy.clone()),
+            storage_class_name: (!plan.storage_class_name.is_empty())
+                .then(|| plan.storage_class_name.clone()),
+            volume_attributes_class_name: plan.volume_attributes_class_name.clone(),
+            volume_mode: plan.volume_mode.clone(),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: None,
+    })
+}
+
+#[cfg(test)]
+#[path = "pv_tests.rs"]
+mod tests;

@@ -1,0 +1,298 @@
+use std::collections::HashMap;
+
+use super::*;
+use csi_proto::v1::{Topology, TopologyRequirement, Volume, VolumeContentSource};
+use k8s_openapi::api::core::v1::{
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::provision::fixtures::{
+    CLAIM_UID, DRIVER, VOLUME, claim, claim_spec, class, config, map,
+};
+use crate::provision::plan::{ProvisionInputs, plan_provision};
+use crate::provision::secrets::SecretRef;
+
+fn plan_for(
+    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    config: &ProvisionerConfig,
+) -> ProvisionPlan {
+    let class = class();
+    plan_provision(
+        &ProvisionInputs {
+            claim,
+            class: &class,
+            selected_node: None,
+            selected_csi_node: None,
+            nodes: &[],
+            csi_nodes: &[],
+            data_source: None,
+            data_source_granted: false,
+            volume_attributes_class: None,
+        },
+        config,
+    )
+    .expect("plan")
+}
+
+fn response(volume_id: &str, capacity_bytes: i64) -> CreateVolumeResponse {
+    CreateVolumeResponse {
+        volume: Some(Volume {
+            volume_id: volume_id.to_owned(),
+            capacity_bytes,
+            volume_context: HashMap::from([("ctx".to_owned(), "1".to_owned())]),
+            ..Volume::default()
+        }),
+    }
+}
+
+fn zone(value: &str) -> Topology {
+    Topology {
+        segments: HashMap::from([("zone".to_owned(), value.to_owned())]),
+    }
+}
+
+#[test]
+fn pv_of_a_basic_claim() {
+    let plan = plan_for(&claim(), &config());
+    let pv = build_pv(&plan, &response("vol-1", 2 << 30), &config()).expect("pv");
+    let expected = PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(VOLUME.to_owned()),
+            annotations: Some(map(&[
+                (wk::ANN_PROVISIONED_BY, DRIVER),
+                (wk::ANN_DELETION_SECRET_NAME, ""),
+                (wk::ANN_DELETION_SECRET_NAMESPACE, ""),
+            ])),
+            finalizers: Some(vec![wk::FINALIZER_PV.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            capacity: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity("2Gi".to_owned()),
+            )])),
+            claim_ref: Some(ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("PersistentVolumeClaim".to_owned()),
+                namespace: Some("ns".to_owned()),
+                name: Some("data".to_owned()),
+                uid: Some(CLAIM_UID.to_owned()),
+                resource_version: Some("42".to_owned()),
+                field_path: None,
+            }),
+            csi: Some(CSIPersistentVolumeSource {
+                driver: DRIVER.to_owned(),
+                volume_handle: "vol-1".to_owned(),
+                volume_attributes: Some(map(&[
+                    ("ctx", "1"),
+                    (
+                        wk::VOLUME_ATTR_PROVISIONER_IDENTITY,
+                        "1700000000000-1234-hostpath.csi.k8s.io",
+                    ),
+                ])),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            persistent_volume_reclaim_policy: Some("Delete".to_owned()),
+            storage_class_name: Some("fast".to_owned()),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: None,
+    };
+    assert_eq!(pv, expected);
+}
+
+#[test]
+fn capacity_rules() {
+    let plan = plan_for(&claim(), &config());
+    let capacity = |bytes| {
+        build_pv(&plan, &response("vol-1", bytes), &config()).map(|pv| {
+            pv.spec.expect("spec").capacity.expect("capacity")["storage"]
+                .0
+                .clone()
+        })
+    };
+    assert_eq!(
+        capacity(0),
+        Ok("1Gi".to_owned()),
+        "unknown capacity records the request"
+    );
+    assert_eq!(capacity(1 << 30), Ok("1Gi".to_owned()));
+    assert_eq!(capacity((1 << 30) + 1), Ok("1073741825".to_owned()));
+    assert_eq!(
+        capacity((1 << 30) - 1),
+        Err(PvBuildError::CapacityTooSmall {
+            returned: (1 << 30) - 1,
+            requested: 1 << 30
+        })
+    );
+    assert_eq!(capacity(-5), Err(PvBuildError::NegativeCapacity(-5)));
+}
+
+#[test]
+fn unusable_responses() {
+    let plan = plan_for(&claim(), &config());
+    let none = CreateVolumeResponse { volume: None };
+    assert_eq!(
+        build_pv(&plan, &none, &config()),
+        Err(PvBuildError::MissingVolume)
+    );
+    assert_eq!(PvBuildError::MissingVolume.volume_to_delete(&none), None);
+    let empty_id = response("", 1 << 30);
+    assert_eq!(
+        build_pv(&plan, &empty_id, &config()),
+        Err(PvBuildError::EmptyVolumeId)
+    );
+    assert_eq!(
+        PvBuildError::EmptyVolumeId.volume_to_delete(&empty_id),
+        None
+    );
+    let small = response("vol-9", 1);
+    let error = build_pv(&plan, &small, &config()).expect_err("too small");
+    assert_eq!(error.volume_to_delete(&small), Some("vol-9"));
+
+    let mut cloned = plan.clone();
+    cloned.has_data_source = true;
+    assert_eq!(
+        build_pv(&cloned, &response("vol-1", 0), &config()),
+        Err(PvBuildError::MissingContentSource)
+    );
+    let mut with_source = response("vol-1", 0);
+    if let Some(volume) = with_source.volume.as_mut() {
+        volume.content_source = Some(VolumeContentSource::default());
+    }
+    assert!(build_pv(&cloned, &with_source, &config()).is_ok());
+}
+
+#[test]
+fn topology_becomes_node_affinity_and_must_match_the_request() {
+    let topology = ProvisionerConfig {
+        topology_enabled: true,
+        ..config()
+    };
+    let mut plan = plan_for(&claim(), &config());
+    plan.request.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![zone("a"), zone("b")],
+        preferred: vec![zone("a"), zone("b")],
+    });
+    let mut inside = response("vol-1", 0);
+    if let Some(volume) = inside.volume.as_mut() {
+        volume.accessible_topology = vec![zone("b")];
+    }
+    let pv = build_pv(&plan, &inside, &topology).expect("pv");
+    assert_eq!(
+        pv.spec.expect("spec").node_affinity,
+        Some(VolumeNodeAffinity {
+            required: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "zone".to_owned(),
+                        operator: "In".to_owned(),
+                        values: Some(vec!["b".to_owned()]),
+                    }]),
+                    match_fields: None,
+                }],
+            }),
+        })
+    );
+    // Without topology support the returned topology is not recorded.
+    let pv = build_pv(&plan, &inside, &config()).expect("pv");
+    assert_eq!(pv.spec.expect("spec").node_affinity, None);
+
+    let mut outside = response("vol-1", 0);
+    if let Some(volume) = outside.volume.as_mut() {
+        volume.accessible_topology = vec![zone("c")];
+    }
+    assert_eq!(
+        build_pv(&plan, &outside, &topology),
+        Err(PvBuildError::TopologyOutsideRequisite {
+            accessible: vec![map(&[("zone", "c")])],
+            requisite: vec![map(&[("zone", "a")]), map(&[("zone", "b")])],
+        })
+    );
+}
+
+#[test]
+fn secrets_modes_and_flags() {
+    let mut claim = claim();
+    claim_spec(&mut claim).access_modes = Some(vec!["ReadOnlyMany".to_owned()]);
+    claim_spec(&mut claim).volume_mode = Some("Block".to_owned());
+    claim_spec(&mut claim).volume_attributes_class_name = None;
+    let readonly = ProvisionerConfig {
+        controller_publish_readonly: true,
+        honor_pv_reclaim_policy: false,
+        ..config()
+    };
+    let mut plan = plan_for(&claim, &readonly);
+    let secret = |name: &str| {
+        Some(SecretRef {
+            name: name.to_owned(),
+            namespace: "sec".to_owned(),
+        })
+    };
+    plan.fs_type = "xfs".to_owned();
+    plan.provisioner_secret = secret("prov");
+    plan.pv_secrets = super::super::plan::PvSecretRefs {
+        controller_publish: secret("cp"),
+        node_stage: secret("ns"),
+        node_publish: secret("np"),
+        controller_expand: secret("ce"),
+        node_expand: secret("ne"),
+        controller_modify: secret("cm"),
+    };
+    plan.mount_options = vec!["ro".to_owned()];
+    plan.volume_attributes_class_name = Some("gold".to_owned());
+    let pv = build_pv(&plan, &response("vol-1", 0), &readonly).expect("pv");
+    let annotations = pv.metadata.annotations.clone().expect("annotations");
+    assert_eq!(annotations[wk::ANN_DELETION_SECRET_NAME], "prov");
+    assert_eq!(annotations[wk::ANN_DELETION_SECRET_NAMESPACE], "sec");
+    assert_eq!(annotations[wk::ANN_CONTROLLER_MODIFY_SECRET_NAME], "cm");
+    assert_eq!(
+        annotations[wk::ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE],
+        "sec"
+    );
+    assert_eq!(
+        pv.metadata.finalizers, None,
+        "no finalizer with the gate off"
+    );
+    let spec = pv.spec.expect("spec");
+    let csi = spec.csi.expect("csi");
+    let reference = |name: &str| {
+        Some(SecretReference {
+            name: Some(name.to_owned()),
+            namespace: Some("sec".to_owned()),
+        })
+    };
+    assert_eq!(csi.controller_publish_secret_ref, reference("cp"));
+    assert_eq!(csi.node_stage_secret_ref, reference("ns"));
+    assert_eq!(csi.node_publish_secret_ref, reference("np"));
+    assert_eq!(csi.controller_expand_secret_ref, reference("ce"));
+    assert_eq!(csi.node_expand_secret_ref, reference("ne"));
+    assert_eq!(csi.fs_type, None, "block volumes have no fsType");
+    assert_eq!(csi.read_only, Some(true), "ReadOnlyMany only");
+    assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+    assert_eq!(spec.mount_options, Some(vec!["ro".to_owned()]));
+    assert_eq!(spec.volume_attributes_class_name.as_deref(), Some("gold"));
+
+    // Read-only needs the flag, and a single ReadOnlyMany mode.
+    let pv = build_pv(&plan, &response("vol-1", 0), &config()).expect("pv");
+    assert_eq!(pv.spec.expect("spec").csi.expect("csi").read_only, None);
+    let mut two_modes = claim.clone();
+    claim_spec(&mut two_modes).access_modes =
+        Some(vec!["ReadOnlyMany".to_owned(), "ReadWriteMany".to_owned()]);
+    let plan = plan_for(&two_modes, &readonly);
+    let pv = build_pv(&plan, &response("vol-1", 0), &readonly).expect("pv");
+    assert_eq!(pv.spec.expect("spec").csi.expect("csi").read_only, None);
+}
+
+#[test]
+fn filesystem_volumes_record_the_fstype() {
+    let mut plan = plan_for(&claim(), &config());
+    plan.fs_type = "ext4".to_owned();
+    let pv = build_pv(&plan, &response("vol-1", 0), &config()).expect("pv");
+    assert_eq!(
+        pv.spec.expect("spec").csi.expect("csi").fs_type.as_deref(),
+        Some("ext4")
+    );
+}

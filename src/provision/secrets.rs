@@ -1,0 +1,659 @@
+//! Secret references from StorageClass templates.
+//!
+//! A class names, per operation, a Secret by a name template and a namespace
+//! template (`csi.storage.k8s.io/<kind>-secret-name` / `-namespace`), with
+//! `csi.storage.k8s.io/secret-name` / `-namespace` as the default for every
+//! kind that has none. The templates may use tokens that are resolved against
+//! the PV and PVC. As upstream (since external-provisioner 4.0.2/5.0) the token
+//! sets are the same for every kind but differ per field: the namespace may
+//! only use values the PVC's user does not control, the name may use the PVC
+//! name and annotations too.
+//!
+//! | field | tokens |
+//! |---|---|
+//! | namespace | `${pv.name}`, `${pvc.namespace}` |
+//! | name | `${pv.name}`, `${pvc.namespace}`, `${pvc.name}`, `${pvc.annotations['KEY']}` |
+//!
+//! Expansion follows Go's `os.Expand` (also `$name` without braces), and any
+//! name it produces that is not a token is an error. No Secret is read here:
+//! the I/O layer fetches the Secret a [`SecretRef`] points to.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::wellknown as wk;
+
+/// Which CSI call a Secret is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SecretKind {
+    /// `CreateVolume` / `DeleteVolume`.
+    Provisioner,
+    ControllerPublish,
+    NodeStage,
+    NodePublish,
+    ControllerExpand,
+    NodeExpand,
+    ControllerModify,
+}
+
+impl SecretKind {
+    pub const ALL: [SecretKind; 7] = [
+        SecretKind::Provisioner,
+        SecretKind::ControllerPublish,
+        SecretKind::NodeStage,
+        SecretKind::NodePublish,
+        SecretKind::ControllerExpand,
+        SecretKind::NodeExpand,
+        SecretKind::ControllerModify,
+    ];
+
+    /// Upstream's name of the kind, used in error messages.
+    pub fn display_name(self) -> &'static str {
+        match self {
+            SecretKind::Provisioner => "Provisioner",
+            SecretKind::ControllerPublish => "ControllerPublish",
+            SecretKind::NodeStage => "NodeStage",
+            SecretKind::NodePublish => "NodePublish",
+            SecretKind::ControllerExpand => "ControllerExpand",
+            SecretKind::NodeExpand => "NodeExpand",
+            SecretKind::ControllerModify => "ControllerModify",
+        }
+    }
+
+    fn keys(self) -> ParamKeys {
+        let (name, namespace, legacy) = match self {
+            SecretKind::Provisioner => (
+                wk::PARAM_PROVISIONER_SECRET_NAME,
+                wk::PARAM_PROVISIONER_SECRET_NAMESPACE,
+                Some((
+                    wk::PARAM_LEGACY_PROVISIONER_SECRET_NAME,
+                    wk::PARAM_LEGACY_PROVISIONER_SECRET_NAMESPACE,
+                )),
+            ),
+            SecretKind::ControllerPublish => (
+                wk::PARAM_CONTROLLER_PUBLISH_SECRET_NAME,
+                wk::PARAM_CONTROLLER_PUBLISH_SECRET_NAMESPACE,
+                Some((
+                    wk::PARAM_LEGACY_CONTROLLER_PUBLISH_SECRET_NAME,
+                    wk::PARAM_LEGACY_CONTROLLER_PUBLISH_SECRET_NAMESPACE,
+                )),
+            ),
+            SecretKind::NodeStage => (
+                wk::PARAM_NODE_STAGE_SECRET_NAME,
+                wk::PARAM_NODE_STAGE_SECRET_NAMESPACE,
+                Some((
+                    wk::PARAM_LEGACY_NODE_STAGE_SECRET_NAME,
+                    wk::PARAM_LEGACY_NODE_STAGE_SECRET_NAMESPACE,
+                )),
+            ),
+            SecretKind::NodePublish => (
+                wk::PARAM_NODE_PUBLISH_SECRET_NAME,
+                wk::PARAM_NODE_PUBLISH_SECRET_NAMESPACE,
+                Some((
+                    wk::PARAM_LEGACY_NODE_PUBLISH_SECRET_NAME,
+                    wk::PARAM_LEGACY_NODE_PUBLISH_SECRET_NAMESPACE,
+                )),
+            ),
+            SecretKind::ControllerExpand => (
+                wk::PARAM_CONTROLLER_EXPAND_SECRET_NAME,
+                wk::PARAM_CONTROLLER_EXPAND_SECRET_NAMESPACE,
+                None,
+            ),
+            SecretKind::NodeExpand => (
+                wk::PARAM_NODE_EXPAND_SECRET_NAME,
+                wk::PARAM_NODE_EXPAND_SECRET_NAMESPACE,
+                None,
+            ),
+            SecretKind::ControllerModify => (
+                wk::PARAM_CONTROLLER_MODIFY_SECRET_NAME,
+                wk::PARAM_CONTROLLER_MODIFY_SECRET_NAMESPACE,
+                None,
+            ),
+        };
+        ParamKeys {
+            kind_name: self.display_name(),
+            name,
+            namespace,
+            legacy,
+        }
+    }
+}
+
+struct ParamKeys {
+    kind_name: &'static str,
+    name: &'static str,
+    namespace: &'static str,
+    legacy: Option<(&'static str, &'static str)>,
+}
+
+const DEFAULT_KEYS: ParamKeys = ParamKeys {
+    kind_name: "Default",
+    name: wk::PARAM_DEFAULT_SECRET_NAME,
+    namespace: wk::PARAM_DEFAULT_SECRET_NAMESPACE,
+    legacy: None,
+};
+
+/// A resolved Secret reference (the Secret may or may not exist).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SecretRef {
+    pub name: String,
+    pub namespace: String,
+}
+
+impl From<&SecretRef> for k8s_openapi::api::core::v1::SecretReference {
+    fn from(secret: &SecretRef) -> Self {
+        k8s_openapi::api::core::v1::SecretReference {
+            name: Some(secret.name.clone()),
+            namespace: Some(secret.namespace.clone()),
+        }
+    }
+}
+
+/// What the templates may refer to. At deletion time only the claim's name
+/// and namespace from the PV's claimRef are known, so `annotations` is empty
+/// and annotation tokens fail, as upstream.
+#[derive(Clone, Copy, Debug)]
+pub struct TemplateContext<'a> {
+    pub pv_name: &'a str,
+    pub pvc_name: &'a str,
+    pub pvc_namespace: &'a str,
+    pub pvc_annotations: Option<&'a BTreeMap<String, String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error(
+        "failed to get name and namespace template from params: {kind} secrets specified in parameters with both \"csi\" and \"csi.storage.k8s.io/\" keys"
+    )]
+    DoublySpecified { kind: &'static str },
+    #[error(
+        "failed to get name and namespace template from params: either name and namespace for {kind} secrets specified, Both must be specified"
+    )]
+    HalfSpecified { kind: &'static str },
+    #[error(
+        "failed to get name and namespace template from params: {kind} secrets specified in parameters but value of either namespace or name is empty"
+    )]
+    EmptyTemplate { kind: &'static str },
+    #[error("error resolving value {template:?}: invalid tokens: {tokens:?}")]
+    InvalidTokens {
+        template: String,
+        tokens: Vec<String>,
+    },
+    #[error("{template:?} resolved to {resolved:?} which is not a valid namespace name")]
+    InvalidResolvedNamespace { template: String, resolved: String },
+    #[error("{template:?} is not a valid namespace name")]
+    InvalidNamespace { template: String },
+    #[error("{template:?} resolved to {resolved:?} which is not a valid secret name")]
+    InvalidResolvedName { template: String, resolved: String },
+    #[error("{template:?} is not a valid secret name")]
+    InvalidName { template: String },
+}
+
+/// Finds the name and namespace templates of one key family.
+fn templates(
+    keys: &ParamKeys,
+    params: &BTreeMap<String, String>,
+) -> Result<Option<(String, String)>, SecretError> {
+    let mut names = Vec::new();
+    let mut namespaces = Vec::new();
+    if let Some((legacy_name, legacy_namespace)) = keys.legacy {
+        names.extend(params.get(legacy_name));
+        namespaces.extend(params.get(legacy_namespace));
+    }
+    names.extend(params.get(keys.name));
+    namespaces.extend(params.get(keys.namespace));
+    let kind = keys.kind_name;
+    match (names.as_slice(), namespaces.as_slice()) {
+        ([], []) => Ok(None),
+        ([name], [namespace]) => {
+            if name.is_empty() || namespace.is_empty() {
+                Err(SecretError::EmptyTemplate { kind })
+            } else {
+                Ok(Some(((*name).clone(), (*namespace).clone())))
+            }
+        }
+        _ if names.len() > 1 || namespaces.len() > 1 => Err(SecretError::DoublySpecified { kind }),
+        _ => Err(SecretError::HalfSpecified { kind }),
+    }
+}
+
+/// Resolves the Secret of `kind` from class parameters; `None` when the class
+/// names no Secret for it (nor a default one).
+pub fn resolve_secret_ref(
+    kind: SecretKind,
+    params: &BTreeMap<String, String>,
+    context: &TemplateContext<'_>,
+) -> Result<Option<SecretRef>, SecretError> {
+    let found = match templates(&kind.keys(), params)? {
+        Some(found) => Some(found),
+        None => templates(&DEFAULT_KEYS, params)?,
+    };
+    let Some((name_template, namespace_template)) = found else {
+        return Ok(None);
+    };
+
+    // The namespace may only use values outside the PVC user's control, so a
+    // user cannot point the sidecar at another tenant's Secret.
+    let namespace_tokens = BTreeMap::from([
+        ("pv.name".to_owned(), context.pv_name.to_owned()),
+        ("pvc.namespace".to_owned(), context.pvc_namespace.to_owned()),
+    ]);
+    let namespace = expand(&namespace_template, &namespace_tokens)?;
+    if !is_dns1123_label(&namespace) {
+        return Err(if namespace != namespace_template {
+            SecretError::InvalidResolvedNamespace {
+                template: namespace_template,
+                resolved: namespace,
+            }
+        } else {
+            SecretError::InvalidNamespace {
+                template: namespace_template,
+            }
+        });
+    }
+
+    let mut name_tokens = namespace_tokens;
+    name_tokens.insert("pvc.name".to_owned(), context.pvc_name.to_owned());
+    for (key, value) in context.pvc_annotations.into_iter().flatten() {
+        name_tokens.insert(format!("pvc.annotations['{key}']"), value.clone());
+    }
+    let name = expand(&name_template, &name_tokens)?;
+    if !is_dns1123_subdomain(&name) {
+        return Err(if name != name_template {
+            SecretError::InvalidResolvedName {
+                template: name_template,
+                resolved: name,
+            }
+        } else {
+            SecretError::InvalidName {
+                template: name_template,
+            }
+        });
+    }
+    Ok(Some(SecretRef { name, namespace }))
+}
+
+/// Go's `os.Expand` with a map; every referenced name missing from the map
+/// is collected and reported.
+fn expand(template: &str, tokens: &BTreeMap<String, String>) -> Result<String, SecretError> {
+    let bytes = template.as_bytes();
+    let mut out = String::with_capacity(template.len());
+    let mut missing = BTreeSet::new();
+    let mut literal_start = 0;
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'$' && index + 1 < bytes.len() {
+            out.push_str(&template[literal_start..index]);
+            let (name, width) = shell_name(&template[index + 1..]);
+            match name {
+                Some(name) => match tokens.get(name) {
+                    Some(value) => out.push_str(value),
+                    None => {
+                        missing.insert(name.to_owned());
+                    }
+                },
+                // `$` not followed by a name stays, bad syntax is eaten.
+                None if width == 0 => out.push('$'),
+                None => {}
+            }
+            index += width + 1;
+            literal_start = index;
+        } else {
+            index += 1;
+        }
+    }
+    out.push_str(&template[literal_start.min(template.len())..]);
+    if missing.is_empty() {
+        Ok(out)
+    } else {
+        Err(SecretError::InvalidTokens {
+            template: template.to_owned(),
+            tokens: missing.into_iter().collect(),
+        })
+    }
+}
+
+/// Go's `getShellName`: the variable name after a `$` and the bytes it spans.
+fn shell_name(rest: &str) -> (Option<&str>, usize) {
+    let bytes = rest.as_bytes();
+    let is_special = |b: u8| b"*#$@!?-".contains(&b) || b.is_ascii_digit();
+    if bytes[0] == b'{' {
+        if bytes.len() > 2 && is_special(bytes[1]) && bytes[2] == b'}' {
+            return (Some(&rest[1..2]), 3);
+        }
+        return match rest[1..].find('}') {
+            Some(0) => (None, 2),
+            Some(end) => (Some(&rest[1..=end]), end + 2),
+            None => (None, 1),
+        };
+    }
+    if is_special(bytes[0]) {
+        return (Some(&rest[..1]), 1);
+    }
+    let len = bytes
+        .iter()
+        .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+        .count();
+    if len == 0 {
+        (None, 0)
+    } else {
+        (Some(&rest[..len]), len)
+    }
+}
+
+/// RFC 1123 label: what a namespace name must be.
+pub fn is_dns1123_label(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-')
+}
+
+/// RFC 1123 subdomain: what a Secret name must be.
+pub fn is_dns1123_subdomain(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 253
+        && value.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn context(annotations: Option<&BTreeMap<String, String>>) -> TemplateContext<'_> {
+        TemplateContext {
+            pv_name: "pvc-1234",
+            pvc_name: "data",
+            pvc_namespace: "team-a",
+            pvc_annotations: annotations,
+        }
+    }
+
+    fn secret(name: &str, namespace: &str) -> SecretRef {
+        SecretRef {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    #[test]
+    fn resolves_every_kind_from_its_own_keys() {
+        for kind in SecretKind::ALL {
+            let keys = kind.keys();
+            let class = params(&[
+                (keys.name, "s-${pvc.name}"),
+                (keys.namespace, "${pvc.namespace}"),
+            ]);
+            assert_eq!(
+                resolve_secret_ref(kind, &class, &context(None)),
+                Ok(Some(secret("s-data", "team-a"))),
+                "{kind:?}"
+            );
+            // Other kinds do not see this kind's keys.
+            for other in SecretKind::ALL.into_iter().filter(|other| *other != kind) {
+                assert_eq!(resolve_secret_ref(other, &class, &context(None)), Ok(None));
+            }
+        }
+    }
+
+    #[test]
+    fn default_pair_applies_to_kinds_without_their_own() {
+        let class = params(&[
+            (wk::PARAM_DEFAULT_SECRET_NAME, "default"),
+            (wk::PARAM_DEFAULT_SECRET_NAMESPACE, "kube-system"),
+            (wk::PARAM_NODE_STAGE_SECRET_NAME, "stage"),
+            (wk::PARAM_NODE_STAGE_SECRET_NAMESPACE, "storage"),
+        ]);
+        for kind in SecretKind::ALL {
+            let expected = if kind == SecretKind::NodeStage {
+                secret("stage", "storage")
+            } else {
+                secret("default", "kube-system")
+            };
+            assert_eq!(
+                resolve_secret_ref(kind, &class, &context(None)),
+                Ok(Some(expected))
+            );
+        }
+    }
+
+    #[test]
+    fn legacy_keys_count_and_clash_with_prefixed_ones() {
+        let legacy = params(&[
+            ("csiProvisionerSecretName", "old"),
+            ("csiProvisionerSecretNamespace", "ns"),
+        ]);
+        assert_eq!(
+            resolve_secret_ref(SecretKind::Provisioner, &legacy, &context(None)),
+            Ok(Some(secret("old", "ns")))
+        );
+        let both = params(&[
+            ("csiProvisionerSecretName", "old"),
+            ("csiProvisionerSecretNamespace", "ns"),
+            (wk::PARAM_PROVISIONER_SECRET_NAME, "new"),
+            (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "ns"),
+        ]);
+        assert_eq!(
+            resolve_secret_ref(SecretKind::Provisioner, &both, &context(None)),
+            Err(SecretError::DoublySpecified {
+                kind: "Provisioner"
+            })
+        );
+        // Expand secrets have no legacy keys, so these are not theirs.
+        let legacy_publish = params(&[
+            ("csiNodePublishSecretName", "old"),
+            ("csiNodePublishSecretNamespace", "ns"),
+        ]);
+        assert_eq!(
+            resolve_secret_ref(SecretKind::NodeExpand, &legacy_publish, &context(None)),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn bad_template_pairs() {
+        let cases: &[(&[(&str, &str)], SecretError)] = &[
+            (
+                &[(wk::PARAM_PROVISIONER_SECRET_NAME, "name")],
+                SecretError::HalfSpecified {
+                    kind: "Provisioner",
+                },
+            ),
+            (
+                &[(wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "ns")],
+                SecretError::HalfSpecified {
+                    kind: "Provisioner",
+                },
+            ),
+            (
+                &[
+                    (wk::PARAM_PROVISIONER_SECRET_NAME, ""),
+                    (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "ns"),
+                ],
+                SecretError::EmptyTemplate {
+                    kind: "Provisioner",
+                },
+            ),
+            (
+                &[(wk::PARAM_DEFAULT_SECRET_NAME, "name")],
+                SecretError::HalfSpecified { kind: "Default" },
+            ),
+            (
+                &[
+                    ("csiProvisionerSecretName", "a"),
+                    (wk::PARAM_PROVISIONER_SECRET_NAME, "b"),
+                    (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "ns"),
+                ],
+                SecretError::DoublySpecified {
+                    kind: "Provisioner",
+                },
+            ),
+        ];
+        for (pairs, expected) in cases {
+            assert_eq!(
+                resolve_secret_ref(SecretKind::Provisioner, &params(pairs), &context(None))
+                    .as_ref(),
+                Err(expected),
+                "{pairs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tokens_per_field() {
+        let annotations = BTreeMap::from([
+            ("example.com/key".to_owned(), "from-annotation".to_owned()),
+            ("bad".to_owned(), "Not_A_Name".to_owned()),
+        ]);
+        let ctx = context(Some(&annotations));
+        let resolve = |name: &str, namespace: &str| {
+            resolve_secret_ref(
+                SecretKind::Provisioner,
+                &params(&[
+                    (wk::PARAM_PROVISIONER_SECRET_NAME, name),
+                    (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, namespace),
+                ]),
+                &ctx,
+            )
+        };
+        let ok = |name: &str, namespace: &str| Ok(Some(secret(name, namespace)));
+        let invalid = |template: &str, tokens: &[&str]| {
+            Err(SecretError::InvalidTokens {
+                template: template.to_owned(),
+                tokens: tokens.iter().map(|t| (*t).to_owned()).collect(),
+            })
+        };
+        assert_eq!(
+            resolve("${pv.name}", "${pv.name}"),
+            ok("pvc-1234", "pvc-1234")
+        );
+        assert_eq!(
+            resolve("${pvc.namespace}-x", "${pvc.namespace}"),
+            ok("team-a-x", "team-a")
+        );
+        assert_eq!(
+            resolve("${pvc.name}.${pvc.annotations['example.com/key']}", "fixed"),
+            ok("data.from-annotation", "fixed")
+        );
+        assert_eq!(
+            resolve("literal", "literal-ns"),
+            ok("literal", "literal-ns")
+        );
+        // The namespace must not depend on what the PVC's user controls.
+        assert_eq!(
+            resolve("x", "${pvc.name}"),
+            invalid("${pvc.name}", &["pvc.name"])
+        );
+        assert_eq!(
+            resolve("x", "${pvc.annotations['example.com/key']}"),
+            invalid(
+                "${pvc.annotations['example.com/key']}",
+                &["pvc.annotations['example.com/key']"]
+            )
+        );
+        assert_eq!(
+            resolve("${pvc.annotations['missing']}", "ns"),
+            invalid(
+                "${pvc.annotations['missing']}",
+                &["pvc.annotations['missing']"]
+            )
+        );
+        assert_eq!(
+            resolve("${unknown}-${pv.name}-$other", "ns"),
+            invalid("${unknown}-${pv.name}-$other", &["other", "unknown"])
+        );
+        assert_eq!(resolve("$1", "ns"), invalid("$1", &["1"]));
+        assert_eq!(
+            resolve("${}x", "ns"),
+            ok("x", "ns"),
+            "bad syntax is eaten as by os.Expand"
+        );
+        assert_eq!(
+            resolve("a${", "ns"),
+            ok("a", "ns"),
+            "an unterminated brace is eaten as by os.Expand"
+        );
+        assert_eq!(
+            resolve("a$", "ns"),
+            Err(SecretError::InvalidName {
+                template: "a$".to_owned()
+            }),
+            "a trailing dollar stays and is not a valid name"
+        );
+        assert_eq!(
+            resolve("a$.b", "ns"),
+            Err(SecretError::InvalidName {
+                template: "a$.b".to_owned()
+            })
+        );
+        assert_eq!(
+            resolve("${pvc.annotations['bad']}", "ns"),
+            Err(SecretError::InvalidResolvedName {
+                template: "${pvc.annotations['bad']}".to_owned(),
+                resolved: "Not_A_Name".to_owned()
+            })
+        );
+        assert_eq!(
+            resolve("x", "Bad_NS"),
+            Err(SecretError::InvalidNamespace {
+                template: "Bad_NS".to_owned()
+            })
+        );
+        assert_eq!(
+            resolve("x", "${pv.name}.dots"),
+            Err(SecretError::InvalidResolvedNamespace {
+                template: "${pv.name}.dots".to_owned(),
+                resolved: "pvc-1234.dots".to_owned()
+            })
+        );
+        assert_eq!(
+            resolve("Upper", "ns"),
+            Err(SecretError::InvalidName {
+                template: "Upper".into()
+            })
+        );
+    }
+
+    #[test]
+    fn deletion_context_has_no_annotations() {
+        let class = params(&[
+            (wk::PARAM_PROVISIONER_SECRET_NAME, "${pvc.annotations['k']}"),
+            (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "ns"),
+        ]);
+        assert!(matches!(
+            resolve_secret_ref(SecretKind::Provisioner, &class, &context(None)),
+            Err(SecretError::InvalidTokens { .. })
+        ));
+    }
+
+    #[test]
+    fn dns_names() {
+        assert!(is_dns1123_label("a"));
+        assert!(is_dns1123_label("kube-system"));
+        assert!(is_dns1123_label(&"a".repeat(63)));
+        for bad in ["", "-a", "a-", "A", "a.b", "a_b", &"a".repeat(64)] {
+            assert!(!is_dns1123_label(bad), "{bad}");
+        }
+        assert!(is_dns1123_subdomain("a.b-c.d"));
+        assert!(is_dns1123_subdomain(&"a".repeat(253)));
+        for bad in ["", ".a", "a.", "a..b", "a.-b", "A", "a_b", &"a".repeat(254)] {
+            assert!(!is_dns1123_subdomain(bad), "{bad}");
+        }
+    }
+}

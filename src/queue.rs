@@ -1,0 +1,415 @@
+//! A work queue with the semantics of client-go's rate-limited workqueue,
+//! which the upstream sidecar's loops are built on:
+//!
+//! - a key is queued at most once, however often it is added;
+//! - a key being processed is never handed to a second worker; adding it
+//!   meanwhile marks it dirty and it is queued again when the first worker
+//!   calls [`WorkQueue::done`];
+//! - [`WorkQueue::add_rate_limited`] delays a key exponentially per key
+//!   (`--retry-interval-start` doubling up to `--retry-interval-max`) until
+//!   [`WorkQueue::forget`] resets it after a success;
+//! - [`WorkQueue::shut_down`] makes [`WorkQueue::get`] return `None` once the
+//!   queue is empty, so workers drain and stop.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Exponential per-key backoff: `start * 2^failures`, capped at `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub start: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    pub fn delay(&self, failures: u32) -> Duration {
+        let factor = 1u32.checked_shl(failures.min(31)).unwrap_or(u32::MAX);
+        self.start.saturating_mul(factor).min(self.max)
+    }
+}
+
+#[derive(Debug)]
+struct State<K> {
+    queue: VecDeque<K>,
+    queued: HashSet<K>,
+    processing: HashSet<K>,
+    dirty: HashSet<K>,
+    failures: HashMap<K, u32>,
+    /// Keys waiting for a delayed add, with the earliest time they are due.
+    waiting: HashMap<K, Instant>,
+    shutting_down: bool,
+}
+
+/// A clonable handle to one queue.
+#[derive(Debug)]
+pub struct WorkQueue<K> {
+    name: &'static str,
+    backoff: Backoff,
+    state: Arc<Mutex<State<K>>>,
+    notify: Arc<Notify>,
+}
+
+impl<K> Clone for WorkQueue<K> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name,
+            backoff: self.backoff,
+            state: Arc::clone(&self.state),
+            notify: Arc::clone(&self.notify),
+        }
+    }
+}
+
+impl<K> WorkQueue<K>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+{
+    pub fn new(name: &'static str, backoff: Backoff) -> Self {
+        Self {
+            name,
+            backoff,
+            state: Arc::new(Mutex::new(State {
+                queue: VecDeque::new(),
+                queued: HashSet::new(),
+                processing: HashSet::new(),
+                dirty: HashSet::new(),
+                failures: HashMap::new(),
+                waiting: HashMap::new(),
+                shutting_down: false,
+            })),
+            notify: Arc::new(Notify::new()),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<K>> {
+        // A panic while holding the lock leaves consistent sets behind (every
+        // method mutates them in one step), so poisoning carries no meaning.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `key` now (no-op if already queued; marks it dirty if being
+    /// processed).
+    pub fn add(&self, key: K) {
+        let mut s = self.lock();
+        if s.shutting_down {
+            return;
+        }
+        s.waiting.remove(&key);
+        if s.processing.contains(&key) {
+            s.dirty.insert(key);
+            return;
+        }
+        if s.queued.insert(key.clone()) {
+            s.queue.push_back(key);
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Queues `key` after `delay`. An earlier pending delayed add wins.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        if delay.is_zero() {
+            self.add(key);
+            return;
+        }
+        let due = Instant::now() + delay;
+        {
+            let mut s = self.lock();
+            if s.shutting_down {
+                return;
+            }
+            match s.waiting.get(&key) {
+                Some(existing) if *existing <= due => return,
+                _ => {
+                    s.waiting.insert(key.clone(), due);
+                }
+            }
+        }
+        let queue = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(due).await;
+            let still_due = {
+                let mut s = queue.lock();
+                // Only the add that set the current due time fires; a later,
+                // earlier-due add has its own timer.
+                if s.waiting.get(&key) == Some(&due) {
+                    s.waiting.remove(&key);
+                    true
+                } else {
+                    false
+                }
+            };
+            if still_due {
+                queue.add(key);
+            }
+        });
+    }
+
+    /// Queues `key` after its next backoff delay and counts a failure.
+    /// Returns the delay used.
+    pub fn add_rate_limited(&self, key: K) -> Duration {
+        let delay = {
+            let mut s = self.lock();
+            let failures = s.failures.entry(key.clone()).or_insert(0);
+            let delay = self.backoff.delay(*failures);
+            *failures = failures.saturating_add(1);
+            delay
+        };
+        self.add_after(key, delay);
+        delay
+    }
+
+    /// How many failures `key` has had since the last [`forget`](Self::forget).
+    pub fn failures(&self, key: &K) -> u32 {
+        self.lock().failures.get(key).copied().unwrap_or(0)
+    }
+
+    /// Resets the backoff of `key` (after a success, or when it is gone).
+    pub fn forget(&self, key: &K) {
+        self.lock().failures.remove(key);
+    }
+
+    /// Waits for the next key. `None` once shut down and drained.
+    pub async fn get(&self) -> Option<K> {
+        loop {
+            // Register interest before checking, so an add between the check
+            // and the wait is not missed.
+            let notified = self.notify.notified();
+            {
+                let mut s = self.lock();
+                if let Some(key) = s.queue.pop_front() {
+                    s.queued.remove(&key);
+                    s.processing.insert(key.clone());
+                    return Some(key);
+                }
+                if s.shutting_down {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks `key` as processed; queues it again if it was added meanwhile.
+    pub fn done(&self, key: &K) {
+        let mut s = self.lock();
+        s.processing.remove(key);
+        if s.dirty.remove(key) && s.queued.insert(key.clone()) {
+            s.queue.push_back(key.clone());
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Queued keys (not counting those being processed or waiting).
+    pub fn len(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keys currently being processed.
+    pub fn in_flight(&self) -> usize {
+        self.lock().processing.len()
+    }
+
+    /// Stops accepting keys; `get` returns `None` once the queue is empty.
+    /// Delayed adds that have not fired are dropped.
+    pub fn shut_down(&self) {
+        let mut s = self.lock();
+        s.shutting_down = true;
+        s.waiting.clear();
+        drop(s);
+        self.notify.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> WorkQueue<&'static str> {
+        WorkQueue::new(
+            "test",
+            Backoff {
+                start: Duration::from_secs(1),
+                max: Duration::from_secs(300),
+            },
+        )
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Backoff {
+            start: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+        };
+        let delays: Vec<u64> = (0..12).map(|f| b.delay(f).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(300));
+        let tiny = Backoff {
+            start: Duration::from_millis(5),
+            max: Duration::from_millis(5),
+        };
+        assert_eq!(tiny.delay(3), Duration::from_millis(5));
+    }
+
+    #[tokio::test]
+    async fn a_key_is_queued_once() {
+        let q = queue();
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.get().await, Some("a"));
+        assert_eq!(q.get().await, Some("b"));
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_key_in_processing_is_not_handed_out_twice() {
+        let q = queue();
+        q.add("a");
+        let first = q.get().await;
+        assert_eq!(first, Some("a"));
+        // Added again while processing: held back, not queued.
+        q.add("a");
+        assert_eq!(q.len(), 0);
+        assert_eq!(q.in_flight(), 1);
+        q.done(&"a");
+        assert_eq!(q.len(), 1, "dirty key queued after done");
+        assert_eq!(q.get().await, Some("a"));
+        q.done(&"a");
+        assert_eq!(q.len(), 0, "not dirty any more");
+        assert_eq!(q.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limited_adds_back_off_per_key_until_forgotten() {
+        let q = queue();
+        assert_eq!(q.add_rate_limited("a"), Duration::from_secs(1));
+        assert_eq!(q.add_rate_limited("a"), Duration::from_secs(2));
+        assert_eq!(q.add_rate_limited("b"), Duration::from_secs(1));
+        assert_eq!(q.failures(&"a"), 2);
+        assert!(q.is_empty());
+        tokio::time::sleep(Duration::from_millis(1_001)).await;
+        // "a" keeps its earlier due time (1s), "b" is due at 1s too.
+        let mut got = vec![q.get().await, q.get().await];
+        got.sort();
+        assert_eq!(got, vec![Some("a"), Some("b")]);
+        q.forget(&"a");
+        assert_eq!(q.failures(&"a"), 0);
+        assert_eq!(q.add_rate_limited("a"), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_earlier_delayed_add_wins_and_a_direct_add_cancels_the_wait() {
+        let q = queue();
+        q.add_after("a", Duration::from_secs(10));
+        q.add_after("a", Duration::from_secs(2));
+        q.add_after("a", Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(2_001)).await;
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.get().await, Some("a"));
+        q.done(&"a");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(q.len(), 0, "later timers of a fired key do nothing");
+
+        q.add_after("b", Duration::from_secs(3));
+        q.add("b");
+        assert_eq!(q.get().await, Some("b"));
+        q.done(&"b");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(q.len(), 0, "the direct add replaced the delayed one");
+    }
+
+    #[tokio::test]
+    async fn get_waits_for_an_add() {
+        let q = queue();
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.get().await }
+        });
+        tokio::task::yield_now().await;
+        q.add("late");
+        assert_eq!(waiter.await.expect("join"), Some("late"));
+    }
+
+    #[tokio::test]
+    async fn shutdown_drains_then_stops_workers() {
+        let q = queue();
+        q.add("a");
+        let idle = tokio::spawn({
+            let q = q.clone();
+            async move {
+                let first = q.get().await;
+                let second = q.get().await;
+                (first, second)
+            }
+        });
+        tokio::task::yield_now().await;
+        q.shut_down();
+        q.add("ignored");
+        let (first, second) = idle.await.expect("join");
+        assert_eq!(first, Some("a"));
+        assert_eq!(second, None);
+        assert_eq!(q.get().await, None);
+    }
+
+    #[tokio::test]
+    async fn many_workers_never_share_a_key() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let q: WorkQueue<u32> = WorkQueue::new(
+            "test",
+            Backoff {
+                start: Duration::from_millis(1),
+                max: Duration::from_millis(1),
+            },
+        );
+        let active: Arc<Mutex<HashSet<u32>>> = Arc::default();
+        let processed = Arc::new(AtomicUsize::new(0));
+        let mut workers = Vec::new();
+        for _ in 0..8 {
+            let (q, active, processed) = (q.clone(), active.clone(), processed.clone());
+            workers.push(tokio::spawn(async move {
+                while let Some(key) = q.get().await {
+                    assert!(
+                        active.lock().expect("lock").insert(key),
+                        "key {key} processed twice at once"
+                    );
+                    tokio::task::yield_now().await;
+                    active.lock().expect("lock").remove(&key);
+                    processed.fetch_add(1, Ordering::SeqCst);
+                    q.done(&key);
+                }
+            }));
+        }
+        for round in 0..50u32 {
+            for key in 0..10 {
+                q.add(key);
+            }
+            if round % 5 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        while !(q.is_empty() && q.in_flight() == 0) {
+            tokio::task::yield_now().await;
+        }
+        q.shut_down();
+        for w in workers {
+            w.await.expect("worker");
+        }
+        assert!(processed.load(Ordering::SeqCst) >= 10);
+    }
+}

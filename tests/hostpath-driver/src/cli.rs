@@ -1,0 +1,371 @@
+//! Command line of `csi-hostpath`, compatible with the main flags of the
+//! upstream Go hostpath driver (including Go's single-dash spelling
+//! `-endpoint=...` and boolean values `--enable-topology=false`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser};
+
+use crate::quantity::parse_quantity;
+use crate::{Config, DEFAULT_DRIVER_NAME, Error};
+
+/// Hostpath CSI driver: volumes are directories under --statedir.
+#[derive(Debug, Clone, PartialEq, Eq, Parser)]
+#[command(name = "csi-hostpath", disable_version_flag = true)]
+pub struct Cli {
+    /// CSI endpoint: unix:///path, unix:/path or /path.
+    #[arg(long, value_name = "ADDRESS", default_value = "unix:///csi/csi.sock")]
+    pub endpoint: String,
+
+    /// Name of the driver (GetPluginInfo).
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_DRIVER_NAME)]
+    pub drivername: String,
+
+    /// Node id (default: the host name).
+    #[arg(long, value_name = "ID")]
+    pub nodeid: Option<String>,
+
+    /// Directory for volumes, snapshots and their records.
+    #[arg(long, value_name = "DIR", default_value = "/csi-data-dir")]
+    pub statedir: PathBuf,
+
+    /// Capacity of a kind (StorageClass parameter `kind`), repeatable, e.g.
+    /// `--capacity slow=10Gi --capacity fast=100Gi`. None: unlimited.
+    #[arg(long, value_name = "KIND=QUANTITY", value_parser = parse_capacity_entry)]
+    pub capacity: Vec<(String, u64)>,
+
+    /// Largest volume the driver creates (Kubernetes quantity).
+    #[arg(long, value_name = "QUANTITY", default_value = "1Ti", value_parser = parse_quantity_arg)]
+    pub max_volume_size: u64,
+
+    /// Report and enforce topology (`--enable-topology=false` to turn off).
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value = "true",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = parse_go_bool
+    )]
+    pub enable_topology: bool,
+
+    /// Fault injection file (JSON, re-read at every call); unset: none.
+    #[arg(long, value_name = "PATH")]
+    pub faults_file: Option<PathBuf>,
+
+    /// Log verbosity as klog's -v: 0-2 info, 3-4 debug, 5+ trace
+    /// (RUST_LOG, when set, wins).
+    #[arg(long = "v", short = 'v', value_name = "LEVEL", default_value_t = 0)]
+    pub v: u8,
+
+    /// Print the version and exit.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value = "false",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = parse_go_bool
+    )]
+    pub version: bool,
+}
+
+/// Long flags known to the parser, for the Go single-dash spelling.
+const LONG_FLAGS: &[&str] = &[
+    "endpoint",
+    "drivername",
+    "nodeid",
+    "statedir",
+    "capacity",
+    "max-volume-size",
+    "enable-topology",
+    "faults-file",
+    "version",
+    "help",
+];
+
+/// Rewrites Go-style `-flag[=value]` for our long flags into `--flag[=value]`
+/// (Go's flag package accepts one or two dashes). Stops at `--`.
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut passthrough = false;
+    for arg in args {
+        if passthrough || arg == "--" {
+            passthrough = true;
+            out.push(arg);
+            continue;
+        }
+        if let Some(rest) = arg.strip_prefix('-')
+            && !rest.starts_with('-')
+            && LONG_FLAGS.contains(&rest.split_once('=').map_or(rest, |(n, _)| n))
+        {
+            out.push(format!("-{arg}"));
+            continue;
+        }
+        out.push(arg);
+    }
+    out
+}
+
+/// Go's `strconv.ParseBool` spellings.
+pub fn parse_go_bool(input: &str) -> Result<bool, String> {
+    match input {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        other => Err(format!("invalid boolean {other:?}")),
+    }
+}
+
+fn parse_quantity_arg(input: &str) -> Result<u64, String> {
+    parse_quantity(input).map_err(|e| e.to_string())
+}
+
+/// `kind=quantity`.
+pub fn parse_capacity_entry(input: &str) -> Result<(String, u64), String> {
+    let (kind, quantity) = input
+        .split_once('=')
+        .ok_or_else(|| format!("{input:?} is not <kind>=<quantity>"))?;
+    let kind = kind.trim();
+    if kind.is_empty() {
+        return Err(format!("{input:?} has an empty kind"));
+    }
+    let bytes = parse_quantity(quantity).map_err(|e| e.to_string())?;
+    Ok((kind.to_owned(), bytes))
+}
+
+/// The host name (`gethostname(2)`).
+pub fn hostname() -> Result<String, Error> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return Err(Error::io("gethostname", std::io::Error::last_os_error()));
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).into_owned();
+    if name.is_empty() {
+        return Err(Error::Config(
+            "the host name is empty; pass --nodeid".to_owned(),
+        ));
+    }
+    Ok(name)
+}
+
+impl Cli {
+    /// The driver configuration these flags describe.
+    pub fn into_config(self) -> Result<Config, Error> {
+        let endpoint = csi_proto::transport::parse_unix_address(&self.endpoint)?;
+        let node_id = match self.nodeid {
+            Some(id) if !id.is_empty() => id,
+            Some(_) => return Err(Error::Config("--nodeid is empty".to_owned())),
+            None => hostname()?,
+        };
+        let mut capacity = BTreeMap::new();
+        for (kind, bytes) in self.capacity {
+            if capacity.insert(kind.clone(), bytes).is_some() {
+                return Err(Error::Config(format!(
+                    "--capacity names kind {kind:?} twice"
+                )));
+            }
+        }
+        Ok(Config {
+            endpoint,
+            driver_name: self.drivername,
+            node_id,
+            state_dir: self.statedir,
+            capacity,
+            max_volume_size: self.max_volume_size,
+            enable_topology: self.enable_topology,
+            faults_file: self.faults_file.unwrap_or_default(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
+        })
+    }
+
+    /// The `tracing` filter for `--v`.
+    pub fn log_filter(&self) -> &'static str {
+        match self.v {
+            0..=2 => "info",
+            3..=4 => "debug",
+            _ => "trace",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        let argv =
+            std::iter::once("csi-hostpath".to_owned()).chain(args.iter().map(|s| (*s).to_owned()));
+        Cli::try_parse_from(normalize_args(argv))
+    }
+
+    #[test]
+    fn defaults() {
+        let cli = parse(&[]).expect("parse");
+        assert_eq!(cli.endpoint, "unix:///csi/csi.sock");
+        assert_eq!(cli.drivername, "hostpath.csi.k8s.io");
+        assert_eq!(cli.nodeid, None);
+        assert_eq!(cli.statedir, PathBuf::from("/csi-data-dir"));
+        assert!(cli.capacity.is_empty());
+        assert_eq!(cli.max_volume_size, 1 << 40);
+        assert!(cli.enable_topology);
+        assert_eq!(cli.faults_file, None);
+        assert_eq!(cli.v, 0);
+        assert!(!cli.version);
+        let config = parse(&["--nodeid", "n"])
+            .expect("parse")
+            .into_config()
+            .expect("config");
+        assert_eq!(config.endpoint, PathBuf::from("/csi/csi.sock"));
+        assert_eq!(config.node_id, "n");
+        assert!(config.faults_file.as_os_str().is_empty());
+        assert_eq!(config.vendor_version, env!("CARGO_PKG_VERSION"));
+        let config = parse(&[]).expect("parse").into_config().expect("config");
+        assert_eq!(config.node_id, hostname().expect("hostname"));
+    }
+
+    #[test]
+    fn all_flags_both_spellings() {
+        for args in [
+            vec![
+                "--endpoint=unix:///tmp/x.sock",
+                "--drivername=my.driver",
+                "--nodeid=node-1",
+                "--statedir=/var/hp",
+                "--capacity=slow=10Gi",
+                "--capacity",
+                "fast=100Mi",
+                "--max-volume-size=2Gi",
+                "--enable-topology=false",
+                "--faults-file=/tmp/f.json",
+                "--v=5",
+            ],
+            vec![
+                "-endpoint",
+                "unix:///tmp/x.sock",
+                "-drivername=my.driver",
+                "-nodeid=node-1",
+                "-statedir",
+                "/var/hp",
+                "-capacity=slow=10Gi",
+                "-capacity=fast=100Mi",
+                "-max-volume-size=2Gi",
+                "-enable-topology=0",
+                "-faults-file=/tmp/f.json",
+                "-v=5",
+            ],
+        ] {
+            let cli = parse(&args).expect("parse");
+            assert_eq!(cli.log_filter(), "trace");
+            let config = cli.into_config().expect("config");
+            assert_eq!(config.endpoint, PathBuf::from("/tmp/x.sock"));
+            assert_eq!(config.driver_name, "my.driver");
+            assert_eq!(config.node_id, "node-1");
+            assert_eq!(config.state_dir, PathBuf::from("/var/hp"));
+            assert_eq!(
+                config.capacity,
+                BTreeMap::from([
+                    ("slow".to_owned(), 10 << 30),
+                    ("fast".to_owned(), 100 << 20)
+                ])
+            );
+            assert_eq!(config.max_volume_size, 2 << 30);
+            assert!(!config.enable_topology);
+            assert_eq!(config.faults_file, PathBuf::from("/tmp/f.json"));
+        }
+    }
+
+    #[test]
+    fn booleans_and_plain_endpoint() {
+        assert!(
+            parse(&["--enable-topology"])
+                .expect("parse")
+                .enable_topology
+        );
+        assert!(
+            parse(&["--enable-topology=true"])
+                .expect("parse")
+                .enable_topology
+        );
+        assert!(
+            parse(&["--enable-topology=T"])
+                .expect("parse")
+                .enable_topology
+        );
+        assert!(
+            !parse(&["--enable-topology=False"])
+                .expect("parse")
+                .enable_topology
+        );
+        assert!(parse(&["--version"]).expect("parse").version);
+        assert!(parse(&["-version"]).expect("parse").version);
+        assert_eq!(parse(&["-v", "3"]).expect("parse").log_filter(), "debug");
+        let config = parse(&["--endpoint", "/run/csi.sock", "--nodeid", "n"])
+            .expect("parse")
+            .into_config()
+            .expect("config");
+        assert_eq!(config.endpoint, PathBuf::from("/run/csi.sock"));
+    }
+
+    #[test]
+    fn bad_flags() {
+        for args in [
+            &["--enable-topology=maybe"][..],
+            &["--capacity=10Gi"],
+            &["--capacity==10Gi"],
+            &["--capacity=slow=lots"],
+            &["--capacity=slow=-1Gi"],
+            &["--max-volume-size=1GB"],
+            &["--max-volume-size="],
+            &["--v=loud"],
+            &["--no-such-flag"],
+            &["-no-such-flag"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} should be rejected");
+        }
+        for args in [
+            &["--endpoint=tcp://127.0.0.1:1", "--nodeid=n"][..],
+            &["--endpoint=relative.sock", "--nodeid=n"],
+            &["--nodeid="],
+            &["--nodeid=n", "--capacity=a=1Gi", "--capacity=a=2Gi"],
+        ] {
+            let cli = parse(args).expect("parses");
+            assert!(cli.into_config().is_err(), "{args:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn normalize_keeps_other_args() {
+        let args: Vec<String> = [
+            "x",
+            "-endpoint=/a",
+            "--nodeid",
+            "-n",
+            "-unknown",
+            "--",
+            "-statedir",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        assert_eq!(
+            normalize_args(args),
+            [
+                "x",
+                "--endpoint=/a",
+                "--nodeid",
+                "-n",
+                "-unknown",
+                "--",
+                "-statedir"
+            ]
+        );
+    }
+}

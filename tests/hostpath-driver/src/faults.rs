@@ -1,0 +1,561 @@
+//! Fault injection, driven by a JSON file that the driver reads at every
+//! call (`Config::faults_file`, `--faults-file`). A missing file means no
+//! faults; an empty path disables the mechanism.
+//!
+//! ```json
+//! {
+//!   "probe_ready": false,
+//!   "rules": [
+//!     { "method": "CreateVolume", "code": "UNAVAILABLE", "message": "backend busy", "count": 2 },
+//!     { "method": "DeleteVolume", "delay_ms": 3000 },
+//!     { "method": "CreateVolume", "target": "pvc-1234", "exit_after_backend_change": true, "count": 1 }
+//!   ]
+//! }
+//! ```
+//!
+//! Semantics, per gRPC call:
+//! * `probe_ready: false` makes `Probe` answer `ready = false` (default true).
+//! * The first rule that matches the call fires; at most one rule per call.
+//!   A rule matches when `method` is the RPC's name as in csi.proto
+//!   (`CreateVolume`, `NodePublishVolume`, ...) or `*`, when `target` is
+//!   absent or equals the call's object (the `name` of CreateVolume and
+//!   CreateSnapshot; the volume id or snapshot id of other calls), and when
+//!   its `count` is absent (unlimited) or above 0.
+//! * A firing rule first sleeps `delay_ms` milliseconds; then, with `code`,
+//!   the call fails with that gRPC status (`message`, default "injected
+//!   fault") without touching the backend; with
+//!   `exit_after_backend_change`, the call runs normally and, once it has
+//!   succeeded and its backend change is on disk, the process exits with
+//!   code [`EXIT_CODE`] (75) before replying. A call that fails on its own
+//!   does not exit and does not consume the rule.
+//! * `count` is decremented in the file (atomic rewrite) each time the rule
+//!   fires, so a restarted driver sees what is left; a rule at 0 stays in
+//!   the file and is inert.
+//! * `code` takes the gRPC code name in any case, with or without
+//!   underscores (`UNAVAILABLE`, `DeadlineExceeded`, `resource_exhausted`),
+//!   or its number. `code` and `exit_after_backend_change` are exclusive.
+//! * A malformed file (bad JSON, unknown field or method, bad code) fails
+//!   every call with `INTERNAL` naming the problem, so that a typo is not
+//!   silently ignored.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tonic::{Code, Status};
+
+use crate::Error;
+
+/// Exit code of the process when an `exit_after_backend_change` rule fires.
+pub const EXIT_CODE: i32 = 75;
+
+/// The RPC names a rule may name (besides `*`).
+pub const METHODS: &[&str] = &[
+    "GetPluginInfo",
+    "GetPluginCapabilities",
+    "Probe",
+    "CreateVolume",
+    "DeleteVolume",
+    "ControllerPublishVolume",
+    "ControllerUnpublishVolume",
+    "ValidateVolumeCapabilities",
+    "ListVolumes",
+    "GetCapacity",
+    "ControllerGetCapabilities",
+    "CreateSnapshot",
+    "DeleteSnapshot",
+    "ListSnapshots",
+    "GetSnapshot",
+    "ControllerExpandVolume",
+    "ControllerGetVolume",
+    "ControllerModifyVolume",
+    "NodeStageVolume",
+    "NodeUnstageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeGetVolumeStats",
+    "NodeExpandVolume",
+    "NodeGetCapabilities",
+    "NodeGetInfo",
+];
+
+/// The content of a faults file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// `Probe` answers this as `ready` (default true).
+    #[serde(default = "default_true")]
+    pub probe_ready: bool,
+    /// Rules, first match wins.
+    #[serde(default)]
+    pub rules: Vec<Fault>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Default for Faults {
+    fn default() -> Faults {
+        Faults {
+            probe_ready: true,
+            rules: Vec::new(),
+        }
+    }
+}
+
+/// One fault rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// RPC name as in csi.proto (see [`METHODS`]) or `*`.
+    pub method: String,
+    /// Only calls about this object: CreateVolume/CreateSnapshot name, or the
+    /// volume/snapshot id of other calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// gRPC code to fail with (name or number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Status message of the injected error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Delay before the call is handled (or fails).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub delay_ms: u64,
+    /// Run the call, then exit with [`EXIT_CODE`] instead of replying.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub exit_after_backend_change: bool,
+    /// Remaining firings; `None` = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+impl Fault {
+    fn new(method: &str) -> Fault {
+        Fault {
+            method: method.to_owned(),
+            target: None,
+            code: None,
+            message: None,
+            delay_ms: 0,
+            exit_after_backend_change: false,
+            count: None,
+        }
+    }
+
+    /// Fails `method` with `code`.
+    pub fn error(method: &str, code: Code) -> Fault {
+        Fault {
+            code: Some(code_name(code).to_owned()),
+            ..Fault::new(method)
+        }
+    }
+
+    /// Delays `method` by `delay` (then handles it normally).
+    pub fn delay(method: &str, delay: Duration) -> Fault {
+        Fault {
+            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            ..Fault::new(method)
+        }
+    }
+
+    /// Runs `method` and exits with [`EXIT_CODE`] once it succeeded.
+    pub fn exit_after_backend_change(method: &str) -> Fault {
+        Fault {
+            exit_after_backend_change: true,
+            ..Fault::new(method)
+        }
+    }
+
+    /// Limits the rule to `n` firings.
+    pub fn times(mut self, n: u32) -> Fault {
+        self.count = Some(n);
+        self
+    }
+
+    /// Limits the rule to calls about `target` (a name or an id).
+    pub fn on(mut self, target: &str) -> Fault {
+        self.target = Some(target.to_owned());
+        self
+    }
+
+    /// Sets the status message of an error rule.
+    pub fn with_message(mut self, message: &str) -> Fault {
+        self.message = Some(message.to_owned());
+        self
+    }
+
+    /// Adds a delay to the rule.
+    pub fn with_delay(mut self, delay: Duration) -> Fault {
+        self.delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.method != "*" && !METHODS.contains(&self.method.as_str()) {
+            return Err(format!("unknown method {:?}", self.method));
+        }
+        if let Some(code) = &self.code {
+            let parsed = parse_code(code)?;
+            if parsed == Code::Ok {
+                return Err("code OK is not a fault".to_owned());
+            }
+            if self.exit_after_backend_change {
+                return Err("code and exit_after_backend_change are exclusive".to_owned());
+            }
+        }
+        Ok(())
+    }
+
+    fn matches(&self, method: &str, target: Option<&str>) -> bool {
+        (self.method == "*" || self.method == method)
+            && self
+                .target
+                .as_deref()
+                .is_none_or(|want| target == Some(want))
+            && self.count != Some(0)
+    }
+}
+
+/// The canonical (csi.proto / grpc) name of a code, e.g. `UNAVAILABLE`.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Parses a gRPC code name (any case, underscores optional) or number.
+pub fn parse_code(input: &str) -> Result<Code, String> {
+    let trimmed = input.trim();
+    if let Ok(n) = trimmed.parse::<i32>() {
+        let code = Code::from_i32(n);
+        return if (0..=16).contains(&n) {
+            Ok(code)
+        } else {
+            Err(format!("unknown gRPC code {input:?}"))
+        };
+    }
+    let wanted: String = trimmed
+        .chars()
+        .filter(|c| *c != '_')
+        .flat_map(char::to_uppercase)
+        .collect();
+    // "CANCELED" is the Go spelling.
+    let wanted = if wanted == "CANCELED" {
+        "CANCELLED".to_owned()
+    } else {
+        wanted
+    };
+    (0..=16)
+        .map(Code::from_i32)
+        .find(|c| code_name(*c).replace('_', "") == wanted)
+        .ok_or_else(|| format!("unknown gRPC code {input:?}"))
+}
+
+impl Faults {
+    /// Reads a faults file; a missing file is [`Faults::default`] (no faults).
+    pub fn load(path: &Path) -> Result<Faults, Error> {
+        let bad = |reason: String| Error::Faults {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Faults::default()),
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Faults::default());
+        }
+        let faults: Faults = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        for (i, rule) in faults.rules.iter().enumerate() {
+            rule.validate().map_err(|r| bad(format!("rule {i}: {r}")))?;
+        }
+        Ok(faults)
+    }
+
+    /// Writes the file atomically (temporary file + rename), so that a
+    /// running driver never reads a partial file.
+    pub fn write(&self, path: &Path) -> Result<(), Error> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            rule.validate().map_err(|r| Error::Faults {
+                path: path.to_path_buf(),
+                reason: format!("rule {i}: {r}"),
+            })?;
+        }
+        crate::store::write_json_atomic(path, self)
+    }
+
+    /// Faults with the given rules and a ready probe.
+    pub fn with_rules(rules: Vec<Fault>) -> Faults {
+        Faults {
+            probe_ready: true,
+            rules,
+        }
+    }
+}
+
+/// Removes a faults file (no faults from the next call on).
+pub fn clear(path: &Path) -> Result<(), Error> {
+    crate::store::remove_file_if_exists(path)
+}
+
+/// Applies the faults file to calls.
+pub(crate) struct Injector {
+    path: PathBuf,
+    // Serializes read-modify-write of the file between concurrent calls.
+    lock: Mutex<()>,
+}
+
+/// What a matched rule asks of the call after its delay and error.
+pub(crate) struct Pending {
+    exit: Option<(usize, Fault)>,
+}
+
+impl Injector {
+    pub(crate) fn new(path: PathBuf) -> Injector {
+        Injector {
+            path,
+            lock: Mutex::new(()),
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        !self.path.as_os_str().is_empty()
+    }
+
+    fn load(&self) -> Result<Faults, Status> {
+        Faults::load(&self.path).map_err(|e| {
+            tracing::error!(error = %e, "faults file is invalid");
+            Status::internal(e.to_string())
+        })
+    }
+
+    /// Whether `Probe` should report ready.
+    pub(crate) fn probe_ready(&self) -> Result<bool, Status> {
+        if !self.enabled() {
+            return Ok(true);
+        }
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(self.load()?.probe_ready)
+    }
+
+    /// Applies the first matching rule: delay, then error (consumed), or a
+    /// pending exit (consumed when it happens).
+    pub(crate) async fn before(
+        &self,
+        method: &str,
+        target: Option<&str>,
+    ) -> Result<Pending, Status> {
+        if !self.enabled() {
+            return Ok(Pending { exit: None });
+        }
+        let matched = {
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let mut faults = self.load()?;
+            let Some(index) = faults.rules.iter().position(|r| r.matches(method, target)) else {
+                return Ok(Pending { exit: None });
+            };
+            let rule = faults.rules[index].clone();
+            if !rule.exit_after_backend_change
+                && let Some(count) = faults.rules[index].count.as_mut()
+            {
+                *count -= 1;
+                faults
+                    .write(&self.path)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+            }
+            (index, rule)
+        };
+        let (index, rule) = matched;
+        tracing::info!(method, target, rule = ?rule, "fault injected");
+        if rule.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(rule.delay_ms)).await;
+        }
+        if let Some(code) = &rule.code {
+            let code = parse_code(code).map_err(Status::internal)?;
+            let message = rule
+                .message
+                .clone()
+                .unwrap_or_else(|| "injected fault".to_owned());
+            return Err(Status::new(code, message));
+        }
+        Ok(Pending {
+            exit: rule.exit_after_backend_change.then_some((index, rule)),
+        })
+    }
+
+    /// Called once the call has succeeded: exits the process when the
+    /// matched rule asks for it, after consuming the rule in the file.
+    pub(crate) fn after_success(&self, pending: Pending, method: &str) {
+        let Some((index, rule)) = pending.exit else {
+            return;
+        };
+        {
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            match Faults::load(&self.path) {
+                Ok(mut faults) => {
+                    if let Some(current) = faults.rules.get_mut(index) {
+                        let same_rule = Fault {
+                            count: current.count,
+                            ..rule.clone()
+                        } == *current;
+                        if same_rule && let Some(count) = current.count.as_mut() {
+                            *count = count.saturating_sub(1);
+                            if let Err(e) = faults.write(&self.path) {
+                                tracing::error!(error = %e, "cannot consume the exit rule");
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "cannot consume the exit rule"),
+            }
+        }
+        tracing::warn!(
+            method,
+            code = EXIT_CODE,
+            "fault injected: exiting after the backend change, before replying"
+        );
+        std::process::exit(EXIT_CODE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_spellings() {
+        for (input, want) in [
+            ("UNAVAILABLE", Code::Unavailable),
+            ("Unavailable", Code::Unavailable),
+            ("unavailable", Code::Unavailable),
+            ("DEADLINE_EXCEEDED", Code::DeadlineExceeded),
+            ("DeadlineExceeded", Code::DeadlineExceeded),
+            ("resource_exhausted", Code::ResourceExhausted),
+            ("Canceled", Code::Cancelled),
+            ("14", Code::Unavailable),
+            ("0", Code::Ok),
+        ] {
+            assert_eq!(parse_code(input), Ok(want), "{input}");
+        }
+        for input in ["", "17", "-1", "NOPE", "UNAVAILABLEX"] {
+            assert!(parse_code(input).is_err(), "{input}");
+        }
+        for n in 0..=16 {
+            let code = Code::from_i32(n);
+            assert_eq!(parse_code(code_name(code)), Ok(code));
+        }
+    }
+
+    #[test]
+    fn load_validates() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("faults.json");
+        assert_eq!(Faults::load(&path).expect("missing"), Faults::default());
+        std::fs::write(&path, "  \n").expect("write");
+        assert_eq!(Faults::load(&path).expect("empty"), Faults::default());
+        for bad in [
+            r#"{"rules":[{"method":"CreateVolumes"}]}"#,
+            r#"{"rules":[{"method":"CreateVolume","code":"NOPE"}]}"#,
+            r#"{"rules":[{"method":"CreateVolume","code":"OK"}]}"#,
+            r#"{"rules":[{"method":"CreateVolume","code":"UNAVAILABLE","exit_after_backend_change":true}]}"#,
+            r#"{"rules":[{"method":"CreateVolume","cnt":1}]}"#,
+            r#"{"ready":false}"#,
+            r#"{"rules":"#,
+        ] {
+            std::fs::write(&path, bad).expect("write");
+            assert!(
+                matches!(Faults::load(&path), Err(Error::Faults { .. })),
+                "{bad}"
+            );
+        }
+        let faults = Faults {
+            probe_ready: false,
+            rules: vec![
+                Fault::error("CreateVolume", Code::Unavailable)
+                    .times(2)
+                    .on("pvc-1")
+                    .with_message("busy"),
+                Fault::delay("*", Duration::from_millis(5)),
+                Fault::exit_after_backend_change("DeleteVolume").times(1),
+            ],
+        };
+        faults.write(&path).expect("write");
+        assert_eq!(Faults::load(&path).expect("load"), faults);
+        let bad = Faults::with_rules(vec![Fault::error("Nope", Code::Internal)]);
+        assert!(bad.write(&path).is_err());
+        clear(&path).expect("clear");
+        clear(&path).expect("clear twice");
+        assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn counts_targets_and_first_match() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("faults.json");
+        Faults::with_rules(vec![
+            Fault::error("CreateVolume", Code::Aborted).on("a").times(1),
+            Fault::error("CreateVolume", Code::Unavailable).times(2),
+        ])
+        .write(&path)
+        .expect("write");
+        let injector = Injector::new(path.clone());
+        let code = |r: Result<Pending, Status>| r.err().map(|s| s.code());
+        assert_eq!(
+            code(injector.before("CreateVolume", Some("a")).await),
+            Some(Code::Aborted)
+        );
+        assert_eq!(
+            code(injector.before("CreateVolume", Some("a")).await),
+            Some(Code::Unavailable)
+        );
+        assert_eq!(code(injector.before("DeleteVolume", Some("a")).await), None);
+        assert_eq!(
+            code(injector.before("CreateVolume", Some("b")).await),
+            Some(Code::Unavailable)
+        );
+        assert_eq!(code(injector.before("CreateVolume", Some("b")).await), None);
+        let left = Faults::load(&path).expect("load");
+        assert_eq!(left.rules[0].count, Some(0));
+        assert_eq!(left.rules[1].count, Some(0));
+        assert!(injector.probe_ready().expect("probe"));
+
+        std::fs::write(&path, "{oops").expect("write");
+        assert_eq!(
+            code(injector.before("Probe", None).await),
+            Some(Code::Internal)
+        );
+        assert!(injector.probe_ready().is_err());
+
+        let disabled = Injector::new(PathBuf::new());
+        assert!(disabled.before("CreateVolume", None).await.is_ok());
+        assert!(disabled.probe_ready().expect("probe"));
+    }
+}

@@ -1,0 +1,495 @@
+//! The Node service (publish/unpublish by bind mount, stats, info).
+//!
+//! `NodePublishVolume` bind-mounts the volume directory (block volumes: the
+//! volume's `block` file) onto `target_path`. When the process may not mount
+//! (`EPERM`/`EACCES`, e.g. an unprivileged container or test run), it falls
+//! back to making `target_path` a symlink to the same source; a read-only
+//! publish is then not enforced.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use csi_proto::v1::{self as csi, node_server::Node, node_service_capability, volume_usage};
+use tonic::{Request, Response, Status};
+
+use crate::controller::{mode_supported, parse_capability};
+use crate::locks::volume_key;
+use crate::state::Driver;
+use crate::store::{self, AccessType, BLOCK_FILE};
+use crate::{TOPOLOGY_KEY, fsops};
+
+fn internal(what: &str, path: &Path, e: std::io::Error) -> Status {
+    Status::internal(format!("{what} {}: {e}", path.display()))
+}
+
+async fn run_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Status::internal(format!("node task failed: {e}")))?
+}
+
+/// Makes `source` visible at `target`; idempotent.
+fn publish(
+    source: &Path,
+    target: &Path,
+    access_type: AccessType,
+    readonly: bool,
+) -> Result<(), Status> {
+    let created = match std::fs::symlink_metadata(target) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            let link =
+                std::fs::read_link(target).map_err(|e| internal("reading link", target, e))?;
+            return if link == source {
+                Ok(())
+            } else {
+                Err(Status::already_exists(format!(
+                    "{} links to {}, not to this volume",
+                    target.display(),
+                    link.display()
+                )))
+            };
+        }
+        Ok(meta) => {
+            let src = std::fs::metadata(source).map_err(|e| internal("inspecting", source, e))?;
+            if meta.dev() == src.dev() && meta.ino() == src.ino() {
+                return Ok(());
+            }
+            if fsops::is_mount_point(target).map_err(|e| internal("inspecting", target, e))? {
+                return Err(Status::already_exists(format!(
+                    "{} is already a mount of something else",
+                    target.display()
+                )));
+            }
+            let wants_dir = access_type == AccessType::Mount;
+            if meta.is_dir() != wants_dir {
+                return Err(Status::failed_precondition(format!(
+                    "{} exists and is not a {}",
+                    target.display(),
+                    if wants_dir { "directory" } else { "file" }
+                )));
+            }
+            false
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match access_type {
+                AccessType::Mount => {
+                    std::fs::create_dir_all(target).map_err(|e| internal("creating", target, e))?
+                }
+                AccessType::Block => {
+                    if let Some(parent) = target.parent() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(|e| internal("creating", parent, e))?;
+                    }
+                    std::fs::File::create(target).map_err(|e| internal("creating", target, e))?;
+                }
+            }
+            true
+        }
+        Err(e) => return Err(internal("inspecting", target, e)),
+    };
+    let remove_target = || match access_type {
+        AccessType::Mount => std::fs::remove_dir(target),
+        AccessType::Block => std::fs::remove_file(target),
+    };
+    match fsops::bind_mount(source, target, readonly) {
+        Ok(()) => {
+            tracing::info!(source = %source.display(), target = %target.display(), readonly, "bind-mounted");
+            Ok(())
+        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
+            // No privilege to mount: publish as a symlink instead.
+            if !created {
+                remove_target().map_err(|e| internal("replacing", target, e))?;
+            } else {
+                remove_target().map_err(|e| internal("removing", target, e))?;
+            }
+            std::os::unix::fs::symlink(source, target)
+                .map_err(|e| internal("linking", target, e))?;
+            tracing::info!(source = %source.display(), target = %target.display(), readonly, error = %e, "cannot mount; published as a symlink");
+            Ok(())
+        }
+        Err(e) => {
+            if created {
+                let _ = remove_target();
+            }
+            Err(internal("bind-mounting onto", target, e))
+        }
+    }
+}
+
+/// Undoes [`publish`]; returns whether anything was at `target`.
+fn unpublish(target: &Path) -> Result<bool, Status> {
+    let meta = match std::fs::symlink_metadata(target) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(internal("inspecting", target, e)),
+    };
+    if meta.file_type().is_symlink() {
+        std::fs::remove_file(target).map_err(|e| internal("removing", target, e))?;
+        return Ok(true);
+    }
+    // Unmount every mount stacked on the target (normally one).
+    for _ in 0..16 {
+        if !fsops::is_mount_point(target).map_err(|e| internal("inspecting", target, e))? {
+            break;
+        }
+        fsops::unmount(target).map_err(|e| internal("unmounting", target, e))?;
+    }
+    if meta.is_dir() {
+        std::fs::remove_dir(target).map_err(|e| internal("removing", target, e))?;
+    } else {
+        std::fs::remove_file(target).map_err(|e| internal("removing", target, e))?;
+    }
+    tracing::info!(target = %target.display(), "unpublished");
+    Ok(true)
+}
+
+impl Driver {
+    fn volume_source(&self, id: &str, access_type: AccessType) -> PathBuf {
+        let dir = store::volume_path(&self.inner.config.state_dir, id);
+        match access_type {
+            AccessType::Mount => dir,
+            AccessType::Block => dir.join(BLOCK_FILE),
+        }
+    }
+
+    async fn publish_impl(
+        &self,
+        req: csi::NodePublishVolumeRequest,
+    ) -> Result<csi::NodePublishVolumeResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is empty"));
+        }
+        if req.target_path.is_empty() {
+            return Err(Status::invalid_argument("target_path is empty"));
+        }
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("volume_capability is missing"))?;
+        let (access_type, mode) = parse_capability(cap)?;
+        if !mode_supported(mode) {
+            return Err(Status::invalid_argument(format!(
+                "access mode {} is not supported",
+                mode.as_str_name()
+            )));
+        }
+        let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
+        let name = self
+            .state()
+            .volumes
+            .get(&req.volume_id)
+            .map(|v| v.name.clone())
+            .ok_or_else(not_found)?;
+        let _guard = self.inner.locks.lock(vec![volume_key(&name)]).await;
+        let record_type = self
+            .state()
+            .volumes
+            .get(&req.volume_id)
+            .map(|v| v.access_type)
+            .ok_or_else(not_found)?;
+        if record_type != access_type {
+            return Err(Status::invalid_argument(format!(
+                "volume is a {} volume, the capability says {}",
+                record_type.as_str(),
+                access_type.as_str()
+            )));
+        }
+        let source = self.volume_source(&req.volume_id, access_type);
+        let target = PathBuf::from(&req.target_path);
+        let readonly = req.readonly;
+        run_blocking(move || publish(&source, &target, access_type, readonly)).await?;
+        Ok(csi::NodePublishVolumeResponse {})
+    }
+
+    async fn unpublish_impl(
+        &self,
+        req: csi::NodeUnpublishVolumeRequest,
+    ) -> Result<csi::NodeUnpublishVolumeResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is empty"));
+        }
+        if req.target_path.is_empty() {
+            return Err(Status::invalid_argument("target_path is empty"));
+        }
+        let name = self
+            .state()
+            .volumes
+            .get(&req.volume_id)
+            .map(|v| v.name.clone());
+        let _guard = match &name {
+            Some(name) => Some(self.inner.locks.lock(vec![volume_key(name)]).await),
+            None => None,
+        };
+        let target = PathBuf::from(&req.target_path);
+        let had_target = run_blocking(move || unpublish(&target)).await?;
+        if name.is_none() && !had_target {
+            return Err(Status::not_found(format!(
+                "volume {:?} does not exist",
+                req.volume_id
+            )));
+        }
+        Ok(csi::NodeUnpublishVolumeResponse {})
+    }
+
+    async fn volume_stats_impl(
+        &self,
+        req: csi::NodeGetVolumeStatsRequest,
+    ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is empty"));
+        }
+        if req.volume_path.is_empty() {
+            return Err(Status::invalid_argument("volume_path is empty"));
+        }
+        let record = self
+            .state()
+            .volumes
+            .get(&req.volume_id)
+            .cloned()
+            .ok_or_else(|| {
+                Status::not_found(format!("volume {:?} does not exist", req.volume_id))
+            })?;
+        let volume_path = PathBuf::from(&req.volume_path);
+        let data_dir = store::volume_path(&self.inner.config.state_dir, &record.id);
+        let total = i64::try_from(record.capacity_bytes).unwrap_or(i64::MAX);
+        let usage = run_blocking(move || {
+            if std::fs::symlink_metadata(&volume_path).is_err() {
+                return Err(Status::not_found(format!(
+                    "volume_path {} does not exist",
+                    volume_path.display()
+                )));
+            }
+            Ok(match record.access_type {
+                AccessType::Block => vec![csi::VolumeUsage {
+                    available: 0,
+                    total,
+                    used: 0,
+                    unit: volume_usage::Unit::Bytes as i32,
+                }],
+                AccessType::Mount => {
+                    let (bytes, inodes) = fsops::tree_usage(&data_dir)
+                        .map_err(|e| internal("measuring", &data_dir, e))?;
+                    let used = i64::try_from(bytes).unwrap_or(i64::MAX);
+                    vec![
+                        csi::VolumeUsage {
+                            available: total.saturating_sub(used).max(0),
+                            total,
+                            used,
+                            unit: volume_usage::Unit::Bytes as i32,
+                        },
+                        csi::VolumeUsage {
+                            available: 0,
+                            total: 0,
+                            used: i64::try_from(inodes).unwrap_or(i64::MAX),
+                            unit: volume_usage::Unit::Inodes as i32,
+                        },
+                    ]
+                }
+            })
+        })
+        .await?;
+        Ok(csi::NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: None,
+        })
+    }
+}
+
+fn node_capabilities() -> Vec<csi::NodeServiceCapability> {
+    use node_service_capability::rpc::Type;
+    [Type::GetVolumeStats, Type::SingleNodeMultiWriter]
+        .into_iter()
+        .map(|t| csi::NodeServiceCapability {
+            r#type: Some(node_service_capability::Type::Rpc(
+                node_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect()
+}
+
+fn unimplemented(method: &str) -> Status {
+    Status::unimplemented(format!("{method} is not supported by this driver"))
+}
+
+#[tonic::async_trait]
+impl Node for Driver {
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let id = request.into_inner().volume_id;
+        self.call("NodeStageVolume", Some(&id), async {
+            Err(unimplemented("NodeStageVolume"))
+        })
+        .await
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        let id = request.into_inner().volume_id;
+        self.call("NodeUnstageVolume", Some(&id), async {
+            Err(unimplemented("NodeUnstageVolume"))
+        })
+        .await
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        self.call("NodePublishVolume", Some(&id), self.publish_impl(req))
+            .await
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        self.call("NodeUnpublishVolume", Some(&id), self.unpublish_impl(req))
+            .await
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        self.call("NodeGetVolumeStats", Some(&id), self.volume_stats_impl(req))
+            .await
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        let id = request.into_inner().volume_id;
+        self.call("NodeExpandVolume", Some(&id), async {
+            Err(unimplemented("NodeExpandVolume"))
+        })
+        .await
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        self.call("NodeGetCapabilities", None, async {
+            Ok(csi::NodeGetCapabilitiesResponse {
+                capabilities: node_capabilities(),
+            })
+        })
+        .await
+    }
+
+    async fn node_get_info(
+        &self,
+        _request: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        let config = &self.inner.config;
+        self.call("NodeGetInfo", None, async {
+            Ok(csi::NodeGetInfoResponse {
+                node_id: config.node_id.clone(),
+                max_volumes_per_node: 0,
+                accessible_topology: config.enable_topology.then(|| csi::Topology {
+                    segments: [(TOPOLOGY_KEY.to_owned(), config.node_id.clone())]
+                        .into_iter()
+                        .collect(),
+                }),
+            })
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drops CAP_SYS_ADMIN from the effective set of the calling thread only
+    /// (capabilities are per thread in Linux; the raw syscall does not
+    /// propagate to other threads), so that mount(2) fails with EPERM.
+    fn drop_sys_admin_in_this_thread() {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+        const CAP_SYS_ADMIN: u32 = 21;
+        let mut header = Header {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let mut data = [Data::default(); 2];
+        // SAFETY: header and two data structs as capget(2) expects for version 3.
+        let rc = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+        assert_eq!(rc, 0, "capget: {}", std::io::Error::last_os_error());
+        data[0].effective &= !(1 << CAP_SYS_ADMIN);
+        // SAFETY: as above; only lowers the effective set of this thread.
+        let rc = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
+        assert_eq!(rc, 0, "capset: {}", std::io::Error::last_os_error());
+    }
+
+    #[test]
+    fn without_mount_privilege_publish_falls_back_to_a_symlink() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("volume");
+        std::fs::create_dir(&source).expect("mkdir");
+        std::fs::write(source.join("f"), b"data").expect("write");
+        let target = dir.path().join("pods").join("target");
+        std::fs::create_dir(dir.path().join("pods")).expect("mkdir");
+        let (s, t) = (source.clone(), target.clone());
+        std::thread::spawn(move || {
+            drop_sys_admin_in_this_thread();
+            publish(&s, &t, AccessType::Mount, false).expect("publish");
+            // Idempotent.
+            publish(&s, &t, AccessType::Mount, false).expect("publish again");
+        })
+        .join()
+        .expect("thread");
+        let meta = std::fs::symlink_metadata(&target).expect("target");
+        assert!(meta.file_type().is_symlink());
+        assert_eq!(
+            std::fs::read(target.join("f")).expect("read through"),
+            b"data"
+        );
+        // A link to something else is not ours.
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).expect("mkdir");
+        let err = publish(&other, &target, AccessType::Mount, false).expect_err("taken");
+        assert_eq!(err.code(), tonic::Code::AlreadyExists);
+        assert!(unpublish(&target).expect("unpublish"));
+        assert!(!unpublish(&target).expect("unpublish again"));
+        assert!(std::fs::symlink_metadata(&target).is_err());
+        assert!(source.join("f").exists(), "unpublish keeps the volume data");
+    }
+
+    #[test]
+    fn publish_rejects_a_target_of_the_wrong_type() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("volume");
+        std::fs::create_dir(&source).expect("mkdir");
+        let target = dir.path().join("file");
+        std::fs::write(&target, b"").expect("write");
+        let err = publish(&source, &target, AccessType::Mount, false).expect_err("not a dir");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(target.is_file(), "left alone");
+    }
+}

@@ -1,0 +1,312 @@
+//! The driver object: configuration, in-memory index of the on-disk
+//! records, per-object locks, fault injector.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tonic::{Response, Status};
+
+use crate::faults::Injector;
+use crate::locks::KeyedLocks;
+use crate::store::{self, SNAPSHOTS_DIR, SnapshotRecord, VOLUMES_DIR, VolumeRecord};
+use crate::{Config, Error};
+
+/// How long [`Driver::serve`] waits, after its shutdown future completed,
+/// for in-flight calls to finish and clients to close their connections.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The hostpath CSI driver. Cheap to clone (shared state); implements
+/// `csi_proto::v1::identity_server::Identity`,
+/// `controller_server::Controller` and `node_server::Node`.
+#[derive(Clone)]
+pub struct Driver {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: Config,
+    pub(crate) state: Mutex<State>,
+    pub(crate) locks: KeyedLocks,
+    pub(crate) faults: Injector,
+    pub(crate) volumes_dir: PathBuf,
+    pub(crate) snapshots_dir: PathBuf,
+}
+
+/// In-memory mirror of the records on disk, plus capacity being reserved by
+/// creations in flight.
+#[derive(Default)]
+pub(crate) struct State {
+    pub(crate) volumes: BTreeMap<String, VolumeRecord>,
+    pub(crate) volume_names: HashMap<String, String>,
+    pub(crate) snapshots: BTreeMap<String, SnapshotRecord>,
+    pub(crate) snapshot_names: HashMap<String, String>,
+    pub(crate) reserved: BTreeMap<String, u64>,
+}
+
+impl State {
+    pub(crate) fn volume_by_name(&self, name: &str) -> Option<&VolumeRecord> {
+        self.volume_names
+            .get(name)
+            .and_then(|id| self.volumes.get(id))
+    }
+
+    pub(crate) fn snapshot_by_name(&self, name: &str) -> Option<&SnapshotRecord> {
+        self.snapshot_names
+            .get(name)
+            .and_then(|id| self.snapshots.get(id))
+    }
+
+    pub(crate) fn insert_volume(&mut self, record: VolumeRecord) {
+        self.volume_names
+            .insert(record.name.clone(), record.id.clone());
+        self.volumes.insert(record.id.clone(), record);
+    }
+
+    pub(crate) fn remove_volume(&mut self, id: &str) {
+        if let Some(record) = self.volumes.remove(id) {
+            self.volume_names.remove(&record.name);
+        }
+    }
+
+    pub(crate) fn insert_snapshot(&mut self, record: SnapshotRecord) {
+        self.snapshot_names
+            .insert(record.name.clone(), record.id.clone());
+        self.snapshots.insert(record.id.clone(), record);
+    }
+
+    pub(crate) fn remove_snapshot(&mut self, id: &str) {
+        if let Some(record) = self.snapshots.remove(id) {
+            self.snapshot_names.remove(&record.name);
+        }
+    }
+
+    /// Bytes of `kind` taken by volumes and by creations in flight.
+    pub(crate) fn used(&self, kind: &str) -> u64 {
+        let committed: u64 = self
+            .volumes
+            .values()
+            .filter(|v| v.kind == kind)
+            .map(|v| v.capacity_bytes)
+            .fold(0, u64::saturating_add);
+        committed.saturating_add(self.reserved.get(kind).copied().unwrap_or(0))
+    }
+
+    /// Free bytes of `kind` given its total.
+    pub(crate) fn free(&self, kind: &str, total: u64) -> u64 {
+        total.saturating_sub(self.used(kind))
+    }
+}
+
+fn check_config(config: &Config) -> Result<(), Error> {
+    let bad = |msg: String| Err(Error::Config(msg));
+    if config.driver_name.is_empty() {
+        return bad("the driver name is empty".to_owned());
+    }
+    if config.node_id.is_empty() {
+        return bad("the node id is empty".to_owned());
+    }
+    if config.state_dir.as_os_str().is_empty() {
+        return bad("the state directory is empty".to_owned());
+    }
+    let i64_max = i64::MAX as u64;
+    if config.max_volume_size == 0 || config.max_volume_size > i64_max {
+        return bad(format!(
+            "the maximum volume size {} must be between 1 and {i64_max}",
+            config.max_volume_size
+        ));
+    }
+    for (kind, bytes) in &config.capacity {
+        if kind.is_empty() {
+            return bad("a capacity kind is empty".to_owned());
+        }
+        if *bytes > i64_max {
+            return bad(format!("capacity of kind {kind:?} exceeds {i64_max} bytes"));
+        }
+    }
+    Ok(())
+}
+
+impl Driver {
+    /// Checks `config`, creates the state directory if needed, loads the
+    /// existing volume and snapshot records and removes leftovers of an
+    /// interrupted operation (data directories without a record, temporary
+    /// files).
+    pub fn new(config: Config) -> Result<Driver, Error> {
+        check_config(&config)?;
+        let volumes_dir = config.state_dir.join(VOLUMES_DIR);
+        let snapshots_dir = config.state_dir.join(SNAPSHOTS_DIR);
+        for dir in [&volumes_dir, &snapshots_dir] {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        }
+        let volumes = store::backend_volumes(&config.state_dir)?;
+        let snapshots = store::backend_snapshots(&config.state_dir)?;
+        let volume_ids: Vec<&str> = volumes.iter().map(|v| v.id.as_str()).collect();
+        let snapshot_ids: Vec<&str> = snapshots.iter().map(|s| s.id.as_str()).collect();
+        for (dir, ids) in [(&volumes_dir, &volume_ids), (&snapshots_dir, &snapshot_ids)] {
+            let removed = store::clean_dir(dir, ids)?;
+            if !removed.is_empty() {
+                tracing::info!(dir = %dir.display(), ?removed, "removed leftovers of interrupted operations");
+            }
+        }
+        let mut state = State::default();
+        for volume in volumes {
+            if state.volume_names.contains_key(&volume.name) {
+                return Err(Error::Config(format!(
+                    "two volume records have the name {:?}",
+                    volume.name
+                )));
+            }
+            state.insert_volume(volume);
+        }
+        for snapshot in snapshots {
+            if state.snapshot_names.contains_key(&snapshot.name) {
+                return Err(Error::Config(format!(
+                    "two snapshot records have the name {:?}",
+                    snapshot.name
+                )));
+            }
+            state.insert_snapshot(snapshot);
+        }
+        for (kind, total) in &config.capacity {
+            let used = state.used(kind);
+            if used > *total {
+                tracing::warn!(
+                    kind,
+                    used,
+                    total,
+                    "existing volumes exceed the configured capacity"
+                );
+            }
+        }
+        tracing::info!(
+            state_dir = %config.state_dir.display(),
+            volumes = state.volumes.len(),
+            snapshots = state.snapshots.len(),
+            "state loaded"
+        );
+        let faults = Injector::new(config.faults_file.clone());
+        Ok(Driver {
+            inner: Arc::new(Inner {
+                config,
+                state: Mutex::new(state),
+                locks: KeyedLocks::default(),
+                faults,
+                volumes_dir,
+                snapshots_dir,
+            }),
+        })
+    }
+
+    /// The configuration the driver runs with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Binds `config().endpoint` and serves the three services until
+    /// `shutdown` completes; removes the socket file on return.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let endpoint = self.inner.config.endpoint.clone();
+        self.serve_on(&endpoint, shutdown).await
+    }
+
+    pub(crate) async fn serve_on(
+        self,
+        endpoint: &Path,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        use csi_proto::v1::{
+            controller_server::ControllerServer, identity_server::IdentityServer,
+            node_server::NodeServer,
+        };
+        let incoming = csi_proto::transport::bind_unix(endpoint)
+            .map_err(|e| Error::io(format!("listening on {}", endpoint.display()), e))?;
+        tracing::info!(
+            endpoint = %endpoint.display(),
+            driver = %self.inner.config.driver_name,
+            node = %self.inner.config.node_id,
+            "serving CSI"
+        );
+        let (signalled, on_signal) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            shutdown.await;
+            let _ = signalled.send(());
+        };
+        let server = tonic::transport::Server::builder()
+            .add_service(IdentityServer::new(self.clone()))
+            .add_service(ControllerServer::new(self.clone()))
+            .add_service(NodeServer::new(self))
+            .serve_with_incoming_shutdown(incoming, shutdown);
+        // After the shutdown signal, in-flight calls get SHUTDOWN_GRACE to
+        // finish and clients to close their connections; a client that keeps
+        // an idle connection open does not hold the driver up beyond that.
+        let grace = async move {
+            if on_signal.await.is_ok() {
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let result = tokio::select! {
+            result = server => result,
+            () = grace => {
+                tracing::warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the grace period; stopping anyway");
+                Ok(())
+            }
+        };
+        if let Err(e) = store::remove_file_if_exists(endpoint) {
+            tracing::warn!(error = %e, "cannot remove the socket");
+        }
+        tracing::info!("stopped serving");
+        result.map_err(Error::from)
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs one RPC: fault injection before, the body, the exit fault after
+    /// success, logging.
+    pub(crate) async fn call<T>(
+        &self,
+        method: &'static str,
+        target: Option<&str>,
+        body: impl Future<Output = Result<T, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let pending = self.inner.faults.before(method, target).await?;
+        let result = body.await;
+        match &result {
+            Ok(_) => {
+                tracing::debug!(method, target, "ok");
+                self.inner.faults.after_success(pending, method);
+            }
+            Err(status) => tracing::info!(
+                method,
+                target,
+                code = ?status.code(),
+                message = status.message(),
+                "failed"
+            ),
+        }
+        result.map(Response::new)
+    }
+}
+
+/// Runs blocking file system work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Status> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "backend operation failed");
+            Err(Status::internal(e.to_string()))
+        }
+        Err(e) => Err(Status::internal(format!("backend task failed: {e}"))),
+    }
+}

@@ -1,0 +1,196 @@
+//! Shared harness: the driver served in-process on a temporary socket and
+//! clients connected through `csi_proto::transport::connect_unix`.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use csi_hostpath::Config;
+use csi_proto::v1::{
+    self as csi, controller_client::ControllerClient, identity_client::IdentityClient,
+    node_client::NodeClient, volume_capability,
+};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+pub const GIB: i64 = 1 << 30;
+pub const MIB: i64 = 1 << 20;
+
+pub struct Server {
+    pub config: Config,
+    pub channel: Channel,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), csi_hostpath::Error>>>,
+}
+
+impl Server {
+    /// Serves `config` and connects to it.
+    pub async fn start(config: Config) -> Server {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(csi_hostpath::serve(config.clone(), async {
+            let _ = stopped.await;
+        }));
+        let channel = connect(&config.endpoint).await;
+        Server {
+            config,
+            channel,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Serves `Config::for_tests(dir)` with `adjust` applied.
+    pub async fn start_in(dir: &Path, adjust: impl FnOnce(&mut Config)) -> Server {
+        let mut config = Config::for_tests(dir);
+        adjust(&mut config);
+        Server::start(config).await
+    }
+
+    pub fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel.clone())
+    }
+
+    pub fn identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(self.channel.clone())
+    }
+
+    pub fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel.clone())
+    }
+
+    /// Stops serving; returns what `serve` returned.
+    pub async fn stop(mut self) -> Result<(), csi_hostpath::Error> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let task = self.task.take().expect("task present until stopped");
+        drop(self.channel);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("server stops within 10s")
+            .expect("server task does not panic")
+    }
+}
+
+/// Connects to a socket, waiting up to 10 s for it to appear.
+pub async fn connect(socket: &Path) -> Channel {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match csi_proto::transport::connect_unix(socket).await {
+            Ok(channel) => return channel,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("cannot connect to {}: {e}", socket.display()),
+        }
+    }
+}
+
+pub fn mount_cap(mode: volume_capability::access_mode::Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume::default(),
+        )),
+        access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
+    }
+}
+
+pub fn block_cap(mode: volume_capability::access_mode::Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Block(
+            volume_capability::BlockVolume {},
+        )),
+        access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
+    }
+}
+
+pub fn rwo() -> csi::VolumeCapability {
+    mount_cap(volume_capability::access_mode::Mode::SingleNodeWriter)
+}
+
+/// A mount, single-node-writer CreateVolume request for `name` of `required` bytes.
+pub fn create_req(name: &str, required: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.to_owned(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![rwo()],
+        ..Default::default()
+    }
+}
+
+pub fn with_params(
+    mut req: csi::CreateVolumeRequest,
+    params: &[(&str, &str)],
+) -> csi::CreateVolumeRequest {
+    req.parameters = params
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect::<HashMap<_, _>>();
+    req
+}
+
+pub async fn create(
+    client: &mut ControllerClient<Channel>,
+    req: csi::CreateVolumeRequest,
+) -> Result<csi::Volume, tonic::Status> {
+    client.create_volume(req).await.map(|r| {
+        r.into_inner()
+            .volume
+            .expect("CreateVolumeResponse has a volume")
+    })
+}
+
+pub async fn delete(client: &mut ControllerClient<Channel>, id: &str) -> Result<(), tonic::Status> {
+    client
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+}
+
+pub async fn snapshot(
+    client: &mut ControllerClient<Channel>,
+    name: &str,
+    source: &str,
+) -> Result<csi::Snapshot, tonic::Status> {
+    client
+        .create_snapshot(csi::CreateSnapshotRequest {
+            name: name.to_owned(),
+            source_volume_id: source.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .map(|r| {
+            r.into_inner()
+                .snapshot
+                .expect("CreateSnapshotResponse has a snapshot")
+        })
+}
+
+pub async fn list_volume_ids(client: &mut ControllerClient<Channel>) -> Vec<String> {
+    client
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .expect("ListVolumes")
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| e.volume.expect("entry has a volume").volume_id)
+        .collect()
+}
+
+pub fn code<T>(result: Result<T, tonic::Status>) -> tonic::Code {
+    match result {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => status.code(),
+    }
+}

@@ -1,0 +1,193 @@
+//! Watch: registration from a resourceVersion and the newline-delimited JSON
+//! event stream.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::Stream;
+use http_body::Frame;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::resources::ResourceInfo;
+use crate::selectors::Selectors;
+use crate::store::{EventType, State, WatchMsg, Watcher, replay};
+
+/// Where a watch starts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchStart {
+    /// `resourceVersion` unset or `"0"`: synthetic ADDED for current objects first.
+    Current,
+    /// `sendInitialEvents=true`: synthetic ADDED, then a BOOKMARK marking the end.
+    InitialEvents,
+    /// Events after this resourceVersion.
+    From(u64),
+}
+
+/// Parameters of a watch request.
+#[derive(Debug, Clone)]
+pub struct WatchParams {
+    pub res: usize,
+    pub namespace: Option<String>,
+    pub selectors: Selectors,
+    pub start: WatchStart,
+    pub bookmarks: bool,
+    pub timeout: Duration,
+}
+
+/// A registered watch: its queue, or the 410 to send as an ERROR event.
+pub enum Registered {
+    Stream {
+        id: u64,
+        rx: mpsc::UnboundedReceiver<WatchMsg>,
+    },
+    Gone(ApiError),
+}
+
+/// Registers a watcher and queues its initial events, atomically with respect
+/// to writes, so no event is lost or duplicated between replay and live events.
+pub fn register(state: &mut State, p: &WatchParams) -> Registered {
+    if let WatchStart::From(rv) = p.start
+        && rv < state.compacted_rv
+    {
+        return Registered::Gone(ApiError::expired(format!(
+            "too old resource version: {rv} ({})",
+            state.compacted_rv
+        )));
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let id = state.alloc_id();
+    let w = Watcher {
+        id,
+        res: p.res,
+        namespace: p.namespace.clone(),
+        selectors: p.selectors.clone(),
+        tx,
+    };
+    let initial: Vec<WatchMsg> = match p.start {
+        WatchStart::From(rv) => replay(state, &w, rv),
+        WatchStart::Current | WatchStart::InitialEvents => {
+            let mut v: Vec<WatchMsg> = state
+                .iter_scope(p.res, p.namespace.as_deref())
+                .filter(|o| p.selectors.matches(o))
+                .map(|o| WatchMsg::Event(EventType::Added, o.clone()))
+                .collect();
+            if p.start == WatchStart::InitialEvents {
+                v.push(WatchMsg::Bookmark {
+                    rv: state.rv,
+                    initial_events_end: true,
+                });
+            }
+            v
+        }
+    };
+    for m in initial {
+        // The receiver is alive: it is returned below.
+        let _ = w.tx.send(m);
+    }
+    state.watchers.push(w);
+    Registered::Stream { id, rx }
+}
+
+/// Encodes one watch event line.
+pub fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut s = json!({"type": kind, "object": object}).to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+fn bookmark_object(info: &ResourceInfo, rv: u64, initial_events_end: bool) -> Value {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_events_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    json!({"kind": info.kind, "apiVersion": info.api_version(), "metadata": meta})
+}
+
+fn encode(info: &ResourceInfo, msg: &WatchMsg) -> Bytes {
+    match msg {
+        WatchMsg::Event(t, obj) => event_line(t.as_str(), obj),
+        WatchMsg::Bookmark {
+            rv,
+            initial_events_end,
+        } => event_line("BOOKMARK", &bookmark_object(info, *rv, *initial_events_end)),
+    }
+}
+
+/// Removes the watcher when the stream is dropped (client went away).
+struct Guard {
+    state: Arc<Mutex<State>>,
+    id: u64,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.remove_watcher(self.id);
+        }
+    }
+}
+
+struct StreamState {
+    rx: mpsc::UnboundedReceiver<WatchMsg>,
+    info: ResourceInfo,
+    bookmarks: bool,
+    bookmark_every: Duration,
+    deadline: tokio::time::Instant,
+    guard: Guard,
+}
+
+/// The body stream of a watch: queued events as they come, a BOOKMARK every
+/// `bookmark_every` when requested, ending at the timeout or when the server
+/// closes the watch.
+pub fn event_stream(
+    state: Arc<Mutex<State>>,
+    id: u64,
+    rx: mpsc::UnboundedReceiver<WatchMsg>,
+    info: ResourceInfo,
+    bookmarks: bool,
+    bookmark_every: Duration,
+    timeout: Duration,
+) -> impl Stream<Item = Result<Frame<Bytes>, Infallible>> + Send {
+    let st = StreamState {
+        rx,
+        info,
+        bookmarks,
+        bookmark_every,
+        deadline: tokio::time::Instant::now() + timeout,
+        guard: Guard { state, id },
+    };
+    futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            let tick = tokio::time::sleep(st.bookmark_every);
+            tokio::select! {
+                msg = st.rx.recv() => {
+                    let msg = msg?;
+                    let line = encode(&st.info, &msg);
+                    return Some((Ok(Frame::data(line)), st));
+                }
+                _ = tick, if st.bookmarks => {
+                    // Queue the bookmark behind every event already sent to
+                    // this watcher, under the state lock.
+                    if let Ok(s) = st.guard.state.lock()
+                        && let Some(w) = s.watchers.iter().find(|w| w.id == st.guard.id)
+                    {
+                        let _ = w.tx.send(WatchMsg::Bookmark { rv: s.rv, initial_events_end: false });
+                    }
+                }
+                _ = tokio::time::sleep_until(st.deadline) => return None,
+            }
+        }
+    })
+}
+
+/// A stream of one ERROR event (410 Gone for a too old resourceVersion).
+pub fn error_stream(
+    err: &ApiError,
+) -> impl Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + use<> {
+    let line = event_line("ERROR", &err.status_body());
+    futures_util::stream::iter([Ok(Frame::data(line))])
+}

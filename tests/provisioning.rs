@@ -1,0 +1,423 @@
+//! End-to-end: the real binary against the API test server and the hostpath
+//! driver. Every test ends with the backend and the API in agreement.
+
+mod support;
+
+use std::time::Duration;
+
+use csi_hostpath::faults::Fault;
+use k8s_openapi::api::core::v1::{Event, PersistentVolume};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+use support::{DRIVER, Env, finalizers};
+
+const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+async fn events_for(env: &Env, namespace: &str, name: &str) -> Vec<(String, String)> {
+    Api::<Event>::namespaced(env.client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisions_and_deletes_filesystem_and_block_volumes() {
+    let mut env = Env::new().await;
+    env.storage_class(
+        "fast",
+        "Immediate",
+        "Delete",
+        json!({"csi.storage.k8s.io/fstype": "ext4"}),
+    );
+    env.start_sidecar(&[]);
+
+    env.create_pvc("default", "fs", "fast", "10Mi", json!({}))
+        .await;
+    env.create_pvc(
+        "default",
+        "raw",
+        "fast",
+        "20Mi",
+        json!({"spec": {"volumeMode": "Block"}}),
+    )
+    .await;
+    let fs = env.wait_bound("default", "fs").await;
+    let raw = env.wait_bound("default", "raw").await;
+
+    let fs_spec = fs.spec.clone().expect("spec");
+    let csi = fs_spec.csi.clone().expect("csi source");
+    assert_eq!(csi.driver, DRIVER);
+    assert_eq!(csi.fs_type.as_deref(), Some("ext4"));
+    assert_eq!(
+        fs_spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Delete")
+    );
+    assert_eq!(fs_spec.storage_class_name.as_deref(), Some("fast"));
+    assert!(
+        fs.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("pvc-"))
+    );
+    assert_eq!(
+        fs.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+            .map(String::as_str),
+        Some(DRIVER)
+    );
+    assert!(
+        finalizers(&fs).contains(&FINALIZER.to_owned()),
+        "HonorPVReclaimPolicy finalizer"
+    );
+    assert_eq!(
+        fs_spec
+            .capacity
+            .as_ref()
+            .and_then(|c| c.get("storage"))
+            .map(|q| q.0.as_str()),
+        Some("10Mi")
+    );
+    assert!(
+        fs_spec.node_affinity.is_some(),
+        "node affinity from accessible topology"
+    );
+    let raw_spec = raw.spec.clone().expect("spec");
+    assert_eq!(raw_spec.volume_mode.as_deref(), Some("Block"));
+    assert_eq!(
+        raw_spec.csi.as_ref().and_then(|c| c.fs_type.clone()),
+        None,
+        "no fsType for block"
+    );
+    assert_eq!(env.backend_volumes().len(), 2);
+    env.assert_consistent().await;
+
+    let events = events_for(&env, "default", "fs").await;
+    let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
+    assert!(
+        reasons.contains(&"Provisioning") && reasons.contains(&"ProvisioningSucceeded"),
+        "{events:?}"
+    );
+
+    env.delete_pvc("default", "fs").await;
+    env.delete_pvc("default", "raw").await;
+    env.wait_for("PVs and volumes gone", Duration::from_secs(30), || async {
+        (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(
+        env.stop_sidecar(),
+        Some(0),
+        "clean exit on SIGTERM\n{}",
+        env.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retain_keeps_the_volume_and_the_pv() {
+    let mut env = Env::new().await;
+    env.storage_class("keep", "Immediate", "Retain", json!({}));
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "data", "keep", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound("default", "data").await;
+    assert!(
+        !finalizers(&pv).contains(&FINALIZER.to_owned()),
+        "no finalizer for Retain"
+    );
+    env.delete_pvc("default", "data").await;
+    let name = pv.metadata.name.clone().expect("name");
+    env.wait_for("PV released", Duration::from_secs(20), || async {
+        let pv = env.pv(&name).await?;
+        (pv.status?.phase.as_deref() == Some("Released")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(env.pv(&name).await.is_some(), "Retain keeps the PV");
+    assert_eq!(env.backend_volumes().len(), 1, "Retain keeps the volume");
+    env.assert_consistent().await;
+}
+
+/// KEP-2644: deleting the bound PV first, then the claim, must still delete
+/// the backend volume and end with both objects gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_pv_before_the_claim_does_not_leak() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "data", "fast", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound("default", "data").await;
+    let name = pv.metadata.name.clone().expect("name");
+
+    Api::<PersistentVolume>::all(env.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete pv");
+    let terminating = env.pv(&name).await.expect("kept by the finalizer");
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        env.backend_volumes().len(),
+        1,
+        "volume still there while bound"
+    );
+
+    env.delete_pvc("default", "data").await;
+    env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
+        (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
+    })
+    .await;
+    assert!(env.pvc("default", "data").await.is_none());
+}
+
+/// PVs that existed before the sidecar started get the finalizer; with the
+/// gate off it is removed again (rollback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_pvs_get_the_finalizer_and_a_rollback_removes_it() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&["--feature-gates=HonorPVReclaimPolicy=false"]);
+    env.create_pvc("default", "old", "fast", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound("default", "old").await;
+    let name = pv.metadata.name.clone().expect("name");
+    assert!(
+        !finalizers(&pv).contains(&FINALIZER.to_owned()),
+        "gate off: no finalizer"
+    );
+    assert_eq!(env.stop_sidecar(), Some(0));
+
+    env.start_sidecar(&[]);
+    env.wait_for(
+        "finalizer added to the existing PV",
+        Duration::from_secs(20),
+        || async {
+            let pv = env.pv(&name).await?;
+            finalizers(&pv)
+                .contains(&FINALIZER.to_owned())
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(env.stop_sidecar(), Some(0));
+
+    env.start_sidecar(&["--feature-gates=HonorPVReclaimPolicy=false"]);
+    env.wait_for(
+        "finalizer removed on rollback",
+        Duration::from_secs(20),
+        || async {
+            let pv = env.pv(&name).await?;
+            (!finalizers(&pv).contains(&FINALIZER.to_owned())).then_some(())
+        },
+    )
+    .await;
+    env.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_first_consumer_waits_for_the_selected_node() {
+    let mut env = Env::new().await;
+    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}));
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "late", "late", "5Mi", json!({}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        env.pvs().await.is_empty(),
+        "nothing before the scheduler picks a node"
+    );
+    assert!(env.backend_volumes().is_empty());
+
+    let api = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        env.client.clone(),
+        "default",
+    );
+    let patch =
+        json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": support::NODE}}});
+    api.patch("late", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("select node");
+    let pv = env.wait_bound("default", "late").await;
+    let terms = pv
+        .spec
+        .and_then(|s| s.node_affinity)
+        .and_then(|a| a.required)
+        .expect("affinity")
+        .node_selector_terms;
+    let expr = &terms[0].match_expressions.as_ref().expect("expressions")[0];
+    assert_eq!(expr.key, csi_hostpath::TOPOLOGY_KEY);
+    assert_eq!(
+        expr.values.as_deref(),
+        Some(&[support::NODE.to_owned()][..])
+    );
+    env.assert_consistent().await;
+}
+
+/// The claim is deleted while a slow CreateVolume runs: the volume that
+/// appears afterwards must be deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_deleted_during_a_slow_create_leaves_nothing() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.set_faults(vec![Fault::delay("CreateVolume", Duration::from_secs(2))]);
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "slow", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "CreateVolume under way",
+        Duration::from_secs(20),
+        || async {
+            events_for(&env, "default", "slow")
+                .await
+                .iter()
+                .any(|(r, _)| r == "Provisioning")
+                .then_some(())
+        },
+    )
+    .await;
+    env.delete_pvc("default", "slow").await;
+    env.wait_for(
+        "the late volume deleted",
+        Duration::from_secs(30),
+        || async {
+            let created_then_deleted = env.backend_volumes().is_empty();
+            created_then_deleted.then_some(())
+        },
+    )
+    .await;
+    // Give a wrongly saved PV time to show up, then check none did.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(env.backend_volumes().is_empty(), "{}", env.logs());
+    assert!(env.pvs().await.is_empty());
+    env.assert_consistent().await;
+}
+
+/// The sidecar is killed after CreateVolume returned but before the PV is
+/// saved, and the claim is deleted while it is down (upstream #486 leaks
+/// here): after the restart the volume is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_killed_before_saving_the_pv_and_claim_deleted_while_down_leaks_nothing() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    // Saving the PV hangs, so the kill lands between CreateVolume and the PV.
+    env.api.add_latency(
+        kube_testserver::RequestMatch::new(kube_testserver::Verb::Create, "persistentvolumes"),
+        Duration::from_secs(60),
+    );
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "doomed", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "backend volume created",
+        Duration::from_secs(20),
+        || async { (!env.backend_volumes().is_empty()).then_some(()) },
+    )
+    .await;
+    env.kill_sidecar();
+    env.api.clear_faults();
+    env.delete_pvc("default", "doomed").await;
+    assert!(env.pvs().await.is_empty(), "the PV was never saved");
+
+    env.start_sidecar(&[]);
+    env.wait_for(
+        "the orphan deleted after restart",
+        Duration::from_secs(30),
+        || async { env.backend_volumes().is_empty().then_some(()) },
+    )
+    .await;
+    assert!(env.pvs().await.is_empty());
+    env.assert_consistent().await;
+}
+
+/// Killed while CreateVolume runs, claim deleted while down: the restarted
+/// sidecar resumes the journalled operation and ends with nothing left,
+/// whether or not the driver finished the volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothing() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.set_faults(vec![Fault::delay("CreateVolume", Duration::from_secs(2))]);
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "doomed", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "CreateVolume under way",
+        Duration::from_secs(20),
+        || async {
+            events_for(&env, "default", "doomed")
+                .await
+                .iter()
+                .any(|(r, _)| r == "Provisioning")
+                .then_some(())
+        },
+    )
+    .await;
+    env.kill_sidecar();
+    env.delete_pvc("default", "doomed").await;
+    env.clear_faults();
+    let journal = env
+        .api
+        .get_object(
+            "v1",
+            "ConfigMap",
+            "default",
+            "hostpath.csi.k8s.io-provisioner-journal",
+        )
+        .expect("journal written before CreateVolume");
+    assert_eq!(
+        journal["data"].as_object().map(|d| d.len()),
+        Some(1),
+        "{journal}"
+    );
+
+    env.start_sidecar(&[]);
+    env.wait_for("journal emptied", Duration::from_secs(30), || async {
+        let journal = env.api.get_object(
+            "v1",
+            "ConfigMap",
+            "default",
+            "hostpath.csi.k8s.io-provisioner-journal",
+        )?;
+        journal["data"]
+            .as_object()
+            .is_none_or(|d| d.is_empty())
+            .then_some(())
+    })
+    .await;
+    assert!(env.backend_volumes().is_empty(), "{}", env.logs());
+    assert!(env.pvs().await.is_empty());
+    env.assert_consistent().await;
+}
+
+/// A final error is reported once and retried; the claim is provisioned once
+/// the driver recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn final_errors_are_reported_once_and_retried() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.set_faults(vec![
+        Fault::error("CreateVolume", tonic::Code::Internal).times(5),
+    ]);
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "flaky", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound("default", "flaky").await;
+    let failed: Vec<_> = events_for(&env, "default", "flaky")
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "ProvisioningFailed")
+        .collect();
+    assert_eq!(
+        failed.len(),
+        1,
+        "one event for five identical failures: {failed:?}"
+    );
+    assert!(failed[0].1.contains("Internal"), "{failed:?}");
+    env.assert_consistent().await;
+}
