@@ -1,5 +1,7 @@
 //! csi-provisioner: the Kubernetes CSI external-provisioner sidecar.
 
+pub mod api_calls;
+pub mod caches;
 pub mod cli;
 pub mod csi;
 pub mod duration;
@@ -9,5 +11,6 @@ pub mod informer;
 pub mod kube_client;
 pub mod provision;
 pub mod queue;
+pub mod shared;
 pub mod startup;
 pub mod wellknown;

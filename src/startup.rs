@@ -3,18 +3,22 @@
 
 use std::future::Future;
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
 
+use crate::caches::Caches;
 use crate::cli::Options;
 use crate::csi::connection::{ConnectError, connect_and_probe};
 use crate::csi::{Driver, StartupError};
+use crate::events::Recorder;
 use crate::features::Feature;
 use crate::kube_client::{ClientConfigError, load_config};
-use crate::provision::controller::{self as provisioning, LoopSettings};
+use crate::provision::controller as provisioning;
 use crate::provision::{DriverCapabilities, ProvisionerConfig};
 use crate::queue::Backoff;
+use crate::shared::Shared;
 
 /// Why the process stops with a non-zero exit code.
 #[derive(Debug, thiserror::Error)]
@@ -95,19 +99,31 @@ pub async fn run(
     let client = kube::Client::try_from(kube_config).map_err(ClientConfigError::from)?;
     let config = provisioner_config(&options, &driver);
     let host = hostname();
-    let settings = LoopSettings {
-        workers: options.worker_threads as usize,
+    let shared = Shared {
+        client: client.clone(),
+        driver_name: config.driver_name.clone(),
+        caches: Arc::new(Caches::new()),
+        recorder: Arc::new(Recorder::new(
+            client.clone(),
+            format!("{}_{host}", config.driver_name),
+            host,
+        )),
         backoff: Backoff {
             start: options.retry_interval_start,
             max: options.retry_interval_max,
         },
-        namespace,
-        component: format!("{}_{host}", config.driver_name),
-        host,
+        workers: options.worker_threads as usize,
     };
-    tracing::info!(driver = %config.driver_name, journal_namespace = %settings.namespace, workers = settings.workers, "starting the provisioning loop");
-    let started = tokio::select! {
-        started = provisioning::start(client, driver, config, settings) => started?,
+    tracing::info!(driver = %config.driver_name, journal_namespace = %namespace, workers = shared.workers, "starting the provisioning loop");
+    let start = async {
+        let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
+        shared.caches.start(&shared.client);
+        shared.caches.wait_until_ready().await;
+        provisioning.run();
+        Ok::<_, RunError>(provisioning)
+    };
+    let provisioning = tokio::select! {
+        started = start => started?,
         () = shutdown.clone() => {
             tracing::info!("termination signal received during start-up, exiting");
             return Ok(Stopped::Signal);
@@ -115,8 +131,7 @@ pub async fn run(
     };
     tracing::info!("provisioning loop running");
     shutdown.await;
-    started.claims.shut_down();
-    started.volumes.shut_down();
+    provisioning.shut_down();
     tracing::info!("termination signal received, exiting");
     Ok(Stopped::Signal)
 }

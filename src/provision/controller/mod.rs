@@ -23,19 +23,17 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use csi_proto::v1::CreateVolumeRequest;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
-use k8s_openapi::api::storage::v1::{
-    CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass,
-};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::Api;
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
+use crate::caches::{Caches, Kind};
 use crate::csi::Driver;
 use crate::events::Recorder;
-use crate::informer::{Change, Informer};
+use crate::informer::Change;
 use crate::provision::{ProvisionerConfig, SecretRef, annotated_provisioner, is_our_volume};
-use crate::queue::{Backoff, WorkQueue};
+use crate::queue::WorkQueue;
+use crate::shared::Shared;
 
 use journal::{Journal, JournalStore};
 
@@ -72,88 +70,13 @@ pub struct InFlight {
     pub secret: Option<SecretRef>,
 }
 
-/// The shared watch caches this loop reads.
-#[derive(Clone)]
-pub struct Caches {
-    pub claims: Arc<Informer<PersistentVolumeClaim>>,
-    pub volumes: Arc<Informer<PersistentVolume>>,
-    pub classes: Arc<Informer<StorageClass>>,
-    pub nodes: Arc<Informer<Node>>,
-    pub csi_nodes: Arc<Informer<CSINode>>,
-    pub attributes_classes: Arc<Informer<VolumeAttributesClass>>,
-    pub attachments: Arc<Informer<VolumeAttachment>>,
-}
-
-impl Caches {
-    pub fn new() -> Self {
-        Self {
-            claims: Arc::new(Informer::new()),
-            volumes: Arc::new(Informer::new()),
-            classes: Arc::new(Informer::new()),
-            nodes: Arc::new(Informer::new()),
-            csi_nodes: Arc::new(Informer::new()),
-            attributes_classes: Arc::new(Informer::new()),
-            attachments: Arc::new(Informer::new()),
-        }
-    }
-
-    /// Starts one watch per kind. Nodes and CSINodes are only watched when
-    /// topology is in use, VolumeAttributesClasses only with that gate.
-    pub fn start(&self, client: &Client, config: &ProvisionerConfig) {
-        fn spawn<K>(informer: &Arc<Informer<K>>, api: Api<K>)
-        where
-            K: kube::Resource<DynamicType = ()>
-                + Clone
-                + serde::de::DeserializeOwned
-                + std::fmt::Debug
-                + Send
-                + Sync
-                + 'static,
-        {
-            let informer = Arc::clone(informer);
-            tokio::spawn(async move { informer.run(api, watcher::Config::default(), None).await });
-        }
-        spawn(&self.claims, Api::all(client.clone()));
-        spawn(&self.volumes, Api::all(client.clone()));
-        spawn(&self.classes, Api::all(client.clone()));
-        spawn(&self.attachments, Api::all(client.clone()));
-        if config.topology_enabled {
-            spawn(&self.nodes, Api::all(client.clone()));
-            spawn(&self.csi_nodes, Api::all(client.clone()));
-        }
-        if config.volume_attributes_class_enabled {
-            spawn(&self.attributes_classes, Api::all(client.clone()));
-        }
-    }
-
-    pub async fn wait_until_ready(&self, config: &ProvisionerConfig) {
-        self.claims.wait_until_ready().await;
-        self.volumes.wait_until_ready().await;
-        self.classes.wait_until_ready().await;
-        self.attachments.wait_until_ready().await;
-        if config.topology_enabled {
-            self.nodes.wait_until_ready().await;
-            self.csi_nodes.wait_until_ready().await;
-        }
-        if config.volume_attributes_class_enabled {
-            self.attributes_classes.wait_until_ready().await;
-        }
-    }
-}
-
-impl Default for Caches {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// Everything a worker needs.
 pub struct Context {
     pub client: Client,
     pub driver: Driver,
     pub config: ProvisionerConfig,
-    pub caches: Caches,
-    pub recorder: Recorder,
+    pub caches: Arc<Caches>,
+    pub recorder: Arc<Recorder>,
     pub journal: Journal,
     pub claims: WorkQueue<ClaimKey>,
     pub volumes: WorkQueue<String>,
@@ -162,6 +85,7 @@ pub struct Context {
     /// PV uids whose backend volume is known deleted, so the update events
     /// that follow do not call `DeleteVolume` again (upstream #1235).
     pub deleted_volumes: Mutex<HashSet<String>>,
+    workers: usize,
 }
 
 impl Context {
@@ -227,31 +151,36 @@ impl Context {
     }
 }
 
-/// Settings of the loop that are not provisioning decisions.
-#[derive(Debug, Clone)]
-pub struct LoopSettings {
-    pub workers: usize,
-    pub backoff: Backoff,
-    /// Where the journal ConfigMap lives.
-    pub namespace: String,
-    /// `<driver>_<host>`, the event source.
-    pub component: String,
-    pub host: String,
-}
-
-/// Starts the loop: watches, journal recovery, workers. Returns the context
-/// (for tests and metrics) once every cache is filled and workers run.
-pub async fn start(
-    client: Client,
+/// Starts provisioning: loads the journal and registers the cache
+/// handlers. Call [`Context::run`] once the caches are filled.
+pub async fn new(
+    shared: &Shared,
     driver: Driver,
     config: ProvisionerConfig,
-    settings: LoopSettings,
+    journal_namespace: &str,
 ) -> Result<Arc<Context>, journal::JournalError> {
-    let caches = Caches::new();
-    let claims = WorkQueue::new("claims", settings.backoff);
-    let volumes = WorkQueue::new("volumes", settings.backoff);
+    let caches = Arc::clone(&shared.caches);
+    let mut kinds = vec![
+        Kind::Claims,
+        Kind::Volumes,
+        Kind::Classes,
+        Kind::Attachments,
+    ];
+    if config.topology_enabled {
+        kinds.extend([Kind::Nodes, Kind::CsiNodes]);
+    }
+    if config.volume_attributes_class_enabled {
+        kinds.push(Kind::AttributesClasses);
+    }
+    caches.want(&kinds);
+    let claims = WorkQueue::new("claims", shared.backoff);
+    let volumes = WorkQueue::new("volumes", shared.backoff);
 
-    let mut store = JournalStore::new(client.clone(), &settings.namespace, &config.driver_name);
+    let mut store = JournalStore::new(
+        shared.client.clone(),
+        journal_namespace,
+        &config.driver_name,
+    );
     let recovered = store.load().await?;
     let journal = store.start();
 
@@ -288,16 +217,9 @@ pub async fn start(
         });
     }
 
-    caches.start(&client, &config);
-    caches.wait_until_ready(&config).await;
-
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(
-            client.clone(),
-            settings.component.clone(),
-            settings.host.clone(),
-        ),
-        client,
+        recorder: Arc::clone(&shared.recorder),
+        client: shared.client.clone(),
         driver,
         config,
         caches,
@@ -306,6 +228,7 @@ pub async fn start(
         volumes: volumes.clone(),
         in_flight: Mutex::default(),
         deleted_volumes: Mutex::default(),
+        workers: shared.workers.max(1),
     });
 
     // Resume every operation a previous run may have left on the backend.
@@ -329,22 +252,33 @@ pub async fn start(
             Err(e) => tracing::error!(%uid, "journal entry unusable: {e}"),
         }
     }
-
-    for _ in 0..settings.workers.max(1) {
-        let ctx_claims = Arc::clone(&ctx);
-        tokio::spawn(async move {
-            while let Some(key) = ctx_claims.claims.get().await {
-                claims::process(&ctx_claims, &key).await;
-                ctx_claims.claims.done(&key);
-            }
-        });
-        let ctx_volumes = Arc::clone(&ctx);
-        tokio::spawn(async move {
-            while let Some(name) = ctx_volumes.volumes.get().await {
-                volumes::process(&ctx_volumes, &name).await;
-                ctx_volumes.volumes.done(&name);
-            }
-        });
-    }
     Ok(ctx)
+}
+
+impl Context {
+    /// Starts the workers (`--worker-threads` per queue).
+    pub fn run(self: &Arc<Self>) {
+        for _ in 0..self.workers {
+            let ctx = Arc::clone(self);
+            tokio::spawn(async move {
+                while let Some(key) = ctx.claims.get().await {
+                    claims::process(&ctx, &key).await;
+                    ctx.claims.done(&key);
+                }
+            });
+            let ctx = Arc::clone(self);
+            tokio::spawn(async move {
+                while let Some(name) = ctx.volumes.get().await {
+                    volumes::process(&ctx, &name).await;
+                    ctx.volumes.done(&name);
+                }
+            });
+        }
+    }
+
+    /// Stops taking work; operations under way finish.
+    pub fn shut_down(&self) {
+        self.claims.shut_down();
+        self.volumes.shut_down();
+    }
 }

@@ -1,0 +1,78 @@
+//! Every Kubernetes API call the sidecar makes, per loop. The deploy tests
+//! check that the RBAC rules in `deploy/` grant each of them (and nothing a
+//! loop does not need), so a new call without its rule fails CI instead of
+//! failing in a user's cluster. Keep these lists next to the code that makes
+//! the calls in sync.
+
+/// One (group, resource, verbs) a loop uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiCall {
+    /// API group, `""` for core.
+    pub group: &'static str,
+    /// Plural resource name, with `/subresource` when it is one.
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+    /// True when the call is made only in the sidecar's own namespace (a
+    /// Role suffices); false for cluster-wide access (ClusterRole).
+    pub namespaced_only: bool,
+}
+
+const fn call(
+    group: &'static str,
+    resource: &'static str,
+    verbs: &'static [&'static str],
+) -> ApiCall {
+    ApiCall {
+        group,
+        resource,
+        verbs,
+        namespaced_only: false,
+    }
+}
+
+const WATCH: &[&str] = &["get", "list", "watch"];
+
+/// The provisioning loop (`src/provision/controller`).
+pub const PROVISIONER: &[ApiCall] = &[
+    call(
+        "",
+        "persistentvolumes",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    // Watched; patched to drop the selected-node annotation (reschedule) and
+    // for the clone-source finalizer.
+    call(
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "patch"],
+    ),
+    call("storage.k8s.io", "storageclasses", WATCH),
+    call("", "nodes", WATCH),
+    call("storage.k8s.io", "csinodes", WATCH),
+    call("storage.k8s.io", "volumeattributesclasses", WATCH),
+    call("storage.k8s.io", "volumeattachments", WATCH),
+    call("", "secrets", &["get"]),
+    call("", "events", &["create", "patch"]),
+    call(
+        "snapshot.storage.k8s.io",
+        "volumesnapshots",
+        &["get", "patch"],
+    ),
+    call(
+        "snapshot.storage.k8s.io",
+        "volumesnapshotcontents",
+        &["get"],
+    ),
+    // The write-ahead journal, in the sidecar's namespace.
+    ApiCall {
+        group: "",
+        resource: "configmaps",
+        verbs: &["get", "create", "update"],
+        namespaced_only: true,
+    },
+];
+
+/// Every loop's calls, with the loop's name (for messages).
+pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
+    vec![("provisioner", PROVISIONER)]
+}
