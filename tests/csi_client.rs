@@ -1,0 +1,390 @@
+//! The CSI client (`src/csi`) against the hostpath driver: connection
+//! waiting, readiness, deadlines, error classes and start-up refusals.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use csi_hostpath::faults::{self, Fault, Faults};
+use csi_proto::v1::identity_server::{Identity, IdentityServer};
+use csi_proto::v1::{
+    CapacityRange, CreateVolumeRequest, GetPluginCapabilitiesRequest,
+    GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, ProbeRequest,
+    ProbeResponse, VolumeCapability, volume_capability,
+};
+use csi_provisioner::csi::connection::connect_and_probe;
+use csi_provisioner::csi::{Driver, ErrorClass, StartupError};
+use tokio::sync::oneshot;
+use tonic::{Code, Request, Response, Status};
+
+struct RunningDriver {
+    config: csi_hostpath::Config,
+    stop: Option<oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl RunningDriver {
+    fn start(mutate: impl FnOnce(&mut csi_hostpath::Config)) -> RunningDriver {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = csi_hostpath::Config::for_tests(dir.path());
+        mutate(&mut config);
+        let stop = spawn_driver(config.clone());
+        RunningDriver {
+            config,
+            stop: Some(stop),
+            _dir: dir,
+        }
+    }
+
+    fn faults(&self, faults: Faults) {
+        faults.write(&self.config.faults_file).expect("faults");
+    }
+
+    async fn driver(&self, timeout: Duration) -> Driver {
+        let channel = connect_and_probe(&self.config.endpoint, timeout)
+            .await
+            .expect("connect");
+        Driver::discover(channel, timeout).await.expect("discover")
+    }
+}
+
+impl Drop for RunningDriver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn spawn_driver(config: csi_hostpath::Config) -> oneshot::Sender<()> {
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = csi_hostpath::serve(config, async {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    tx
+}
+
+fn request(name: &str, bytes: i64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.to_owned(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![VolumeCapability {
+            access_type: Some(volume_capability::AccessType::Mount(
+                volume_capability::MountVolume::default(),
+            )),
+            access_mode: Some(volume_capability::AccessMode {
+                mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+        }],
+        ..CreateVolumeRequest::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_for_a_socket_that_appears_late() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = csi_hostpath::Config::for_tests(dir.path());
+    let socket = config.endpoint.clone();
+    let started = Instant::now();
+    let connecting =
+        tokio::spawn(async move { connect_and_probe(&socket, Duration::from_secs(2)).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!connecting.is_finished(), "nothing listens yet");
+    let _stop = spawn_driver(config);
+    let channel = tokio::time::timeout(Duration::from_secs(10), connecting)
+        .await
+        .expect("connected in time")
+        .expect("join")
+        .expect("connect");
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    let driver = Driver::discover(channel, Duration::from_secs(2))
+        .await
+        .expect("discover");
+    assert_eq!(driver.name(), csi_hostpath::DEFAULT_DRIVER_NAME);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_while_probe_says_not_ready() {
+    let driver = RunningDriver::start(|_| {});
+    driver.faults(Faults {
+        probe_ready: false,
+        rules: Vec::new(),
+    });
+    let socket = driver.config.endpoint.clone();
+    let connecting =
+        tokio::spawn(async move { connect_and_probe(&socket, Duration::from_secs(2)).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!connecting.is_finished(), "ready=false keeps us waiting");
+    faults::clear(&driver.config.faults_file).expect("clear");
+    tokio::time::timeout(Duration::from_secs(10), connecting)
+        .await
+        .expect("ready in time")
+        .expect("join")
+        .expect("connected");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_error_that_waiting_cannot_fix_is_reported() {
+    let driver = RunningDriver::start(|_| {});
+    driver.faults(Faults::with_rules(vec![Fault::error(
+        "Probe",
+        Code::FailedPrecondition,
+    )]));
+    let err = connect_and_probe(&driver.config.endpoint, Duration::from_secs(2))
+        .await
+        .expect_err("probe error");
+    assert!(err.to_string().contains("FailedPrecondition"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovers_name_version_and_capabilities() {
+    let running = RunningDriver::start(|_| {});
+    let driver = running.driver(Duration::from_secs(2)).await;
+    let info = driver.info();
+    assert_eq!(info.name, csi_hostpath::DEFAULT_DRIVER_NAME);
+    assert!(!info.vendor_version.is_empty());
+    assert!(info.plugin.controller_service);
+    assert!(info.plugin.volume_accessibility_constraints);
+    assert!(
+        info.controller
+            .names()
+            .contains(&"CREATE_DELETE_VOLUME".to_owned())
+    );
+    info.require_provisioning().expect("can provision");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_is_idempotent_and_conflicts_are_final() {
+    let running = RunningDriver::start(|_| {});
+    let driver = running.driver(Duration::from_secs(2)).await;
+    let first = driver
+        .create_volume(request("pvc-a", 1 << 20))
+        .await
+        .expect("create");
+    let again = driver
+        .create_volume(request("pvc-a", 1 << 20))
+        .await
+        .expect("repeat");
+    let (first, again) = (first.volume.expect("volume"), again.volume.expect("volume"));
+    assert_eq!(first.volume_id, again.volume_id, "same name, same volume");
+    let conflict = driver
+        .create_volume(request("pvc-a", 1 << 30))
+        .await
+        .expect_err("incompatible size");
+    assert_eq!(conflict.code(), Code::AlreadyExists);
+    assert_eq!(conflict.class(), ErrorClass::Final);
+    driver
+        .delete_volume(&first.volume_id, HashMap::new())
+        .await
+        .expect("delete");
+    driver
+        .delete_volume(&first.volume_id, HashMap::new())
+        .await
+        .expect("deleting again is fine");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_exhausted_is_non_final() {
+    let running = RunningDriver::start(|c| {
+        c.capacity.insert("fast".to_owned(), 2 << 20);
+    });
+    let driver = running.driver(Duration::from_secs(2)).await;
+    driver
+        .create_volume(request("pvc-a", 2 << 20))
+        .await
+        .expect("fits");
+    let full = driver
+        .create_volume(request("pvc-b", 1 << 20))
+        .await
+        .expect_err("full");
+    assert_eq!(full.code(), Code::ResourceExhausted);
+    assert_eq!(full.class(), ErrorClass::NonFinal);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_deadline_fires_and_is_non_final() {
+    let running = RunningDriver::start(|_| {});
+    let driver = running.driver(Duration::from_millis(300)).await;
+    running.faults(Faults::with_rules(vec![Fault::delay(
+        "CreateVolume",
+        Duration::from_secs(3),
+    )]));
+    let started = Instant::now();
+    let err = driver
+        .create_volume(request("pvc-slow", 1 << 20))
+        .await
+        .expect_err("deadline");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the deadline cut the wait"
+    );
+    assert_eq!(err.code(), Code::DeadlineExceeded);
+    assert!(!err.is_final());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_errors_keep_their_code_and_class() {
+    let running = RunningDriver::start(|_| {});
+    let driver = running.driver(Duration::from_secs(2)).await;
+    for (code, class) in [
+        (Code::Unavailable, ErrorClass::NonFinal),
+        (Code::Aborted, ErrorClass::NonFinal),
+        (Code::Internal, ErrorClass::Final),
+        (Code::InvalidArgument, ErrorClass::Final),
+    ] {
+        running.faults(Faults::with_rules(vec![
+            Fault::error("CreateVolume", code).times(1),
+        ]));
+        let err = driver
+            .create_volume(request("pvc-x", 1 << 20))
+            .await
+            .expect_err("injected");
+        assert_eq!((err.code(), err.class()), (code, class));
+    }
+}
+
+/// An Identity service that is not a controller: what a node-only driver
+/// looks like to the sidecar.
+struct NodeOnlyDriver {
+    name: String,
+}
+
+#[tonic::async_trait]
+impl Identity for NodeOnlyDriver {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        Ok(Response::new(GetPluginInfoResponse {
+            name: self.name.clone(),
+            vendor_version: "1.0".into(),
+            manifest: HashMap::new(),
+        }))
+    }
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(GetPluginCapabilitiesResponse::default()))
+    }
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        Ok(Response::new(ProbeResponse { ready: Some(true) }))
+    }
+}
+
+fn serve_identity(socket: &std::path::Path, name: &str) -> oneshot::Sender<()> {
+    let incoming = csi_proto::transport::bind_unix(socket).expect("bind");
+    let (tx, rx) = oneshot::channel::<()>();
+    let service = IdentityServer::new(NodeOnlyDriver {
+        name: name.to_owned(),
+    });
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    tx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drivers_that_cannot_provision_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("node-only.sock");
+    let _stop = serve_identity(&socket, "node.only.example.com");
+    let channel = connect_and_probe(&socket, Duration::from_secs(2))
+        .await
+        .expect("connect");
+    let driver = Driver::discover(channel, Duration::from_secs(2))
+        .await
+        .expect("discover");
+    let err = driver.info().require_provisioning().expect_err("refused");
+    assert!(matches!(err, StartupError::MissingCapability(_)));
+    assert!(err.to_string().contains("CONTROLLER_SERVICE"), "{err}");
+
+    // The binary exits non-zero and names the capability.
+    let output = tokio::task::spawn_blocking({
+        let socket = socket.clone();
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+                .arg(format!("--csi-address={}", socket.display()))
+                .env_remove("RUST_LOG")
+                .output()
+                .expect("run")
+        }
+    })
+    .await
+    .expect("join");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("CONTROLLER_SERVICE"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_driver_names_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("bad-name.sock");
+    let _stop = serve_identity(&socket, "Not_A/Valid name");
+    let channel = connect_and_probe(&socket, Duration::from_secs(2))
+        .await
+        .expect("connect");
+    let err = Driver::discover(channel, Duration::from_secs(2))
+        .await
+        .expect_err("invalid");
+    assert!(err.to_string().contains("is invalid"), "{err}");
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_problem() {
+    for (args, needle) in [
+        (&["--feature-gates=Bogus=true"][..], "Bogus"),
+        (&["--timeout=soon"][..], "timeout"),
+        (&["--csi-address=tcp://10.0.0.1:1"][..], "csi-address"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+            .args(args)
+            .output()
+            .expect("run");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let version = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+        .arg("--version")
+        .output()
+        .expect("run");
+    assert!(version.status.success());
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("csi-provisioner "));
+}
+
+#[test]
+fn sigterm_while_waiting_for_the_driver_exits_0() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+        .arg(format!(
+            "--csi-address={}",
+            dir.path().join("none.sock").display()
+        ))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(child.try_wait().expect("poll").is_none(), "still waiting");
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
+    let output = child.wait_with_output().expect("wait");
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("socket does not exist yet"), "{stderr}");
+}
