@@ -59,7 +59,7 @@ fn label_list(value: &str) -> Result<Vec<(String, String)>, String> {
     name = "csi-provisioner",
     about = ABOUT,
     disable_version_flag = true,
-    max_term_width = 100,
+    term_width = 100,
     after_help = "Durations use Go syntax (15s, 1m30s, 1h). Booleans: --flag, --flag=true, --flag=false. \
 Single-dash spellings (-csi-address=...) are accepted like Go flags."
 )]
