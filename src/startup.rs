@@ -14,7 +14,7 @@ use crate::csi::connection::{ConnectError, connect_and_probe};
 use crate::csi::{Driver, StartupError};
 use crate::events::Recorder;
 use crate::features::Feature;
-use crate::kube_client::{ClientConfigError, load_config};
+use crate::kube_client::{ClientConfigError, build_client, load_config};
 use crate::provision::controller as provisioning;
 use crate::provision::{DriverCapabilities, ProvisionerConfig};
 use crate::queue::Backoff;
@@ -59,6 +59,7 @@ pub async fn connect_driver(
         () = shutdown => return Ok(None),
     };
     let info = driver.info();
+    crate::metrics::set_driver_name(&info.name);
     tracing::info!(
         driver = %info.name,
         version = %info.vendor_version,
@@ -96,7 +97,7 @@ pub async fn run(
     };
     let kube_config = load_config(&options.kubeconfig, &options.master).await?;
     let namespace = own_namespace(&options, &kube_config.default_namespace);
-    let client = kube::Client::try_from(kube_config).map_err(ClientConfigError::from)?;
+    let client = build_client(kube_config, options.rate_limits())?;
     let config = provisioner_config(&options, &driver);
     let host = hostname();
     let shared = Shared {
