@@ -284,15 +284,6 @@ pub enum CliError {
 /// built yet. Each one that is set on the command line is reported once at
 /// start-up, so nobody believes a setting took effect when it did not.
 pub const NOT_YET_IMPLEMENTED: &[&str] = &[
-    "leader-election",
-    "leader-election-namespace",
-    "leader-election-lease-duration",
-    "leader-election-renew-deadline",
-    "leader-election-retry-period",
-    "leader-election-labels",
-    "http-endpoint",
-    "metrics-address",
-    "metrics-path",
     "enable-capacity",
     "capacity-ownerref-level",
     "capacity-threads",
@@ -364,6 +355,15 @@ impl Options {
                     "--{burst_flag} ({burst}) must be greater than 0 when --{qps_flag} ({qps}) is greater than 0"
                 )));
             }
+        }
+        if self.enable_pprof {
+            return Err(CliError::Invalid {
+                flag: "enable-pprof",
+                value: "true".into(),
+                reason: "Go's pprof profiler does not exist in this Rust build; remove the flag \
+(profile with perf or tokio-console instead)"
+                    .into(),
+            });
         }
         if self.volume_name_uuid_length < -1 {
             return Err(CliError::Invalid {
@@ -700,6 +700,7 @@ mod tests {
             ),
             (&["--no-such-flag"][..], "no-such-flag"),
             (&["--kube-api-burst=0"][..], "--kube-api-burst"),
+            (&["--enable-pprof"][..], "pprof"),
             (
                 &["--kube-api-capacity-burst=-1"][..],
                 "--kube-api-capacity-burst",
