@@ -7,6 +7,13 @@
 //! Watches are not limited: a watch is one long request, and client-go
 //! does not charge its reconnects against the budget of writes either.
 //!
+//! Lease requests (leader election) have a bucket of their own with the
+//! same rate and burst, as upstream gives leader election its own clientset:
+//! a leader busy provisioning must not miss its renew deadline because its
+//! renewal waits behind queued writes (it would lose the lease under load
+//! and restart). Leader election makes at most two requests per retry
+//! period, so this adds no meaningful load.
+//!
 //! The bucket is written here rather than taken from `tower::limit::RateLimit`
 //! or `governor`: tower's limiter is a fixed window (a burst of `num` per
 //! period, then a full period of silence) and cannot route by request, and
@@ -96,12 +103,15 @@ pub enum Budget {
     Watch,
     /// CSIStorageCapacity objects.
     Capacity,
+    /// Leases (leader election).
+    Election,
     /// Everything else.
     General,
 }
 
 /// Classifies a request by its URL: `watch=true|1` in the query is a watch;
-/// a `csistoragecapacities` path segment is a capacity request.
+/// CSIStorageCapacity requests are charged to the capacity budget, Lease
+/// requests to leader election's.
 pub fn budget_of(uri: &http::Uri) -> Budget {
     let watch = uri.query().is_some_and(|q| {
         q.split('&')
@@ -110,10 +120,30 @@ pub fn budget_of(uri: &http::Uri) -> Budget {
     if watch {
         return Budget::Watch;
     }
-    if uri.path().split('/').any(|s| s == "csistoragecapacities") {
-        return Budget::Capacity;
+    match group_and_resource(uri.path()) {
+        Some(("storage.k8s.io", "csistoragecapacities")) => Budget::Capacity,
+        Some(("coordination.k8s.io", "leases")) => Budget::Election,
+        _ => Budget::General,
     }
-    Budget::General
+}
+
+/// The API group and plural resource of a Kubernetes REST path
+/// (`/api/v1/...` is the core group `""`).
+fn group_and_resource(path: &str) -> Option<(&str, &str)> {
+    let mut segments = path.trim_start_matches('/').split('/');
+    let group = match segments.next()? {
+        "api" => "",
+        "apis" => segments.next()?,
+        _ => return None,
+    };
+    let _version = segments.next()?;
+    let first = segments.next()?;
+    if first == "namespaces" {
+        let _namespace = segments.next();
+        // `/namespaces/<ns>` alone is the namespace object itself.
+        return Some((group, segments.next().unwrap_or("namespaces")));
+    }
+    Some((group, first))
 }
 
 /// The limits of the process.
@@ -131,6 +161,7 @@ pub struct Limits {
 pub struct RateLimitLayer {
     general: Option<Arc<TokenBucket>>,
     capacity: Option<Arc<TokenBucket>>,
+    election: Option<Arc<TokenBucket>>,
 }
 
 impl RateLimitLayer {
@@ -138,6 +169,7 @@ impl RateLimitLayer {
         Self {
             general: TokenBucket::new(limits.qps, limits.burst).map(Arc::new),
             capacity: TokenBucket::new(limits.capacity_qps, limits.capacity_burst).map(Arc::new),
+            election: TokenBucket::new(limits.qps, limits.burst).map(Arc::new),
         }
     }
 
@@ -145,6 +177,7 @@ impl RateLimitLayer {
         match budget {
             Budget::Watch => None,
             Budget::Capacity => self.capacity.clone(),
+            Budget::Election => self.election.clone(),
             Budget::General => self.general.clone(),
         }
     }
@@ -320,6 +353,17 @@ mod tests {
                 "/apis/storage.k8s.io/v1/csistoragecapacitiesx",
                 Budget::General,
             ),
+            (
+                "/apis/coordination.k8s.io/v1/namespaces/default/leases/hostpath-csi-k8s-io",
+                Budget::Election,
+            ),
+            (
+                "/api/v1/namespaces/default/configmaps/leases",
+                Budget::General,
+            ),
+            ("/api/v1/namespaces/leases", Budget::General),
+            ("/apis/other.io/v1/csistoragecapacities", Budget::General),
+            ("/version", Budget::General),
         ];
         for (uri, want) in cases {
             let uri: http::Uri = uri.parse().expect("uri");
