@@ -412,6 +412,15 @@ impl Options {
                 "--leader-election-renew-deadline must be shorter than --leader-election-lease-duration".into(),
             ));
         }
+        // client-go refuses the same: a renew deadline within one jittered
+        // retry period leaves no second renewal attempt.
+        if self.leader_election
+            && self.leader_election_renew_deadline <= self.leader_election_retry_period.mul_f64(1.2)
+        {
+            return Err(CliError::Conflict(
+                "--leader-election-renew-deadline must be longer than 1.2 × --leader-election-retry-period".into(),
+            ));
+        }
         csi_proto::transport::parse_unix_address(&self.csi_address).map_err(|e| {
             CliError::Invalid {
                 flag: "csi-address",
@@ -701,6 +710,14 @@ mod tests {
             (&["--no-such-flag"][..], "no-such-flag"),
             (&["--kube-api-burst=0"][..], "--kube-api-burst"),
             (&["--enable-pprof"][..], "pprof"),
+            (
+                &[
+                    "--leader-election",
+                    "--leader-election-renew-deadline=6s",
+                    "--leader-election-retry-period=5s",
+                ][..],
+                "retry-period",
+            ),
             (
                 &["--kube-api-capacity-burst=-1"][..],
                 "--kube-api-capacity-burst",

@@ -533,13 +533,15 @@ impl Leadership {
 
     /// Stops renewing; with `ReleaseLeaderElectionOnExit` also clears the
     /// holder so the next leader starts at once. Call after every writer
-    /// has stopped.
+    /// has stopped. (Dropping a `Leadership` only stops renewing.)
     pub async fn step_down(self) {
         self.renewer.abort();
-        let _ = self.renewer.await;
         if !self.elector.config.release_on_exit || *self.lost.borrow() {
             return;
         }
+        // A renewal cut short by the abort may still land; the release is
+        // guarded by the resourceVersion it read, so it then fails with a
+        // conflict and the lease simply expires.
         match self.elector.release().await {
             Ok(true) => {
                 tracing::info!(lease = %self.elector.config.name, "released the leader lease")
@@ -549,6 +551,13 @@ impl Leadership {
                 tracing::warn!(lease = %self.elector.config.name, error = %e, "cannot release the leader lease; it will expire")
             }
         }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        // A leadership nobody holds must not keep renewing the lease.
+        self.renewer.abort();
     }
 }
 
@@ -706,6 +715,144 @@ mod tests {
         };
         assert_eq!(Record::of(&lease).holder, None);
         assert_eq!(Record::of(&Lease::default()).holder, None);
+    }
+
+    fn config(identity: &str, release_on_exit: bool) -> Config {
+        Config {
+            namespace: "default".into(),
+            name: "test-lease".into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(1),
+            renew_deadline: Duration::from_millis(600),
+            retry_period: Duration::from_millis(100),
+            labels: BTreeMap::from([("app".to_owned(), "csi".to_owned())]),
+            release_on_exit,
+        }
+    }
+
+    /// Against the API test server: of candidates racing for a missing
+    /// Lease exactly one wins (the others get 409), and afterwards only the
+    /// holder renews.
+    #[tokio::test]
+    async fn one_of_many_racing_candidates_wins() {
+        let server = kube_testserver::TestServer::new();
+        let electors: Vec<Arc<Elector>> = (0..5)
+            .map(|i| Elector::new(server.client(), config(&format!("c{i}"), false)))
+            .collect();
+        for round in 0..3 {
+            let results =
+                futures_util::future::join_all(electors.iter().map(|e| e.try_acquire_or_renew()))
+                    .await;
+            let holding: Vec<usize> = results
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| matches!(r, Ok(Round::Holding)))
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(holding.len(), 1, "round {round}: {holding:?}");
+            let lease: Lease = server.get("default", "test-lease").expect("lease");
+            let spec = lease.spec.expect("spec");
+            assert_eq!(
+                spec.holder_identity,
+                Some(format!("c{}", holding[0])),
+                "round {round}"
+            );
+            assert_eq!(spec.lease_duration_seconds, Some(1));
+            assert_eq!(spec.lease_transitions, Some(0), "no takeover happened");
+            assert_eq!(
+                lease
+                    .metadata
+                    .labels
+                    .unwrap_or_default()
+                    .get("app")
+                    .map(String::as_str),
+                Some("csi")
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_released_lease_is_taken_at_once_an_abandoned_one_after_its_duration() {
+        let server = kube_testserver::TestServer::new();
+        let a = Elector::new(server.client(), config("a", true));
+        let b = Elector::new(server.client(), config("b", false));
+        let c = Elector::new(server.client(), config("c", false));
+        let leading_a = a.acquire().await;
+        assert!(matches!(a.health().state(), State::Leading { .. }));
+
+        let b_task = tokio::spawn({
+            let b = Arc::clone(&b);
+            async move { b.acquire().await }
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !b_task.is_finished(),
+            "b took over a lease that was renewed"
+        );
+        assert!(b.health().check().is_ok(), "a candidate is healthy");
+
+        let released = Instant::now();
+        leading_a.step_down().await;
+        let leading_b = b_task.await.expect("b");
+        let took = released.elapsed();
+        assert!(
+            took < Duration::from_millis(500),
+            "released lease taken after {took:?}"
+        );
+        let spec = server
+            .get::<Lease>("default", "test-lease")
+            .and_then(|l| l.spec)
+            .expect("spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+        assert_eq!(spec.lease_transitions, Some(1));
+
+        // b vanishes without releasing (no gate): c waits the duration.
+        let c_task = tokio::spawn({
+            let c = Arc::clone(&c);
+            async move { c.acquire().await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let abandoned = Instant::now();
+        drop(leading_b);
+        let _leading_c = c_task.await.expect("c");
+        let took = abandoned.elapsed();
+        assert!(
+            took >= Duration::from_millis(600) && took < Duration::from_millis(2000),
+            "abandoned lease taken after {took:?}"
+        );
+    }
+
+    /// A leader that cannot reach the API server gives up within the renew
+    /// deadline and says so.
+    #[tokio::test]
+    async fn a_leader_that_cannot_renew_loses_within_the_deadline() {
+        let server = kube_testserver::TestServer::new();
+        let a = Elector::new(server.client(), config("a", true));
+        let mut leading = a.acquire().await;
+        server.set_partitioned(true);
+        let cut = Instant::now();
+        let err = tokio::time::timeout(Duration::from_secs(3), leading.lost())
+            .await
+            .expect("lost in time");
+        // Within the renew deadline (600ms) of the last renewal; what
+        // matters for safety is that it is before the lease duration (1s)
+        // after which another candidate may take over.
+        assert!(
+            cut.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            cut.elapsed()
+        );
+        assert!(err.to_string().contains("test-lease"), "{err}");
+        assert_eq!(a.health().state(), State::Lost);
+        assert!(a.health().check().is_err());
+        // A lost lease is not released: it is not ours to give.
+        server.set_partitioned(false);
+        leading.step_down().await;
+        let spec = server
+            .get::<Lease>("default", "test-lease")
+            .and_then(|l| l.spec)
+            .expect("spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some("a"));
     }
 
     #[test]

@@ -162,15 +162,9 @@ pub async fn run(
         }
     };
     tracing::info!("provisioning loop running");
-    let lost = async {
-        match leadership.as_mut() {
-            Some(leadership) => leadership.lost().await,
-            None => std::future::pending().await,
-        }
-    };
     tokio::select! {
         () = shutdown => {}
-        lost = lost => {
+        lost = lease_lost(&mut leadership) => {
             // Never two writers: stop at once, without draining; the
             // process exits non-zero and the pod restarts as a candidate.
             provisioning.shut_down();
@@ -181,18 +175,29 @@ pub async fn run(
     provisioning.shut_down();
     // In-flight CSI calls have their own --timeout; a worker may still have
     // API writes to do after one, so allow the CSI timeout plus a little.
+    // Losing the lease meanwhile still stops everything at once.
     let grace = options.timeout + SHUTDOWN_SLACK;
-    if tokio::time::timeout(grace, provisioning.drained())
-        .await
-        .is_err()
-    {
-        tracing::warn!(grace = %crate::duration::format_go_duration(grace), "operations still running at shutdown; exiting anyway (their state is in the journal)");
+    tokio::select! {
+        drained = tokio::time::timeout(grace, provisioning.drained()) => {
+            if drained.is_err() {
+                tracing::warn!(grace = %crate::duration::format_go_duration(grace), "operations still running at shutdown; exiting anyway (their state is in the journal)");
+            }
+        }
+        lost = lease_lost(&mut leadership) => return Err(lost.into()),
     }
     if let Some(leadership) = leadership {
         leadership.step_down().await;
     }
     tracing::info!("exiting");
     Ok(Stopped::Signal)
+}
+
+/// Completes when the lease is lost; never without leader election.
+async fn lease_lost(leadership: &mut Option<leader::Leadership>) -> leader::LeaderError {
+    match leadership.as_mut() {
+        Some(leadership) => leadership.lost().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Extra time after `--timeout` for workers to record the outcome of their
