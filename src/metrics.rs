@@ -6,7 +6,8 @@
 //!   and `grpc_status_code` (Go's code names: `OK`, `DeadlineExceeded`, …).
 //! - `controller_persistentvolumeclaim_provision_{total,failed_total,duration_seconds}`
 //!   and `controller_persistentvolume_delete_{total,failed_total,duration_seconds}`
-//!   (sig-storage-lib-external-provisioner `controller/metrics`), label `class`.
+//!   (sig-storage-lib-external-provisioner `controller/metrics`), label `class`,
+//!   and `source` (the claim's data source kind) on the provisioning ones.
 //! - `workqueue_depth`, `workqueue_adds_total`, `workqueue_retries_total`
 //!   (client-go workqueue metrics), label `name` (`claims`, `volumes`).
 //!
@@ -49,6 +50,12 @@ struct ClassLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassSourceLabels {
+    class: String,
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     name: String,
 }
@@ -59,9 +66,9 @@ struct Metrics {
     registry: Registry,
     driver_name: RwLock<String>,
     csi_operations: Histograms<CsiLabels>,
-    provision_total: Family<ClassLabels, Counter>,
-    provision_failed: Family<ClassLabels, Counter>,
-    provision_duration: Histograms<ClassLabels>,
+    provision_total: Family<ClassSourceLabels, Counter>,
+    provision_failed: Family<ClassSourceLabels, Counter>,
+    provision_duration: Histograms<ClassSourceLabels>,
     delete_total: Family<ClassLabels, Counter>,
     delete_failed: Family<ClassLabels, Counter>,
     delete_duration: Histograms<ClassLabels>,
@@ -81,7 +88,7 @@ fn default_histogram() -> Histogram {
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     let mut registry = Registry::default();
     let csi_operations: Histograms<CsiLabels> = Family::new_with_constructor(csi_histogram);
-    let provision_duration: Histograms<ClassLabels> =
+    let provision_duration: Histograms<ClassSourceLabels> =
         Family::new_with_constructor(default_histogram);
     let delete_duration: Histograms<ClassLabels> = Family::new_with_constructor(default_histogram);
     let m = Metrics {
@@ -217,23 +224,29 @@ fn class(name: &str) -> ClassLabels {
     }
 }
 
-/// A provisioning attempt that ended with the PV saved.
-pub fn provision_succeeded(class_name: &str, took: Duration) {
-    METRICS
-        .provision_total
-        .get_or_create(&class(class_name))
-        .inc();
+fn class_source(class: &str, source: &str) -> ClassSourceLabels {
+    ClassSourceLabels {
+        class: class.to_owned(),
+        source: source.to_owned(),
+    }
+}
+
+/// A provisioning attempt that ended with the PV saved. `source` is the
+/// kind of the claim's data source (`VolumeSnapshot`, …), empty without.
+pub fn provision_succeeded(class_name: &str, source: &str, took: Duration) {
+    let labels = class_source(class_name, source);
+    METRICS.provision_total.get_or_create(&labels).inc();
     METRICS
         .provision_duration
-        .get_or_create(&class(class_name))
+        .get_or_create(&labels)
         .observe(took.as_secs_f64());
 }
 
 /// A provisioning attempt that failed (each attempt counts, as upstream).
-pub fn provision_failed(class_name: &str) {
+pub fn provision_failed(class_name: &str, source: &str) {
     METRICS
         .provision_failed
-        .get_or_create(&class(class_name))
+        .get_or_create(&class_source(class_name, source))
         .inc();
 }
 
@@ -337,8 +350,8 @@ mod tests {
             tonic::Code::DeadlineExceeded,
             Duration::from_millis(300),
         );
-        provision_succeeded("unit-fast", Duration::from_millis(20));
-        provision_failed("unit-fast");
+        provision_succeeded("unit-fast", "", Duration::from_millis(20));
+        provision_failed("unit-fast", "VolumeSnapshot");
         delete_succeeded("unit-fast", Duration::from_millis(20));
         delete_failed("unit-slow");
         set_queue_depth("unit-claims", 3);
@@ -347,9 +360,9 @@ mod tests {
         for needle in [
             r#"csi_sidecar_operations_seconds_bucket{le="0.5",driver_name="test.csi.example.com",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 1"#,
             r#"csi_sidecar_operations_seconds_bucket{le="0.25",driver_name="test.csi.example.com",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 0"#,
-            r#"controller_persistentvolumeclaim_provision_total{class="unit-fast"} 1"#,
-            r#"controller_persistentvolumeclaim_provision_failed_total{class="unit-fast"} 1"#,
-            r#"controller_persistentvolumeclaim_provision_duration_seconds_count{class="unit-fast"} 1"#,
+            r#"controller_persistentvolumeclaim_provision_total{class="unit-fast",source=""} 1"#,
+            r#"controller_persistentvolumeclaim_provision_failed_total{class="unit-fast",source="VolumeSnapshot"} 1"#,
+            r#"controller_persistentvolumeclaim_provision_duration_seconds_count{class="unit-fast",source=""} 1"#,
             r#"controller_persistentvolume_delete_total{class="unit-fast"} 1"#,
             r#"controller_persistentvolume_delete_failed_total{class="unit-slow"} 1"#,
             r#"controller_persistentvolume_delete_duration_seconds_bucket{le="0.025",class="unit-fast"} 1"#,

@@ -314,9 +314,9 @@ async fn metrics_and_health_checks_over_http() {
         // placeholder name, as upstream.
         "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1".to_owned(),
         "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}".to_owned(),
-        "controller_persistentvolumeclaim_provision_total{class=\"fast\"} 2".to_owned(),
-        "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\"} 1".to_owned(),
-        "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"fast\"} 2"
+        "controller_persistentvolumeclaim_provision_total{class=\"fast\",source=\"\"} 2".to_owned(),
+        "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\",source=\"\"} 1".to_owned(),
+        "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"fast\",source=\"\"} 2"
             .to_owned(),
         "controller_persistentvolume_delete_total{class=\"fast\"} 1".to_owned(),
         "controller_persistentvolume_delete_duration_seconds_count{class=\"fast\"} 1".to_owned(),
