@@ -415,19 +415,26 @@ impl Elector {
         let mut last_holder: Option<String> = None;
         loop {
             let started = Instant::now();
-            match self.try_acquire_or_renew().await {
-                Ok(Round::Holding) => {
+            // A request that hangs (black-holed API server) must not stall
+            // the candidate: each round is bounded like a renewal.
+            let round =
+                tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew()).await;
+            match round {
+                Ok(Ok(Round::Holding)) => {
                     tracing::info!(lease = %format!("{}/{}", self.config.namespace, self.config.name), identity = %self.config.identity, "successfully acquired lease; became leader");
                     return self.lead(started);
                 }
-                Ok(Round::Waiting { holder }) => {
+                Ok(Ok(Round::Waiting { holder })) => {
                     if last_holder.as_deref() != Some(holder.as_str()) {
                         tracing::info!(lease = %format!("{}/{}", self.config.namespace, self.config.name), %holder, "waiting to acquire the leader lease, currently held by another instance");
                         last_holder = Some(holder);
                     }
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     tracing::warn!(lease = %self.config.name, error = %e, "cannot acquire the leader lease; will retry");
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %self.config.name, "no answer from the API server about the leader lease; will retry");
                 }
             }
             tokio::time::sleep(self.jittered()).await;
@@ -542,13 +549,19 @@ impl Leadership {
         // A renewal cut short by the abort may still land; the release is
         // guarded by the resourceVersion it read, so it then fails with a
         // conflict and the lease simply expires.
-        match self.elector.release().await {
-            Ok(true) => {
-                tracing::info!(lease = %self.elector.config.name, "released the leader lease")
+        // Bounded: an unreachable API server must not hold up the exit.
+        let release =
+            tokio::time::timeout(self.elector.config.renew_deadline, self.elector.release()).await;
+        match release {
+            Ok(Ok(true)) => {
+                tracing::info!(lease = %self.elector.config.name, "released the leader lease");
             }
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(lease = %self.elector.config.name, error = %e, "cannot release the leader lease; it will expire")
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %self.elector.config.name, error = %e, "cannot release the leader lease; it will expire");
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.elector.config.name, "no answer while releasing the leader lease; it will expire");
             }
         }
     }
