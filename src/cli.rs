@@ -361,7 +361,7 @@ impl Options {
                 flag: "enable-pprof",
                 value: "true".into(),
                 reason: "Go's pprof profiler does not exist in this Rust build; remove the flag \
-(profile with perf or tokio-console instead)"
+(profile the process from outside instead, e.g. with perf)"
                     .into(),
             });
         }

@@ -156,8 +156,154 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "Total number of retries handled by workqueue",
         m.queue_retries.clone(),
     );
+    registry.register_collector(Box::new(ProcessCollector));
     Metrics { registry, ..m }
 });
+
+/// The `process_*` metrics Go's default registry exports for the upstream
+/// sidecar (dashboards alert on memory and restarts), read from `/proc` at
+/// each scrape. Absent where `/proc` is not available.
+#[derive(Debug)]
+struct ProcessCollector;
+
+/// The kernel reports CPU times and start time in USER_HZ, which is 100 on
+/// every architecture Kubernetes nodes run.
+const USER_HZ: f64 = 100.0;
+
+/// Figures parsed from `/proc`.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ProcessStats {
+    pub cpu_seconds: Option<f64>,
+    pub start_time_seconds: Option<f64>,
+    pub resident_memory_bytes: Option<i64>,
+    pub virtual_memory_bytes: Option<i64>,
+    pub open_fds: Option<i64>,
+    pub max_fds: Option<i64>,
+}
+
+/// Parses `/proc/self/stat` (CPU ticks and start ticks), `/proc/stat`
+/// (boot time), `/proc/self/status` (memory) and `/proc/self/limits`.
+pub fn parse_process_stats(stat: &str, boot: &str, status: &str, limits: &str) -> ProcessStats {
+    // The command name (field 2) may contain spaces; fields resume after
+    // its closing parenthesis, at field 3.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    let btime = boot
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<i64>().ok())
+            .map(|v| v.saturating_mul(1024))
+    };
+    let max_fds = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse::<i64>().ok());
+    ProcessStats {
+        cpu_seconds: field(14)
+            .zip(field(15))
+            .map(|(user, system)| (user + system) / USER_HZ),
+        start_time_seconds: field(22)
+            .zip(btime)
+            .map(|(ticks, boot)| boot + ticks / USER_HZ),
+        resident_memory_bytes: kib("VmRSS:"),
+        virtual_memory_bytes: kib("VmSize:"),
+        open_fds: None,
+        max_fds,
+    }
+}
+
+fn read_process_stats() -> ProcessStats {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let mut stats = parse_process_stats(
+        &read("/proc/self/stat"),
+        &read("/proc/stat"),
+        &read("/proc/self/status"),
+        &read("/proc/self/limits"),
+    );
+    stats.open_fds = std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .map(|d| i64::try_from(d.count()).unwrap_or(i64::MAX));
+    stats
+}
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::MetricType;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let stats = read_process_stats();
+        if let Some(v) = stats.cpu_seconds {
+            ConstCounter::new(v).encode(encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds.",
+                None,
+                MetricType::Counter,
+            )?)?;
+        }
+        let gauges_f64 = [(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            stats.start_time_seconds,
+        )];
+        for (name, help, value) in gauges_f64 {
+            if let Some(v) = value {
+                ConstGauge::new(v).encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    MetricType::Gauge,
+                )?)?;
+            }
+        }
+        let gauges = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                stats.resident_memory_bytes,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                stats.virtual_memory_bytes,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors.",
+                stats.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                stats.max_fds,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(v) = value {
+                ConstGauge::new(v).encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    MetricType::Gauge,
+                )?)?;
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Names the driver in `driver_name` once `GetPluginInfo` answered.
 pub fn set_driver_name(name: &str) {
@@ -343,6 +489,29 @@ mod tests {
     }
 
     #[test]
+    fn process_stats_from_proc() {
+        let stat = "4242 (csi provisioner) S 1 4242 4242 0 -1 4194560 1200 0 0 0 250 125 0 0 20 0 8 0 5000 123456789 2048 18446744073709551615";
+        let boot = "cpu  1 2 3\nbtime 1700000000\nprocesses 9\n";
+        let status = "Name:\tcsi-provisioner\nVmSize:\t  120000 kB\nVmRSS:\t   20480 kB\n";
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\nMax open files            1048576              1048576              files\n";
+        let stats = parse_process_stats(stat, boot, status, limits);
+        assert_eq!(stats.cpu_seconds, Some(3.75));
+        assert_eq!(stats.start_time_seconds, Some(1_700_000_050.0));
+        assert_eq!(stats.resident_memory_bytes, Some(20480 * 1024));
+        assert_eq!(stats.virtual_memory_bytes, Some(120_000 * 1024));
+        assert_eq!(stats.max_fds, Some(1_048_576));
+        // Garbage or missing files give no figures, not wrong ones.
+        assert_eq!(
+            parse_process_stats("", "", "", "garbage"),
+            ProcessStats::default()
+        );
+        assert_eq!(
+            parse_process_stats("1 (x) S", "btime x", "VmRSS: many", "").cpu_seconds,
+            None
+        );
+    }
+
+    #[test]
     fn encoded_metrics_use_upstream_names_and_labels() {
         set_driver_name("test.csi.example.com");
         observe_csi_call(
@@ -368,6 +537,9 @@ mod tests {
             r#"controller_persistentvolume_delete_duration_seconds_bucket{le="0.025",class="unit-fast"} 1"#,
             r#"workqueue_depth{name="unit-claims"} 3"#,
             r#"workqueue_retries_total{name="unit-claims"} 1"#,
+            "process_resident_memory_bytes ",
+            "process_start_time_seconds ",
+            "process_cpu_seconds_total ",
         ] {
             assert!(text.contains(needle), "missing {needle}\n{text}");
         }

@@ -325,6 +325,8 @@ async fn metrics_and_health_checks_over_http() {
         "workqueue_depth{name=\"claims\"} 0".to_owned(),
         "workqueue_retries_total{name=\"claims\"}".to_owned(),
         "workqueue_adds_total{name=\"volumes\"}".to_owned(),
+        "process_resident_memory_bytes ".to_owned(),
+        "process_start_time_seconds ".to_owned(),
     ];
     let mut last = String::new();
     let deadline = Instant::now() + Duration::from_secs(10);
