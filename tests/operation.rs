@@ -488,3 +488,80 @@ async fn client_side_rate_limit_bounds_the_request_rate() {
     );
     env.assert_consistent().await;
 }
+
+/// A follower writes nothing at all — counted by the API server — and a
+/// lease released by its holder (a Go replica, here played by the test) is
+/// taken at once, without waiting for it to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_writes_nothing_and_takes_a_released_lease_at_once() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    let name = csi_provisioner::leader::lease_name(DRIVER);
+    // Held by another replica for an hour: the follower would wait that long.
+    let now = "2026-01-01T00:00:00.000000Z";
+    env.api
+        .create_object(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"holderIdentity": "go-replica_1", "leaseDurationSeconds": 3600,
+                     "acquireTime": now, "renewTime": now, "leaseTransitions": 4},
+        }))
+        .expect("lease");
+    env.api.reset_counters();
+    env.start_sidecar(ELECTION);
+    env.wait_for("the follower waiting", Duration::from_secs(20), || async {
+        env.logs().contains(WAITING).then_some(())
+    })
+    .await;
+    // Written through the server's direct access, which is not counted.
+    env.api
+        .create_object(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "queued", "namespace": "default"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                     "resources": {"requests": {"storage": "5Mi"}}},
+        }))
+        .expect("pvc");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reads = env.api.request_count(Verb::Get, "leases");
+    assert!(reads >= 2, "the follower polls the lease: {reads}");
+    assert_eq!(
+        env.api.write_count(),
+        0,
+        "a follower made writes: {:?}\n{}",
+        env.api.requests(),
+        env.logs()
+    );
+    assert!(env.backend_volumes().is_empty());
+    assert!(!env.logs().contains(CALLING_CREATE));
+
+    // The Go replica releases the lease as client-go does.
+    let mut lease = env
+        .api
+        .get_object("coordination.k8s.io/v1", "Lease", "default", &name)
+        .expect("lease");
+    lease["spec"]["holderIdentity"] = json!("");
+    lease["spec"]["leaseDurationSeconds"] = json!(1);
+    let released = Instant::now();
+    env.api.update_object(lease).expect("release");
+    env.wait_for("leadership", Duration::from_secs(10), || async {
+        env.logs().contains(BECAME_LEADER).then_some(())
+    })
+    .await;
+    let took = released.elapsed();
+    println!("released lease taken over after {took:?}");
+    assert!(
+        took <= RETRY_PERIOD.mul_f64(2.2) + Duration::from_millis(500),
+        "{took:?}"
+    );
+    env.wait_bound("default", "queued").await;
+    let spec = lease_spec(&env);
+    assert_eq!(spec.lease_transitions, Some(5));
+    assert_eq!(spec.lease_duration_seconds, Some(2));
+    env.assert_consistent().await;
+    assert_eq!(env.stop_sidecar(), Some(0));
+}
+
+fn lease_spec(env: &Env) -> k8s_openapi::api::coordination::v1::LeaseSpec {
+    lease(env).and_then(|l| l.spec).expect("lease spec")
+}
