@@ -72,7 +72,19 @@ pub const PROVISIONER: &[ApiCall] = &[
     },
 ];
 
+/// Leader election (`src/leader.rs`, with `--leader-election`): the Lease
+/// in the sidecar's namespace, read–modify–update as client-go does.
+pub const LEADER_ELECTION: &[ApiCall] = &[ApiCall {
+    group: "coordination.k8s.io",
+    resource: "leases",
+    verbs: &["get", "create", "update"],
+    namespaced_only: true,
+}];
+
 /// Every loop's calls, with the loop's name (for messages).
 pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
-    vec![("provisioner", PROVISIONER)]
+    vec![
+        ("provisioner", PROVISIONER),
+        ("leader-election", LEADER_ELECTION),
+    ]
 }

@@ -284,24 +284,11 @@ pub enum CliError {
 /// built yet. Each one that is set on the command line is reported once at
 /// start-up, so nobody believes a setting took effect when it did not.
 pub const NOT_YET_IMPLEMENTED: &[&str] = &[
-    "kube-api-qps",
-    "kube-api-burst",
-    "leader-election",
-    "leader-election-namespace",
-    "leader-election-lease-duration",
-    "leader-election-renew-deadline",
-    "leader-election-retry-period",
-    "leader-election-labels",
-    "http-endpoint",
-    "metrics-address",
-    "metrics-path",
     "enable-capacity",
     "capacity-ownerref-level",
     "capacity-threads",
     "capacity-poll-interval",
     "capacity-for-immediate-binding",
-    "kube-api-capacity-qps",
-    "kube-api-capacity-burst",
     "node-deployment",
     "node-deployment-immediate-binding",
     "node-deployment-base-delay",
@@ -345,6 +332,38 @@ impl Options {
             return Err(CliError::Conflict(
                 "only one of `--metrics-address` and `--http-endpoint` can be set".into(),
             ));
+        }
+        // client-go refuses a positive QPS without a burst ("burst is
+        // required to be greater than 0 when RateLimiter is not set and QPS
+        // is set to greater than 0").
+        for (qps_flag, qps, burst_flag, burst) in [
+            (
+                "kube-api-qps",
+                self.kube_api_qps,
+                "kube-api-burst",
+                self.kube_api_burst,
+            ),
+            (
+                "kube-api-capacity-qps",
+                self.kube_api_capacity_qps,
+                "kube-api-capacity-burst",
+                self.kube_api_capacity_burst,
+            ),
+        ] {
+            if qps > 0.0 && burst <= 0 {
+                return Err(CliError::Conflict(format!(
+                    "--{burst_flag} ({burst}) must be greater than 0 when --{qps_flag} ({qps}) is greater than 0"
+                )));
+            }
+        }
+        if self.enable_pprof {
+            return Err(CliError::Invalid {
+                flag: "enable-pprof",
+                value: "true".into(),
+                reason: "Go's pprof profiler does not exist in this Rust build; remove the flag \
+(profile the process from outside instead, e.g. with perf)"
+                    .into(),
+            });
         }
         if self.volume_name_uuid_length < -1 {
             return Err(CliError::Invalid {
@@ -393,6 +412,15 @@ impl Options {
                 "--leader-election-renew-deadline must be shorter than --leader-election-lease-duration".into(),
             ));
         }
+        // client-go refuses the same: a renew deadline within one jittered
+        // retry period leaves no second renewal attempt.
+        if self.leader_election
+            && self.leader_election_renew_deadline <= self.leader_election_retry_period.mul_f64(1.2)
+        {
+            return Err(CliError::Conflict(
+                "--leader-election-renew-deadline must be longer than 1.2 × --leader-election-retry-period".into(),
+            ));
+        }
         csi_proto::transport::parse_unix_address(&self.csi_address).map_err(|e| {
             CliError::Invalid {
                 flag: "csi-address",
@@ -401,6 +429,17 @@ impl Options {
             }
         })?;
         Ok(())
+    }
+
+    /// The client-side rate limits (validated: a positive rate has a
+    /// positive burst).
+    pub fn rate_limits(&self) -> crate::ratelimit::Limits {
+        crate::ratelimit::Limits {
+            qps: self.kube_api_qps,
+            burst: u32::try_from(self.kube_api_burst).unwrap_or(0),
+            capacity_qps: self.kube_api_capacity_qps,
+            capacity_burst: u32::try_from(self.kube_api_capacity_burst).unwrap_or(0),
+        }
     }
 
     pub fn gates(&self) -> &FeatureGates {
@@ -608,7 +647,8 @@ mod tests {
         assert_eq!(o.capacity_ownerref_level, -1);
         assert_eq!(o.snapshot_orphan_sweep_interval, Duration::ZERO);
         assert_eq!(o.log_level(), tracing::Level::TRACE);
-        assert!(o.set_but_not_implemented().contains(&"kube-api-qps"));
+        assert!(o.set_but_not_implemented().contains(&"enable-capacity"));
+        assert!(!o.set_but_not_implemented().contains(&"kube-api-qps"));
         assert!(!o.set_but_not_implemented().contains(&"worker-threads"));
         assert!(!o.set_but_not_implemented().contains(&"timeout"));
     }
@@ -668,6 +708,20 @@ mod tests {
                 "renew-deadline",
             ),
             (&["--no-such-flag"][..], "no-such-flag"),
+            (&["--kube-api-burst=0"][..], "--kube-api-burst"),
+            (&["--enable-pprof"][..], "pprof"),
+            (
+                &[
+                    "--leader-election",
+                    "--leader-election-renew-deadline=6s",
+                    "--leader-election-retry-period=5s",
+                ][..],
+                "retry-period",
+            ),
+            (
+                &["--kube-api-capacity-burst=-1"][..],
+                "--kube-api-capacity-burst",
+            ),
         ] {
             let err = match parse(args) {
                 Ok(_) => panic!("{args:?} was accepted"),
@@ -682,6 +736,9 @@ mod tests {
                 assert_eq!(e.exit_code(), 2, "{args:?}");
             }
         }
+        // No rate (qps 0 or negative) needs no burst.
+        let o = ok(&["--kube-api-qps=-1", "--kube-api-burst=0"]);
+        assert_eq!(o.rate_limits().burst, 0);
         assert!(
             ok(&["--feature-gates=PVReleaser=true", "--controller-id=x"])
                 .gates()

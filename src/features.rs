@@ -32,7 +32,6 @@ pub const NOT_YET_IMPLEMENTED: &[Feature] = &[
     Feature::StatefulSetAutoDeletePVC,
     Feature::PVReleaser,
     Feature::CrossNamespaceVolumeDataSource,
-    Feature::ReleaseLeaderElectionOnExit,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -89,6 +89,20 @@ pub async fn load_config(
     Ok(config)
 }
 
+/// Builds the process's client: kube's default stack (auth, TLS, timeouts)
+/// with the client-side rate limits of `--kube-api-qps` / `--kube-api-burst`
+/// (and the capacity pair) in front, so every request of every loop shares
+/// one budget as with client-go's rest config. Needs a Tokio runtime.
+pub fn build_client(
+    config: kube::Config,
+    limits: crate::ratelimit::Limits,
+) -> Result<kube::Client, ClientConfigError> {
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(builder
+        .with_layer(&crate::ratelimit::RateLimitLayer::new(limits))
+        .build())
+}
+
 async fn from_kubeconfig(
     kubeconfig: Kubeconfig,
     path: &str,

@@ -33,7 +33,11 @@ fn main() -> ExitCode {
         }
     };
     let shutdown = startup::termination_signal().shared();
-    match runtime.block_on(startup::run(options, shutdown)) {
+    let result = runtime.block_on(startup::run(options, shutdown));
+    // Tasks still running (watches, a worker past the grace period) are
+    // abandoned; their state is in the API server and the journal.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -110,7 +110,10 @@ where
         }
         if s.queued.insert(key.clone()) {
             s.queue.push_back(key);
+            let depth = s.queue.len();
             drop(s);
+            crate::metrics::queue_added(self.name);
+            crate::metrics::set_queue_depth(self.name, depth);
             self.notify.notify_one();
         }
     }
@@ -164,6 +167,7 @@ where
             *failures = failures.saturating_add(1);
             delay
         };
+        crate::metrics::queue_retried(self.name);
         self.add_after(key, delay);
         delay
     }
@@ -189,6 +193,7 @@ where
                 if let Some(key) = s.queue.pop_front() {
                     s.queued.remove(&key);
                     s.processing.insert(key.clone());
+                    crate::metrics::set_queue_depth(self.name, s.queue.len());
                     return Some(key);
                 }
                 if s.shutting_down {
@@ -205,7 +210,9 @@ where
         s.processing.remove(key);
         if s.dirty.remove(key) && s.queued.insert(key.clone()) {
             s.queue.push_back(key.clone());
+            let depth = s.queue.len();
             drop(s);
+            crate::metrics::set_queue_depth(self.name, depth);
             self.notify.notify_one();
         }
     }

@@ -14,7 +14,9 @@ use crate::csi::connection::{ConnectError, connect_and_probe};
 use crate::csi::{Driver, StartupError};
 use crate::events::Recorder;
 use crate::features::Feature;
-use crate::kube_client::{ClientConfigError, load_config};
+use crate::http::{self, HttpError};
+use crate::kube_client::{ClientConfigError, build_client, load_config};
+use crate::leader;
 use crate::provision::controller as provisioning;
 use crate::provision::{DriverCapabilities, ProvisionerConfig};
 use crate::queue::Backoff;
@@ -31,6 +33,10 @@ pub enum RunError {
     KubeConfig(#[from] ClientConfigError),
     #[error("cannot start provisioning: {0}")]
     Journal(#[from] provisioning::journal::JournalError),
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
 }
 
 /// How the run ended without an error.
@@ -59,6 +65,7 @@ pub async fn connect_driver(
         () = shutdown => return Ok(None),
     };
     let info = driver.info();
+    crate::metrics::set_driver_name(&info.name);
     tracing::info!(
         driver = %info.name,
         version = %info.vendor_version,
@@ -96,7 +103,7 @@ pub async fn run(
     };
     let kube_config = load_config(&options.kubeconfig, &options.master).await?;
     let namespace = own_namespace(&options, &kube_config.default_namespace);
-    let client = kube::Client::try_from(kube_config).map_err(ClientConfigError::from)?;
+    let client = build_client(kube_config, options.rate_limits())?;
     let config = provisioner_config(&options, &driver);
     let host = hostname();
     let shared = Shared {
@@ -106,7 +113,7 @@ pub async fn run(
         recorder: Arc::new(Recorder::new(
             client.clone(),
             format!("{}_{host}", config.driver_name),
-            host,
+            host.clone(),
         )),
         backoff: Backoff {
             start: options.retry_interval_start,
@@ -114,15 +121,40 @@ pub async fn run(
         },
         workers: options.worker_threads as usize,
     };
+    let elector = options.leader_election.then(|| {
+        leader::Elector::new(
+            client.clone(),
+            leader_config(&options, &config.driver_name, &namespace, &host),
+        )
+    });
+    let health = elector
+        .as_ref()
+        .map_or_else(leader::Health::disabled, |e| e.health());
+    start_http(&options, health, &driver).await?;
+
     tracing::info!(driver = %config.driver_name, journal_namespace = %namespace, workers = shared.workers, "starting the provisioning loop");
+    // Caches fill while we wait for leadership, so a new leader starts
+    // from warm caches; nothing is written before the lease is ours.
     let start = async {
         let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
         shared.caches.start(&shared.client);
-        shared.caches.wait_until_ready().await;
-        provisioning.run();
-        Ok::<_, RunError>(provisioning)
+        let leadership = match &elector {
+            Some(elector) => {
+                let (leadership, ()) =
+                    tokio::join!(elector.acquire(), shared.caches.wait_until_ready());
+                Some(leadership)
+            }
+            None => {
+                shared.caches.wait_until_ready().await;
+                None
+            }
+        };
+        // Loaded only now: a previous leader may have written the journal
+        // until it stopped.
+        provisioning.run().await?;
+        Ok::<_, RunError>((provisioning, leadership))
     };
-    let provisioning = tokio::select! {
+    let (provisioning, mut leadership) = tokio::select! {
         started = start => started?,
         () = shutdown.clone() => {
             tracing::info!("termination signal received during start-up, exiting");
@@ -130,10 +162,108 @@ pub async fn run(
         }
     };
     tracing::info!("provisioning loop running");
-    shutdown.await;
+    tokio::select! {
+        () = shutdown => {}
+        lost = lease_lost(&mut leadership) => {
+            // Never two writers: stop at once, without draining; the
+            // process exits non-zero and the pod restarts as a candidate.
+            provisioning.shut_down();
+            return Err(lost.into());
+        }
+    }
+    tracing::info!("termination signal received, finishing operations in progress");
     provisioning.shut_down();
-    tracing::info!("termination signal received, exiting");
+    // In-flight CSI calls have their own --timeout; a worker may still have
+    // API writes to do after one, so allow the CSI timeout plus a little.
+    // Losing the lease meanwhile still stops everything at once.
+    let grace = options.timeout + SHUTDOWN_SLACK;
+    tokio::select! {
+        drained = tokio::time::timeout(grace, provisioning.drained()) => {
+            if drained.is_err() {
+                tracing::warn!(grace = %crate::duration::format_go_duration(grace), "operations still running at shutdown; exiting anyway (their state is in the journal)");
+            }
+        }
+        lost = lease_lost(&mut leadership) => return Err(lost.into()),
+    }
+    if let Some(leadership) = leadership {
+        leadership.step_down().await;
+    }
+    tracing::info!("exiting");
     Ok(Stopped::Signal)
+}
+
+/// Completes when the lease is lost; never without leader election.
+async fn lease_lost(leadership: &mut Option<leader::Leadership>) -> leader::LeaderError {
+    match leadership.as_mut() {
+        Some(leadership) => leadership.lost().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Extra time after `--timeout` for workers to record the outcome of their
+/// last CSI call.
+const SHUTDOWN_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Leader election settings from the flags.
+fn leader_config(options: &Options, driver: &str, namespace: &str, host: &str) -> leader::Config {
+    leader::Config {
+        namespace: namespace.to_owned(),
+        name: leader::lease_name(driver),
+        identity: leader::identity(host),
+        lease_duration: options.leader_election_lease_duration,
+        renew_deadline: options.leader_election_renew_deadline,
+        retry_period: options.leader_election_retry_period,
+        labels: options
+            .leader_election_labels
+            .iter()
+            .flatten()
+            .cloned()
+            .collect(),
+        release_on_exit: options
+            .gates()
+            .enabled(Feature::ReleaseLeaderElectionOnExit),
+    }
+}
+
+/// Starts `--http-endpoint` (metrics and health) or `--metrics-address`
+/// (metrics only) when set.
+async fn start_http(
+    options: &Options,
+    health: leader::Health,
+    driver: &Driver,
+) -> Result<(), HttpError> {
+    let (flag, address, health) = if !options.http_endpoint.is_empty() {
+        let probe_driver = driver.clone();
+        let probe: http::ProbeFn = Arc::new(move || {
+            let driver = probe_driver.clone();
+            Box::pin(async move {
+                match driver.probe(http::PROBE_TIMEOUT).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("Probe answered ready=false".to_owned()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        });
+        (
+            "--http-endpoint",
+            &options.http_endpoint,
+            Some((health, probe)),
+        )
+    } else if !options.metrics_address.is_empty() {
+        ("--metrics-address", &options.metrics_address, None)
+    } else {
+        return Ok(());
+    };
+    http::serve(
+        flag,
+        address,
+        http::Routes {
+            metrics_path: options.metrics_path.clone(),
+            health,
+        },
+    )
+    .await?;
+    Ok(())
 }
 
 /// The provisioning decisions' configuration, from flags, gates and what the

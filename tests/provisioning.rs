@@ -98,12 +98,19 @@ async fn provisions_and_deletes_filesystem_and_block_volumes() {
     assert_eq!(env.backend_volumes().len(), 2);
     env.assert_consistent().await;
 
-    let events = events_for(&env, "default", "fs").await;
-    let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
-    assert!(
-        reasons.contains(&"Provisioning") && reasons.contains(&"ProvisioningSucceeded"),
-        "{events:?}"
-    );
+    // The success event is posted after the PV is saved (and bound), and
+    // waits its turn in the client-side rate limiter: poll for it.
+    env.wait_for(
+        "Provisioning and ProvisioningSucceeded events",
+        Duration::from_secs(10),
+        || async {
+            let events = events_for(&env, "default", "fs").await;
+            let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
+            (reasons.contains(&"Provisioning") && reasons.contains(&"ProvisioningSucceeded"))
+                .then_some(())
+        },
+    )
+    .await;
 
     env.delete_pvc("default", "fs").await;
     env.delete_pvc("default", "raw").await;

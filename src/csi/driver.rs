@@ -138,6 +138,7 @@ pub fn validate_driver_name(name: &str) -> Result<(), StartupError> {
 /// A connected, discovered CSI driver.
 #[derive(Debug, Clone)]
 pub struct Driver {
+    identity: IdentityClient<Channel>,
     controller: ControllerClient<Channel>,
     timeout: Duration,
     info: DriverInfo,
@@ -211,6 +212,7 @@ impl Driver {
         }
 
         Ok(Driver {
+            identity,
             controller,
             timeout,
             info: DriverInfo {
@@ -233,6 +235,13 @@ impl Driver {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Whether the driver is ready now (`Probe` with `timeout`), for the
+    /// health endpoint.
+    pub async fn probe(&self, timeout: Duration) -> Result<bool, CsiError> {
+        let mut client = self.identity.clone();
+        super::connection::probe_once(&mut client, timeout).await
     }
 
     pub async fn create_volume(

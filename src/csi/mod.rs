@@ -24,7 +24,8 @@ pub(crate) fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
 }
 
 /// Runs one gRPC call with a deadline, enforced here as well as announced in
-/// the request, so a driver that ignores it cannot stall a worker.
+/// the request, so a driver that ignores it cannot stall a worker, and
+/// records it in `csi_sidecar_operations_seconds`.
 pub(crate) async fn with_deadline<T, F>(
     method: &'static str,
     timeout: Duration,
@@ -33,9 +34,17 @@ pub(crate) async fn with_deadline<T, F>(
 where
     F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    match tokio::time::timeout(timeout, call).await {
+    let started = std::time::Instant::now();
+    let result = match tokio::time::timeout(timeout, call).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) => Err(CsiError::new(method, status)),
         Err(_) => Err(CsiError::deadline(method, timeout)),
-    }
+    };
+    // Every CSI call passes here: the one place to time them.
+    let code = match &result {
+        Ok(_) => tonic::Code::Ok,
+        Err(e) => e.code(),
+    };
+    crate::metrics::observe_csi_call(method, code, started.elapsed());
+    result
 }

@@ -73,6 +73,8 @@ async fn note(ctx: &Context, claim: &PersistentVolumeClaim, note: EventNote) {
 }
 
 async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
+    // The upstream duration metric times one attempt, not the claim's age.
+    let started = std::time::Instant::now();
     let Some(claim) = cached_claim(ctx, key) else {
         return finish_deleted_claim(ctx, key).await;
     };
@@ -247,6 +249,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     let pv = match build_pv(&plan, &response, &ctx.config) {
         Ok(pv) => pv,
         Err(e) => {
+            crate::metrics::provision_failed(&class_name, source_kind(&claim));
             // The driver answered with something we cannot record: delete
             // what it created, then try again from scratch.
             note(
@@ -268,6 +271,11 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
 
     match save_pv(ctx, &claim, &pv).await {
         SaveOutcome::Saved => {
+            crate::metrics::provision_succeeded(
+                &class_name,
+                source_kind(&claim),
+                started.elapsed(),
+            );
             tracing::info!(claim = %key, volume = %plan.volume_name, "provisioned");
             note(
                 ctx,
@@ -290,6 +298,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             Next::Done
         }
         SaveOutcome::Orphan(reason) | SaveOutcome::Failed(reason) => {
+            crate::metrics::provision_failed(&class_name, source_kind(&claim));
             // The new volume cannot be recorded: delete it so it does not
             // leak, and retry the claim later.
             let volume_id = response
@@ -319,6 +328,16 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     }
 }
 
+/// The `source` label of the provisioning metrics: the kind of the claim's
+/// `dataSource`, empty without one (as the upstream library).
+fn source_kind(claim: &PersistentVolumeClaim) -> &str {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.data_source.as_ref())
+        .map_or("", |d| d.kind.as_str())
+}
+
 fn claim_uid_of(pv: &PersistentVolume) -> Option<&str> {
     pv.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref()
 }
@@ -339,6 +358,7 @@ async fn plan_failed(
         note(ctx, claim, notes::external_populator()).await;
         return Next::Done;
     }
+    crate::metrics::provision_failed(class_name, source_kind(claim));
     tracing::warn!(claim = %claim_name, error = %error, reschedule = error.wants_reschedule(), "cannot provision");
     note(
         ctx,
@@ -366,6 +386,7 @@ async fn create_failed(
         error.code(),
         may_reschedule(ctx.config.topology_enabled, plan.selected_node.as_deref()),
     );
+    crate::metrics::provision_failed(class_name, source_kind(claim));
     tracing::warn!(claim = %format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any()), ?outcome, error = %text, "CreateVolume failed");
     match outcome {
         CreateVolumeOutcome::InBackground => {

@@ -205,6 +205,15 @@ impl Journal {
     }
 }
 
+/// The writer's inbox until [`JournalStore::start_with`] runs it.
+pub struct JournalInbox(mpsc::UnboundedReceiver<Command>);
+
+/// A journal handle and the inbox its writer will read.
+pub fn channel() -> (Journal, JournalInbox) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Journal { commands: tx }, JournalInbox(rx))
+}
+
 /// Owns the journal ConfigMap: loads it at start-up and serialises writes.
 pub struct JournalStore {
     api: Api<ConfigMap>,
@@ -323,9 +332,16 @@ impl JournalStore {
 
     /// Starts the writer task and returns the handle for workers.
     pub fn start(self) -> Journal {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(self.run(rx));
-        Journal { commands: tx }
+        let (journal, inbox) = channel();
+        self.start_with(inbox);
+        journal
+    }
+
+    /// Starts the writer task on an inbox made earlier with [`channel`]
+    /// (the handle can exist before the journal is loaded, e.g. while
+    /// waiting for leadership).
+    pub fn start_with(self, inbox: JournalInbox) {
+        tokio::spawn(self.run(inbox.0));
     }
 
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {

@@ -20,6 +20,7 @@ pub mod journal;
 pub mod volumes;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use csi_proto::v1::CreateVolumeRequest;
@@ -35,7 +36,7 @@ use crate::provision::{ProvisionerConfig, SecretRef, annotated_provisioner, is_o
 use crate::queue::WorkQueue;
 use crate::shared::Shared;
 
-use journal::{Journal, JournalStore};
+use journal::{Journal, JournalInbox, JournalStore};
 
 /// A claim, identified by name and uid: a new claim with the same name is
 /// different work.
@@ -86,6 +87,13 @@ pub struct Context {
     /// that follow do not call `DeleteVolume` again (upstream #1235).
     pub deleted_volumes: Mutex<HashSet<String>>,
     workers: usize,
+    /// The journal store, loaded and started by [`Context::run`]: only
+    /// then (after winning the leader election) is its content final, as a
+    /// previous leader may have written to it until it stopped.
+    unstarted_journal: Mutex<Option<(JournalStore, JournalInbox)>>,
+    /// Set by [`Context::shut_down`]: workers take no new key.
+    stopping: AtomicBool,
+    worker_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Context {
@@ -151,8 +159,9 @@ impl Context {
     }
 }
 
-/// Starts provisioning: loads the journal and registers the cache
-/// handlers. Call [`Context::run`] once the caches are filled.
+/// Prepares provisioning: registers the cache handlers. Makes no API call,
+/// so it may run before the leader election is won. Call [`Context::run`]
+/// once the caches are filled and this process leads.
 pub async fn new(
     shared: &Shared,
     driver: Driver,
@@ -176,13 +185,12 @@ pub async fn new(
     let claims = WorkQueue::new("claims", shared.backoff);
     let volumes = WorkQueue::new("volumes", shared.backoff);
 
-    let mut store = JournalStore::new(
+    let store = JournalStore::new(
         shared.client.clone(),
         journal_namespace,
         &config.driver_name,
     );
-    let recovered = store.load().await?;
-    let journal = store.start();
+    let (journal, inbox) = journal::channel();
 
     {
         let queue = claims.clone();
@@ -229,56 +237,104 @@ pub async fn new(
         in_flight: Mutex::default(),
         deleted_volumes: Mutex::default(),
         workers: shared.workers.max(1),
+        unstarted_journal: Mutex::new(Some((store, inbox))),
+        stopping: AtomicBool::new(false),
+        worker_tasks: Mutex::default(),
     });
-
-    // Resume every operation a previous run may have left on the backend.
-    for (uid, entry) in recovered {
-        match entry.request() {
-            Ok(request) => {
-                tracing::info!(claim = %format!("{}/{}", entry.namespace, entry.name), volume = %entry.volume_name, "resuming provisioning recorded in the journal");
-                ctx.set_in_flight(
-                    &uid,
-                    InFlight {
-                        request,
-                        secret: entry.secret(),
-                    },
-                );
-                claims.add(ClaimKey {
-                    namespace: entry.namespace,
-                    name: entry.name,
-                    uid,
-                });
-            }
-            Err(e) => tracing::error!(%uid, "journal entry unusable: {e}"),
-        }
-    }
     Ok(ctx)
 }
 
 impl Context {
-    /// Starts the workers (`--worker-threads` per queue).
-    pub fn run(self: &Arc<Self>) {
-        for _ in 0..self.workers {
-            let ctx = Arc::clone(self);
-            tokio::spawn(async move {
-                while let Some(key) = ctx.claims.get().await {
-                    claims::process(&ctx, &key).await;
-                    ctx.claims.done(&key);
+    /// Loads the journal, resumes every operation a previous run (or a
+    /// previous leader) may have left on the backend, and starts the
+    /// workers (`--worker-threads` per queue). Call once.
+    pub async fn run(self: &Arc<Self>) -> Result<(), journal::JournalError> {
+        let Some((mut store, inbox)) = self
+            .unstarted_journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return Ok(());
+        };
+        let recovered = store.load().await?;
+        store.start_with(inbox);
+        self.resume(recovered);
+        self.spawn_workers();
+        Ok(())
+    }
+
+    fn resume(&self, recovered: std::collections::BTreeMap<String, journal::JournalEntry>) {
+        for (uid, entry) in recovered {
+            match entry.request() {
+                Ok(request) => {
+                    tracing::info!(claim = %format!("{}/{}", entry.namespace, entry.name), volume = %entry.volume_name, "resuming provisioning recorded in the journal");
+                    self.set_in_flight(
+                        &uid,
+                        InFlight {
+                            request,
+                            secret: entry.secret(),
+                        },
+                    );
+                    self.claims.add(ClaimKey {
+                        namespace: entry.namespace,
+                        name: entry.name,
+                        uid,
+                    });
                 }
-            });
-            let ctx = Arc::clone(self);
-            tokio::spawn(async move {
-                while let Some(name) = ctx.volumes.get().await {
-                    volumes::process(&ctx, &name).await;
-                    ctx.volumes.done(&name);
-                }
-            });
+                Err(e) => tracing::error!(%uid, "journal entry unusable: {e}"),
+            }
         }
     }
 
-    /// Stops taking work; operations under way finish.
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    fn spawn_workers(self: &Arc<Self>) {
+        let mut tasks = self.worker_tasks.lock().unwrap_or_else(|p| p.into_inner());
+        for _ in 0..self.workers {
+            let ctx = Arc::clone(self);
+            tasks.push(tokio::spawn(async move {
+                while let Some(key) = ctx.claims.get().await {
+                    if ctx.stopping() {
+                        ctx.claims.done(&key);
+                        break;
+                    }
+                    claims::process(&ctx, &key).await;
+                    ctx.claims.done(&key);
+                }
+            }));
+            let ctx = Arc::clone(self);
+            tasks.push(tokio::spawn(async move {
+                while let Some(name) = ctx.volumes.get().await {
+                    if ctx.stopping() {
+                        ctx.volumes.done(&name);
+                        break;
+                    }
+                    volumes::process(&ctx, &name).await;
+                    ctx.volumes.done(&name);
+                }
+            }));
+        }
+    }
+
+    /// Stops taking work: queued keys are left (their state is in the API
+    /// and the journal, so the next run or leader picks them up);
+    /// operations under way finish.
     pub fn shut_down(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
         self.claims.shut_down();
         self.volumes.shut_down();
+    }
+
+    /// Completes when every worker has finished its current key (after
+    /// [`shut_down`](Self::shut_down)).
+    pub async fn drained(&self) {
+        let tasks =
+            std::mem::take(&mut *self.worker_tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
     }
 }

@@ -79,14 +79,17 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
                 .await;
             return Err(Retry::Backoff);
         }
-        let class = pv
+        let started = std::time::Instant::now();
+        let class_name = pv
             .spec
             .as_ref()
             .and_then(|s| s.storage_class_name.clone())
-            .and_then(|c| ctx.caches.classes.store().get(&ObjectRef::new(&c)));
+            .unwrap_or_default();
+        let class = ctx.caches.classes.store().get(&ObjectRef::new(&class_name));
         let plan = match plan_delete(&pv, class.as_deref()) {
             Ok(plan) => plan,
             Err(e) => {
+                crate::metrics::delete_failed(&class_name);
                 ctx.recorder
                     .record_note(&*pv, &notes::delete_failed(&e.to_string()))
                     .await;
@@ -97,6 +100,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             Some(secret) => match ctx.secret_data(secret).await {
                 Ok(data) => data,
                 Err(e) => {
+                    crate::metrics::delete_failed(&class_name);
                     let message = format!(
                         "failed to get secret {}/{}: {e}",
                         secret.namespace, secret.name
@@ -112,6 +116,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         tracing::info!(volume = %name, volume_id = %plan.volume_id, "calling DeleteVolume");
         if let Err(e) = ctx.driver.delete_volume(&plan.volume_id, secrets).await {
             let text = crate::provision::grpc_error_text(&e.status);
+            crate::metrics::delete_failed(&class_name);
             tracing::warn!(volume = %name, error = %text, "DeleteVolume failed");
             ctx.recorder
                 .record_note(&*pv, &notes::delete_failed(&text))
@@ -122,6 +127,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(uid.clone());
+        crate::metrics::delete_succeeded(&class_name, started.elapsed());
         tracing::info!(volume = %name, "backend volume deleted");
     }
 

@@ -1,0 +1,567 @@
+//! End-to-end tests of operating the sidecar: leader election with two
+//! processes, a killed and a partitioned leader, metrics and health checks
+//! over HTTP, graceful shutdown, and the client-side rate limit — the real
+//! binary against the API test server and the hostpath driver.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use csi_hostpath::faults::Fault;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube_testserver::Verb;
+use serde_json::json;
+use support::{DRIVER, Env};
+
+/// Short timings so a failover takes seconds: lease 2s, renew deadline 1s,
+/// retry period 500ms.
+const ELECTION: &[&str] = &[
+    "--leader-election",
+    "--leader-election-lease-duration=2s",
+    "--leader-election-renew-deadline=1s",
+    "--leader-election-retry-period=500ms",
+];
+const LEASE_DURATION: Duration = Duration::from_secs(2);
+const RETRY_PERIOD: Duration = Duration::from_millis(500);
+
+const BECAME_LEADER: &str = "became leader";
+const WAITING: &str = "waiting to acquire the leader lease";
+const CALLING_CREATE: &str = "calling CreateVolume";
+
+/// A sidecar process of our own, beside (or instead of) the harness's one,
+/// with the harness's flags.
+struct Sidecar {
+    name: &'static str,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Sidecar {
+    fn start(env: &Env, name: &'static str, kubeconfig: &Path, extra: &[&str]) -> Sidecar {
+        let log = env.dir.path().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+            .arg(format!("--csi-address={}", env.driver.endpoint.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--retry-interval-start=100ms")
+            .arg("--retry-interval-max=1s")
+            .arg("--timeout=5s")
+            .arg("--v=4")
+            .args(extra)
+            .env_remove("KUBECONFIG")
+            .env_remove("RUST_LOG")
+            .env("NAMESPACE", "default")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("spawn csi-provisioner");
+        Sidecar {
+            name,
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn dump(&self) -> String {
+        format!("--- {} ---\n{}", self.name, self.log())
+    }
+
+    /// Whether one log line contains every needle.
+    fn logged(&self, needles: &[&str]) -> bool {
+        self.log()
+            .lines()
+            .any(|line| needles.iter().all(|n| line.contains(n)))
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The exit code once the process ended, waiting at most `timeout`.
+    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status.code().unwrap_or(-1));
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn wait_log(sidecars: &[&Sidecar], who: &Sidecar, needles: &[&str], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !who.logged(needles) {
+        if Instant::now() > deadline {
+            let logs: Vec<String> = sidecars.iter().map(|s| s.dump()).collect();
+            panic!("{} never logged {needles:?}\n{}", who.name, logs.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn lease(env: &Env) -> Option<Lease> {
+    env.api
+        .get::<Lease>("default", &csi_provisioner::leader::lease_name(DRIVER))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A plain HTTP/1.1 GET: status and body.
+async fn http_get(port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return (0, String::new());
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return (0, String::new());
+    }
+    let mut out = String::new();
+    let _ = stream.read_to_string(&mut out).await;
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_provisions_and_a_killed_leader_is_replaced() {
+    let env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    let kubeconfig = env.http.kubeconfig_path().to_path_buf();
+    let mut a = Sidecar::start(&env, "a", &kubeconfig, ELECTION);
+    wait_log(&[&a], &a, &[BECAME_LEADER], Duration::from_secs(20)).await;
+    let b = Sidecar::start(&env, "b", &kubeconfig, ELECTION);
+    wait_log(&[&a, &b], &b, &[WAITING], Duration::from_secs(20)).await;
+    let holder = lease(&env)
+        .and_then(|l| l.spec?.holder_identity)
+        .expect("lease holder");
+    assert!(!holder.is_empty());
+
+    for name in ["one", "two", "three"] {
+        env.create_pvc("default", name, "fast", "5Mi", json!({}))
+            .await;
+    }
+    for name in ["one", "two", "three"] {
+        env.wait_bound("default", name).await;
+    }
+    assert!(a.logged(&[CALLING_CREATE]), "{}", a.dump());
+    assert!(
+        !b.logged(&[CALLING_CREATE]),
+        "the follower called the driver\n{}",
+        b.dump()
+    );
+
+    // Kill the leader while its CreateVolume is under way (the journal entry
+    // is written): the new leader must finish it without a second volume.
+    env.set_faults(vec![Fault::delay("CreateVolume", Duration::from_secs(2))]);
+    env.create_pvc("default", "pending", "fast", "5Mi", json!({}))
+        .await;
+    wait_log(
+        &[&a, &b],
+        &a,
+        &[CALLING_CREATE, "default/pending"],
+        Duration::from_secs(20),
+    )
+    .await;
+    let killed = Instant::now();
+    a.kill();
+    env.clear_faults();
+    wait_log(&[&a, &b], &b, &[BECAME_LEADER], Duration::from_secs(20)).await;
+    let failover = killed.elapsed();
+    env.wait_bound("default", "pending").await;
+    let finished = killed.elapsed();
+    println!(
+        "failover: new leader after {failover:?} (lease 2s, renew deadline 1s, retry 500ms); \
+         pending claim bound {finished:?} after the kill"
+    );
+    // The follower first sees the last renewal up to one jittered retry
+    // period (≤ 500ms × 2.2 = 1.1s) after it was written, waits a full lease
+    // duration from then, and takes over at its next jittered poll: at most
+    // lease + 2 × 1.1s after the last renewal, which is no later than the
+    // kill. It cannot be earlier than lease − one retry period.
+    assert!(
+        failover >= LEASE_DURATION - RETRY_PERIOD.mul_f64(2.2),
+        "took over too early: {failover:?}"
+    );
+    assert!(
+        failover <= LEASE_DURATION + RETRY_PERIOD.mul_f64(4.4) + Duration::from_secs(1),
+        "failover too slow: {failover:?}\n{}",
+        b.dump()
+    );
+    assert!(
+        b.logged(&[
+            "resuming provisioning recorded in the journal",
+            "default/pending"
+        ]),
+        "the new leader did not pick up the old leader's journal\n{}",
+        b.dump()
+    );
+    assert_eq!(env.backend_volumes().len(), 4, "one volume per claim");
+    assert_eq!(env.pvs().await.len(), 4);
+    env.assert_consistent().await;
+    let new_holder = lease(&env)
+        .and_then(|l| l.spec?.holder_identity)
+        .expect("lease holder");
+    assert_ne!(new_holder, holder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_stops_itself_and_the_other_takes_over() {
+    let env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    // The leader talks to the API server through a listener of its own,
+    // so dropping that listener partitions only the leader.
+    let leader_listener = env.api.serve_http().await.expect("second listener");
+    let mut a = Sidecar::start(&env, "a", leader_listener.kubeconfig_path(), ELECTION);
+    wait_log(&[&a], &a, &[BECAME_LEADER], Duration::from_secs(20)).await;
+    let b = Sidecar::start(&env, "b", env.http.kubeconfig_path(), ELECTION);
+    wait_log(&[&a, &b], &b, &[WAITING], Duration::from_secs(20)).await;
+
+    let cut = Instant::now();
+    drop(leader_listener);
+    let code = a.wait_exit(Duration::from_secs(10));
+    let stopped = cut.elapsed();
+    println!(
+        "partitioned leader exited with {code:?} {stopped:?} after the cut (renew deadline 1s)"
+    );
+    assert!(
+        matches!(code, Some(c) if c != 0),
+        "partitioned leader must exit non-zero, got {code:?}\n{}",
+        a.dump()
+    );
+    assert!(
+        a.logged(&["failed to renew the leader lease within the renew deadline"]),
+        "{}",
+        a.dump()
+    );
+    // It stops within the renew deadline after its last renewal (at most a
+    // retry period before the cut), plus the exit.
+    assert!(stopped <= Duration::from_secs(3), "{stopped:?}");
+    wait_log(&[&a, &b], &b, &[BECAME_LEADER], Duration::from_secs(20)).await;
+    env.create_pvc("default", "after", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound("default", "after").await;
+    env.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_checks_over_http() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    let port = free_port();
+    let endpoint = format!("--http-endpoint=127.0.0.1:{port}");
+    let mut flags = vec![endpoint.as_str()];
+    flags.extend_from_slice(ELECTION);
+    env.set_faults(vec![
+        Fault::error("CreateVolume", tonic::Code::Internal).times(1),
+    ]);
+    env.start_sidecar(&flags);
+    env.create_pvc("default", "m1", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound("default", "m1").await;
+    env.create_pvc("default", "m2", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound("default", "m2").await;
+    env.delete_pvc("default", "m1").await;
+    env.wait_for("m1's volume deleted", Duration::from_secs(20), || async {
+        (env.backend_volumes().len() == 1).then_some(())
+    })
+    .await;
+
+    let csi = |method: &str, code: &str| {
+        format!(
+            "csi_sidecar_operations_seconds_count{{driver_name=\"{DRIVER}\",method_name=\"{method}\",grpc_status_code=\"{code}\"}}"
+        )
+    };
+    let expected = [
+        format!("{} 2", csi("/csi.v1.Controller/CreateVolume", "OK")),
+        format!("{} 1", csi("/csi.v1.Controller/CreateVolume", "Internal")),
+        format!("{} 1", csi("/csi.v1.Controller/DeleteVolume", "OK")),
+        // Calls before GetPluginInfo answered carry csi-lib-utils'
+        // placeholder name, as upstream.
+        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1".to_owned(),
+        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}".to_owned(),
+        "controller_persistentvolumeclaim_provision_total{class=\"fast\",source=\"\"} 2".to_owned(),
+        "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\",source=\"\"} 1".to_owned(),
+        "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"fast\",source=\"\"} 2"
+            .to_owned(),
+        "controller_persistentvolume_delete_total{class=\"fast\"} 1".to_owned(),
+        "controller_persistentvolume_delete_duration_seconds_count{class=\"fast\"} 1".to_owned(),
+        "workqueue_depth{name=\"claims\"} 0".to_owned(),
+        "workqueue_retries_total{name=\"claims\"}".to_owned(),
+        "workqueue_adds_total{name=\"volumes\"}".to_owned(),
+        "process_resident_memory_bytes ".to_owned(),
+        "process_start_time_seconds ".to_owned(),
+    ];
+    let mut last = String::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = http_get(port, "/metrics").await;
+        assert_eq!(status, 200, "{body}");
+        if expected.iter().all(|e| body.contains(e.as_str())) {
+            break;
+        }
+        last = body;
+        if Instant::now() > deadline {
+            let missing: Vec<&String> = expected
+                .iter()
+                .filter(|e| !last.contains(e.as_str()))
+                .collect();
+            panic!("metrics missing {missing:?}\n{last}\n{}", env.logs());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(last.is_empty() || last.contains("# TYPE"));
+
+    let (status, body) = http_get(port, "/healthz/leader-election").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(http_get(port, "/healthz").await.0, 200);
+    assert_eq!(http_get(port, "/readyz").await.0, 200);
+    assert_eq!(http_get(port, "/nothing-here").await.0, 404);
+
+    // A driver that stops answering makes /healthz fail (not the lease
+    // check: the lease is still renewed).
+    env.stop_driver().await;
+    let (status, body) = http_get(port, "/healthz").await;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("CSI driver"), "{body}");
+    assert_eq!(http_get(port, "/healthz/leader-election").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_call_in_flight_releases_the_lease_and_exits_zero() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.set_faults(vec![Fault::delay(
+        "CreateVolume",
+        Duration::from_millis(1500),
+    )]);
+    let mut flags = ELECTION.to_vec();
+    flags.push("--feature-gates=ReleaseLeaderElectionOnExit=true");
+    env.start_sidecar(&flags);
+    env.wait_for("leadership", Duration::from_secs(20), || async {
+        env.logs().contains(BECAME_LEADER).then_some(())
+    })
+    .await;
+    env.create_pvc("default", "slow", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "CreateVolume under way",
+        Duration::from_secs(20),
+        || async { env.logs().contains(CALLING_CREATE).then_some(()) },
+    )
+    .await;
+    let asked = Instant::now();
+    let code = env.stop_sidecar();
+    println!(
+        "SIGTERM with a CreateVolume in flight: exited {code:?} after {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(code, Some(0), "{}", env.logs());
+    // The call in flight was finished and recorded, not abandoned.
+    let pvs = env.pvs().await;
+    assert_eq!(pvs.len(), 1, "{}", env.logs());
+    env.assert_consistent().await;
+    let spec = lease(&env).and_then(|l| l.spec).expect("lease");
+    assert_eq!(spec.holder_identity.as_deref(), Some(""), "released");
+    assert_eq!(spec.lease_duration_seconds, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_release_gate_the_lease_is_kept_until_it_expires() {
+    let mut env = Env::new().await;
+    env.start_sidecar(ELECTION);
+    env.wait_for("leadership", Duration::from_secs(20), || async {
+        env.logs().contains(BECAME_LEADER).then_some(())
+    })
+    .await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+    let spec = lease(&env).and_then(|l| l.spec).expect("lease");
+    assert!(
+        spec.holder_identity.is_some_and(|h| !h.is_empty()),
+        "not released without the gate"
+    );
+}
+
+#[test]
+fn enable_pprof_is_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+        .arg("--enable-pprof")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("pprof"), "{stderr}");
+}
+
+/// N requests at qps Q with burst B take at least (N − B)/Q: measured on
+/// the real binary, counting every non-watch request the API server saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_side_rate_limit_bounds_the_request_rate() {
+    const QPS: f64 = 20.0;
+    const BURST: usize = 5;
+    const CLAIMS: usize = 16;
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    for i in 0..CLAIMS {
+        env.create_pvc("default", &format!("r{i}"), "fast", "5Mi", json!({}))
+            .await;
+    }
+    env.api.reset_counters();
+    let started = Instant::now();
+    env.start_sidecar(&["--kube-api-qps=20", "--kube-api-burst=5"]);
+    // Poll through the server's direct access, which is not counted.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let bound = env
+            .api
+            .list::<PersistentVolumeClaim>(Some("default"))
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count();
+        if bound == CLAIMS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not all bound\n{}", env.logs());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = started.elapsed();
+    let requests = env.api.requests();
+    let non_watch = requests.iter().filter(|r| r.verb != Verb::Watch).count();
+    let writes = requests
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.verb,
+                Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
+            )
+        })
+        .count();
+    let bound = Duration::from_secs_f64(non_watch.saturating_sub(BURST) as f64 / QPS);
+    println!(
+        "rate limit qps={QPS} burst={BURST}: {non_watch} non-watch requests ({writes} writes) for {CLAIMS} claims \
+         in {took:?}; lower bound (N - B)/Q = {bound:?}; {:.1} requests/s",
+        non_watch as f64 / took.as_secs_f64()
+    );
+    assert!(
+        non_watch > BURST * 3,
+        "too few requests to measure: {non_watch}"
+    );
+    assert!(
+        took >= bound,
+        "{non_watch} requests in {took:?} < {bound:?}"
+    );
+    env.assert_consistent().await;
+}
+
+/// A follower writes nothing at all — counted by the API server — and a
+/// lease released by its holder (a Go replica, here played by the test) is
+/// taken at once, without waiting for it to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_writes_nothing_and_takes_a_released_lease_at_once() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    let name = csi_provisioner::leader::lease_name(DRIVER);
+    // Held by another replica for an hour: the follower would wait that long.
+    let now = "2026-01-01T00:00:00.000000Z";
+    env.api
+        .create_object(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"holderIdentity": "go-replica_1", "leaseDurationSeconds": 3600,
+                     "acquireTime": now, "renewTime": now, "leaseTransitions": 4},
+        }))
+        .expect("lease");
+    env.api.reset_counters();
+    env.start_sidecar(ELECTION);
+    env.wait_for("the follower waiting", Duration::from_secs(20), || async {
+        env.logs().contains(WAITING).then_some(())
+    })
+    .await;
+    // Written through the server's direct access, which is not counted.
+    env.api
+        .create_object(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "queued", "namespace": "default"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                     "resources": {"requests": {"storage": "5Mi"}}},
+        }))
+        .expect("pvc");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reads = env.api.request_count(Verb::Get, "leases");
+    assert!(reads >= 2, "the follower polls the lease: {reads}");
+    assert_eq!(
+        env.api.write_count(),
+        0,
+        "a follower made writes: {:?}\n{}",
+        env.api.requests(),
+        env.logs()
+    );
+    assert!(env.backend_volumes().is_empty());
+    assert!(!env.logs().contains(CALLING_CREATE));
+
+    // The Go replica releases the lease as client-go does.
+    let mut lease = env
+        .api
+        .get_object("coordination.k8s.io/v1", "Lease", "default", &name)
+        .expect("lease");
+    lease["spec"]["holderIdentity"] = json!("");
+    lease["spec"]["leaseDurationSeconds"] = json!(1);
+    let released = Instant::now();
+    env.api.update_object(lease).expect("release");
+    env.wait_for("leadership", Duration::from_secs(10), || async {
+        env.logs().contains(BECAME_LEADER).then_some(())
+    })
+    .await;
+    let took = released.elapsed();
+    println!("released lease taken over after {took:?}");
+    assert!(
+        took <= RETRY_PERIOD.mul_f64(2.2) + Duration::from_millis(500),
+        "{took:?}"
+    );
+    env.wait_bound("default", "queued").await;
+    let spec = lease_spec(&env);
+    assert_eq!(spec.lease_transitions, Some(5));
+    assert_eq!(spec.lease_duration_seconds, Some(2));
+    env.assert_consistent().await;
+    assert_eq!(env.stop_sidecar(), Some(0));
+}
+
+fn lease_spec(env: &Env) -> k8s_openapi::api::coordination::v1::LeaseSpec {
+    lease(env).and_then(|l| l.spec).expect("lease spec")
+}
