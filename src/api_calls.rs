@@ -72,7 +72,22 @@ pub const PROVISIONER: &[ApiCall] = &[
     },
 ];
 
+const LIST_WATCH: &[&str] = &["list", "watch"];
+
+/// The PVC-protection loop (`src/protection`): watches (the shared caches
+/// only list and watch), live lists of a namespace's pods, and JSON patches
+/// of claim finalizers.
+pub const PVC_PROTECTION: &[ApiCall] = &[
+    call("", "persistentvolumeclaims", &["list", "watch", "patch"]),
+    call("", "pods", LIST_WATCH),
+    call("", "persistentvolumes", LIST_WATCH),
+    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+];
+
 /// Every loop's calls, with the loop's name (for messages).
 pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
-    vec![("provisioner", PROVISIONER)]
+    vec![
+        ("provisioner", PROVISIONER),
+        ("pvc-protection", PVC_PROTECTION),
+    ]
 }

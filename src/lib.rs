@@ -9,6 +9,7 @@ pub mod events;
 pub mod features;
 pub mod informer;
 pub mod kube_client;
+pub mod protection;
 pub mod provision;
 pub mod queue;
 pub mod shared;

@@ -114,6 +114,17 @@ pub async fn run(
         },
         workers: options.worker_threads as usize,
     };
+    // ---- Embedded loops: PVC protection (DESIGN §5), PV releaser (§7) ----
+    // Created before the caches start (they register handlers and ask for
+    // kinds); each starts its workers itself once the caches are filled.
+    let protection = options
+        .gates()
+        .enabled(Feature::PVCProtection)
+        .then(|| crate::protection::new(&shared));
+    for embedded in protection.iter() {
+        embedded.start();
+    }
+    // ---- end of embedded loops ----
     tracing::info!(driver = %config.driver_name, journal_namespace = %namespace, workers = shared.workers, "starting the provisioning loop");
     let start = async {
         let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
@@ -132,6 +143,10 @@ pub async fn run(
     tracing::info!("provisioning loop running");
     shutdown.await;
     provisioning.shut_down();
+    // ---- Embedded loops: stop ----
+    for embedded in protection.iter() {
+        embedded.shut_down();
+    }
     tracing::info!("termination signal received, exiting");
     Ok(Stopped::Signal)
 }
