@@ -84,10 +84,21 @@ pub const PVC_PROTECTION: &[ApiCall] = &[
     call("storage.k8s.io", "storageclasses", LIST_WATCH),
 ];
 
+/// The PV-releaser loop (`src/releaser`): watches, and merge patches of PV
+/// labels and claim references; events on PVs.
+pub const PV_RELEASER: &[ApiCall] = &[
+    call("", "persistentvolumes", &["list", "watch", "patch"]),
+    call("", "persistentvolumeclaims", LIST_WATCH),
+    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+    // The shared recorder (`src/events.rs`), as for the provisioner.
+    call("", "events", &["create", "patch"]),
+];
+
 /// Every loop's calls, with the loop's name (for messages).
 pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
     vec![
         ("provisioner", PROVISIONER),
         ("pvc-protection", PVC_PROTECTION),
+        ("pv-releaser", PV_RELEASER),
     ]
 }

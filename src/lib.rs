@@ -12,6 +12,7 @@ pub mod kube_client;
 pub mod protection;
 pub mod provision;
 pub mod queue;
+pub mod releaser;
 pub mod shared;
 pub mod startup;
 pub mod wellknown;

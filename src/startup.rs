@@ -121,8 +121,19 @@ pub async fn run(
         .gates()
         .enabled(Feature::PVCProtection)
         .then(|| crate::protection::new(&shared));
-    for embedded in protection.iter() {
-        embedded.start();
+    let releaser = options.gates().enabled(Feature::PVReleaser).then(|| {
+        let settings = crate::releaser::Settings {
+            controller_id: options.controller_id.clone(),
+            disable_automatic_association: options.disable_automatic_association,
+            resync_period: options.releaser_resync_period,
+        };
+        crate::releaser::new(&shared, settings)
+    });
+    if let Some(protection) = &protection {
+        protection.start();
+    }
+    if let Some(releaser) = &releaser {
+        releaser.start();
     }
     // ---- end of embedded loops ----
     tracing::info!(driver = %config.driver_name, journal_namespace = %namespace, workers = shared.workers, "starting the provisioning loop");
@@ -144,8 +155,11 @@ pub async fn run(
     shutdown.await;
     provisioning.shut_down();
     // ---- Embedded loops: stop ----
-    for embedded in protection.iter() {
-        embedded.shut_down();
+    if let Some(protection) = &protection {
+        protection.shut_down();
+    }
+    if let Some(releaser) = &releaser {
+        releaser.shut_down();
     }
     tracing::info!("termination signal received, exiting");
     Ok(Stopped::Signal)
