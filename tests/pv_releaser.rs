@@ -11,6 +11,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
+use kube_testserver::{RequestMatch, Verb};
 use loops::{assert_stays, changes_to, events_about};
 use serde_json::json;
 use support::Env;
@@ -95,6 +96,12 @@ async fn a_managed_claims_volume_is_released_and_claimable_again() {
     })
     .await;
 
+    // The first release attempt fails: reported, retried.
+    env.api.fail_next(
+        1,
+        RequestMatch::new(Verb::Patch, "persistentvolumes").name(&name),
+        500,
+    );
     env.delete_pvc("default", "data").await;
     let pv = wait_available(&env, &name).await;
     assert_eq!(label(&pv), None, "our label removed on release");
@@ -107,6 +114,13 @@ async fn a_managed_claims_volume_is_released_and_claimable_again() {
             .then_some(())
     })
     .await;
+    let events = events_about(&env, "default", &name).await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, message)| reason == "ErrReleasePV" && message.contains("release")),
+        "{events:?}"
+    );
 
     // Claimable again: a claim naming the PV is bound to it.
     env.create_pvc(

@@ -9,7 +9,7 @@ mod support;
 
 use std::time::Duration;
 
-use kube_testserver::Verb;
+use kube_testserver::{RequestMatch, Verb};
 use loops::{
     PVC_PROTECTION, assert_stays, claim_finalizers, create_pod, delete_pod, set_pod_phase,
     wait_protected, wait_watching,
@@ -123,7 +123,8 @@ async fn unscheduled_pods_do_not_block_and_other_drivers_claims_are_untouched() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_that_existed_before_the_start_are_protected_and_a_live_list_confirms() {
+async fn claims_that_existed_before_the_start_are_protected_through_conflicts_and_a_live_list_confirms()
+ {
     let mut env = Env::new().await;
     env.storage_class("fast", "Immediate", "Delete", json!({}));
     env.start_sidecar(&[]);
@@ -133,8 +134,16 @@ async fn claims_that_existed_before_the_start_are_protected_and_a_live_list_conf
     env.stop_sidecar();
 
     env.api.reset_counters();
+    // Conflicts on both finalizer writes: each is retried with backoff.
+    let claim_patches = || {
+        RequestMatch::new(Verb::Patch, "persistentvolumeclaims")
+            .namespace("default")
+            .name("old")
+    };
+    env.api.fail_next(2, claim_patches(), 409);
     env.start_sidecar(&[GATE_ON]);
     wait_protected(&env, "default", "old").await;
+    env.api.fail_next(1, claim_patches(), 409);
     env.delete_pvc("default", "old").await;
     env.wait_for("claim gone", Duration::from_secs(20), || async {
         env.pvc("default", "old").await.is_none().then_some(())
@@ -148,7 +157,14 @@ async fn claims_that_existed_before_the_start_are_protected_and_a_live_list_conf
         .iter()
         .filter(|r| r.verb == Verb::List && r.resource == "pods" && r.namespace == "default")
         .count();
-    assert_eq!(live_lists, 1, "one live list confirmed the cache");
+    assert!(live_lists >= 1, "a live list confirmed the cache");
+    let conflicts = env
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::Patch && r.name == "old" && r.status == 409)
+        .count();
+    assert_eq!(conflicts, 3, "every injected conflict was met and retried");
     env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
         (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
     })
@@ -196,5 +212,120 @@ async fn gate_off_makes_no_claim_write_and_watches_no_pods() {
     );
     assert_eq!(env.api.request_count(Verb::List, "pods"), 0);
     assert_eq!(env.api.request_count(Verb::Watch, "pods"), 0);
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_pod_frees_its_ephemeral_claim_but_not_its_named_one() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&[GATE_ON]);
+
+    // A scheduled pod with a generic ephemeral volume and a named claim,
+    // held by a finalizer so that deleting it leaves it shut down
+    // (deletion timestamp, grace period 0) rather than gone.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "default", "finalizers": ["example.com/hold"]},
+        "spec": {
+            "nodeName": support::NODE,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+            "volumes": [
+                {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
+                    "accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                    "resources": {"requests": {"storage": "5Mi"}}}}}},
+                {"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}},
+            ],
+        },
+    }))
+    .expect("pod json");
+    let pod = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let pod_uid = pod.metadata.uid.clone().expect("pod uid");
+    // The claim the ephemeral-volume controller would create for it.
+    env.create_pvc(
+        "default",
+        "web-scratch",
+        "fast",
+        "5Mi",
+        json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "web",
+            "uid": pod_uid, "controller": true, "blockOwnerDeletion": true}]}}),
+    )
+    .await;
+    env.create_pvc("default", "shared", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound("default", "web-scratch").await;
+    env.wait_bound("default", "shared").await;
+    wait_protected(&env, "default", "web-scratch").await;
+    wait_protected(&env, "default", "shared").await;
+
+    env.delete_pvc("default", "web-scratch").await;
+    env.delete_pvc("default", "shared").await;
+    let terminating = |name: &'static str| {
+        let env = &env;
+        move || async move {
+            env.pvc("default", name).await.is_some_and(|pvc| {
+                pvc.metadata.deletion_timestamp.is_some()
+                    && claim_finalizers(&pvc).contains(&PVC_PROTECTION.to_owned())
+            })
+        }
+    };
+    assert_stays(
+        "ephemeral claim of a running pod stays",
+        Duration::from_secs(1),
+        terminating("web-scratch"),
+    )
+    .await;
+    assert!(terminating("shared")().await, "named claim stays");
+
+    pods.delete("web", &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    env.wait_for(
+        "ephemeral claim of the shut-down pod gone",
+        Duration::from_secs(20),
+        || async {
+            env.pvc("default", "web-scratch")
+                .await
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        pods.get_opt("web").await.expect("get pod").is_some(),
+        "the pod is still there (shut down, held by its finalizer)"
+    );
+    assert_stays(
+        "named claim of a shut-down pod stays until the pod is gone",
+        Duration::from_secs(1),
+        terminating("shared"),
+    )
+    .await;
+
+    pods.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("release pod");
+    env.wait_for(
+        "named claim, PVs and volumes gone",
+        Duration::from_secs(30),
+        || async {
+            let claim_gone = env.pvc("default", "shared").await.is_none();
+            (claim_gone && env.pvs().await.is_empty() && env.backend_volumes().is_empty())
+                .then_some(())
+        },
+    )
+    .await;
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
