@@ -69,9 +69,17 @@ pub fn new(shared: &Shared, settings: Settings) -> Arc<Releaser> {
 
     {
         let queue = queue.clone();
+        let recorder = Arc::clone(&shared.recorder);
         caches.volumes.on_change(move |change| match change {
             Change::Applied(pv) => queue.add(pv.name_any()),
-            Change::Deleted(pv) => queue.forget(&pv.name_any()),
+            Change::Deleted(pv) => {
+                queue.forget(&pv.name_any());
+                // The recorder remembers the last event per object; a PV
+                // that is gone needs no memory.
+                if let Some(uid) = pv.uid() {
+                    recorder.forget(&uid);
+                }
+            }
         });
     }
     {
@@ -178,5 +186,78 @@ impl Releaser {
     pub fn shut_down(&self) {
         self.stopped.store(true, Ordering::Relaxed);
         self.queue.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::queue::Backoff;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resync_queues_every_cached_pv_until_shut_down() {
+        let server = kube_testserver::TestServer::new();
+        for name in ["pv-a", "pv-b"] {
+            server
+                .create_object(json!({
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": name},
+                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                             "csi": {"driver": "hostpath.csi.k8s.io", "volumeHandle": name}},
+                }))
+                .expect("pv");
+        }
+        let client = server.client();
+        let shared = Shared {
+            client: client.clone(),
+            driver_name: "hostpath.csi.k8s.io".to_owned(),
+            caches: Arc::new(Caches::new()),
+            recorder: Arc::new(Recorder::new(client, "test", "host")),
+            backoff: Backoff {
+                start: Duration::from_millis(10),
+                max: Duration::from_millis(10),
+            },
+            workers: 1,
+        };
+        let releaser = new(
+            &shared,
+            Settings {
+                controller_id: "team-a".to_owned(),
+                disable_automatic_association: false,
+                resync_period: Duration::from_millis(100),
+            },
+        );
+        shared.caches.start(&shared.client);
+        shared.caches.wait_until_ready().await;
+        // Take the keys the initial list queued, as a worker would.
+        let mut initial = Vec::new();
+        while !releaser.queue.is_empty() {
+            if let Some(key) = releaser.queue.get().await {
+                releaser.queue.done(&key);
+                initial.push(key);
+            }
+        }
+        initial.sort();
+        assert_eq!(initial, ["pv-a", "pv-b"]);
+
+        let resync = {
+            let releaser = Arc::clone(&releaser);
+            tokio::spawn(async move { releaser.resync().await })
+        };
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while releaser.queue.len() < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("every PV queued again by the resync");
+        releaser.shut_down();
+        tokio::time::timeout(Duration::from_secs(5), resync)
+            .await
+            .expect("resync stops after shut-down")
+            .expect("resync task");
     }
 }

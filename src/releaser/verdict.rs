@@ -202,13 +202,24 @@ pub fn claim_ref_name(pv: &PersistentVolume) -> Option<(&str, &str)> {
     ))
 }
 
-/// Message of the `Released` event.
+/// Message of the `Released` event. It names the claim's uid too: the
+/// recorder suppresses a repeat of the last message, and a PV released from
+/// a claim, bound again to a new claim of the same name and released again
+/// is a new transition.
 pub fn released_message(pv: &PersistentVolume, id: &str) -> String {
     let claim = claim_ref_name(pv)
         .map(|(ns, name)| format!("{ns}/{name}"))
         .unwrap_or_else(|| "(unnamed)".to_owned());
+    let uid = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.as_deref())
+        .filter(|uid| !uid.is_empty())
+        .map(|uid| format!(" (uid {uid})"))
+        .unwrap_or_default();
     format!(
-        "Released by controller {id}: the reference to claim {claim} was removed; the volume is Available with its data"
+        "Released by controller {id}: the reference to claim {claim}{uid} was removed; the volume is Available with its data"
     )
 }
 

@@ -593,7 +593,21 @@ fn messages_and_claim_refs() {
         r.namespace = Some(String::new());
     }
     assert_eq!(claim_ref_name(&empty), None);
-    assert!(released_message(&pv(), ID).contains("claim ns/data"));
+    assert!(released_message(&pv(), ID).contains("claim ns/data (uid claim-uid)"));
+    let mut new_claim = pv();
+    if let Some(r) = new_claim.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+        r.uid = Some("other-uid".to_owned());
+    }
+    assert_ne!(
+        released_message(&pv(), ID),
+        released_message(&new_claim, ID),
+        "a new claim of the same name is a new transition"
+    );
+    let mut no_uid = pv();
+    if let Some(r) = no_uid.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+        r.uid = None;
+    }
+    assert!(!released_message(&no_uid, ID).contains("uid"));
     assert!(released_message(&pv(), ID).contains("controller team-a"));
     assert!(released_message(&without_claim_ref(pv()), ID).contains("(unnamed)"));
     assert!(DELETE_POLICY_MESSAGE.contains("reclaim policy is Delete"));
