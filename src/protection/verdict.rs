@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::ClaimName;
-use crate::provision::{ProvisionerConfig, claim_class_name, is_our_volume};
+use crate::provision::{ProvisionerConfig, annotated_provisioner, claim_class_name, is_our_volume};
 use crate::wellknown as wk;
 
 /// What to do with one claim, judged from the watch caches.
@@ -41,8 +41,11 @@ pub enum Confirmation {
 
 /// Whether a claim belongs to this driver: its StorageClass names the driver
 /// as provisioner, or the PV it is bound to is a CSI volume of the driver
-/// (static PVs, or a class deleted since). `class` and `volume` are the
-/// objects the claim names, if they exist in the caches.
+/// (static PVs, or a class deleted since), or the controller-manager
+/// annotated it for the driver (`volume.kubernetes.io/storage-provisioner`,
+/// copied from the class; it keeps an unbound claim ours after its class is
+/// deleted, so that a finalizer we added is also removed by us). `class` and
+/// `volume` are the objects the claim names, if they exist in the caches.
 pub fn is_our_claim(
     claim: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
@@ -72,7 +75,8 @@ pub fn is_our_claim(
         }
         _ => false,
     };
-    by_class || by_volume
+    let by_annotation = annotated_provisioner(claim) == Some(config.driver_name.as_str());
+    by_class || by_volume || by_annotation
 }
 
 /// Decides from cached state. `ours` is [`is_our_claim`]; `pods` are the

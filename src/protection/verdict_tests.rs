@@ -216,7 +216,45 @@ fn ownership() {
         spec: Some(PersistentVolumeSpec::default()),
         ..csi_volume("pv-1", DRIVER)
     };
+    let annotated = |provisioner: &str, beta: bool| {
+        let mut c = claim("data");
+        let key = if beta {
+            wk::ANN_BETA_STORAGE_PROVISIONER
+        } else {
+            wk::ANN_STORAGE_PROVISIONER
+        };
+        c.metadata.annotations = Some(BTreeMap::from([(key.to_owned(), provisioner.to_owned())]));
+        c
+    };
     let cases: Vec<OwnershipCase> = vec![
+        (
+            "annotated for us, class gone",
+            annotated(DRIVER, false),
+            None,
+            None,
+            true,
+        ),
+        (
+            "beta-annotated for us, class gone",
+            annotated(DRIVER, true),
+            None,
+            None,
+            true,
+        ),
+        (
+            "annotated for another driver, class gone",
+            annotated("other.csi.example.com", false),
+            None,
+            None,
+            false,
+        ),
+        (
+            "annotated for another driver, our class",
+            annotated("other.csi.example.com", false),
+            Some(ours.clone()),
+            None,
+            true,
+        ),
         (
             "class names our driver",
             claim("data"),
