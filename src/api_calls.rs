@@ -81,10 +81,34 @@ pub const LEADER_ELECTION: &[ApiCall] = &[ApiCall {
     namespaced_only: true,
 }];
 
+const LIST_WATCH: &[&str] = &["list", "watch"];
+
+/// The PVC-protection loop (`src/protection`): watches (the shared caches
+/// only list and watch), live lists of a namespace's pods, and JSON patches
+/// of claim finalizers.
+pub const PVC_PROTECTION: &[ApiCall] = &[
+    call("", "persistentvolumeclaims", &["list", "watch", "patch"]),
+    call("", "pods", LIST_WATCH),
+    call("", "persistentvolumes", LIST_WATCH),
+    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+];
+
+/// The PV-releaser loop (`src/releaser`): watches, and merge patches of PV
+/// labels and claim references; events on PVs.
+pub const PV_RELEASER: &[ApiCall] = &[
+    call("", "persistentvolumes", &["list", "watch", "patch"]),
+    call("", "persistentvolumeclaims", LIST_WATCH),
+    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+    // The shared recorder (`src/events.rs`), as for the provisioner.
+    call("", "events", &["create", "patch"]),
+];
+
 /// Every loop's calls, with the loop's name (for messages).
 pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
     vec![
         ("provisioner", PROVISIONER),
         ("leader-election", LEADER_ELECTION),
+        ("pvc-protection", PVC_PROTECTION),
+        ("pv-releaser", PV_RELEASER),
     ]
 }

@@ -295,9 +295,6 @@ pub const NOT_YET_IMPLEMENTED: &[&str] = &[
     "node-deployment-max-delay",
     "cloning-protection-threads",
     "snapshot-orphan-sweep-interval",
-    "controller-id",
-    "disable-automatic-association",
-    "releaser-resync-period",
 ];
 
 impl Options {

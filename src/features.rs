@@ -28,9 +28,7 @@ pub enum Feature {
 /// Gates that parse but whose loops are not built yet; enabling one is
 /// reported at start-up so nobody believes it took effect.
 pub const NOT_YET_IMPLEMENTED: &[Feature] = &[
-    Feature::PVCProtection,
     Feature::StatefulSetAutoDeletePVC,
-    Feature::PVReleaser,
     Feature::CrossNamespaceVolumeDataSource,
 ];
 

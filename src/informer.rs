@@ -91,11 +91,21 @@ where
         }
     }
 
-    /// Waits until the initial list is in the store.
+    /// Waits until the initial list is in the store. Several loops may wait
+    /// at once.
     pub async fn wait_until_ready(&self) {
-        // The writer lives as long as `run`; an error here means it stopped,
-        // and then there is nothing left to wait for.
-        let _ = self.store.wait_until_ready().await;
+        // kube's `Store::wait_until_ready` keeps a single waker (its
+        // `DelayedInit` polls one oneshot receiver): of several concurrent
+        // waiters only the last one polled is woken, the others hang for
+        // ever. Re-polling periodically makes every waiter see readiness; a
+        // ready store answers at once.
+        //
+        // The writer lives as long as `run`; an error means it stopped, and
+        // then there is nothing left to wait for.
+        while tokio::time::timeout(Duration::from_millis(50), self.store.wait_until_ready())
+            .await
+            .is_err()
+        {}
     }
 
     /// Runs the watch until the stream ends (it does not, unless the task is
@@ -179,4 +189,37 @@ where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     watcher::watcher(api, config)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_concurrent_waiter_sees_readiness() {
+        let server = kube_testserver::TestServer::new();
+        let informer: Arc<Informer<PersistentVolume>> = Arc::new(Informer::new());
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let informer = Arc::clone(&informer);
+                tokio::spawn(async move { informer.wait_until_ready().await })
+            })
+            .collect();
+        // Let every waiter register before the list arrives.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let runner = {
+            let informer = Arc::clone(&informer);
+            let api: Api<PersistentVolume> = Api::all(server.client());
+            tokio::spawn(async move { informer.run(api, watcher::Config::default(), None).await })
+        };
+        for waiter in waiters {
+            tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("waiter woken")
+                .expect("waiter task");
+        }
+        runner.abort();
+    }
 }

@@ -137,6 +137,10 @@ pub async fn run(
     // from warm caches; nothing is written before the lease is ours.
     let start = async {
         let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
+        // Embedded loops (DESIGN §5–§7) register their cache handlers and
+        // kinds now; they start working only with the provisioning loop,
+        // after the lease is ours.
+        let embedded = EmbeddedLoops::new(&shared, &options);
         shared.caches.start(&shared.client);
         let leadership = match &elector {
             Some(elector) => {
@@ -152,9 +156,10 @@ pub async fn run(
         // Loaded only now: a previous leader may have written the journal
         // until it stopped.
         provisioning.run().await?;
-        Ok::<_, RunError>((provisioning, leadership))
+        embedded.start();
+        Ok::<_, RunError>((provisioning, embedded, leadership))
     };
-    let (provisioning, mut leadership) = tokio::select! {
+    let (provisioning, embedded, mut leadership) = tokio::select! {
         started = start => started?,
         () = shutdown.clone() => {
             tracing::info!("termination signal received during start-up, exiting");
@@ -168,11 +173,13 @@ pub async fn run(
             // Never two writers: stop at once, without draining; the
             // process exits non-zero and the pod restarts as a candidate.
             provisioning.shut_down();
+            embedded.shut_down();
             return Err(lost.into());
         }
     }
     tracing::info!("termination signal received, finishing operations in progress");
     provisioning.shut_down();
+    embedded.shut_down();
     // In-flight CSI calls have their own --timeout; a worker may still have
     // API writes to do after one, so allow the CSI timeout plus a little.
     // Losing the lease meanwhile still stops everything at once.
@@ -264,6 +271,56 @@ async fn start_http(
     )
     .await?;
     Ok(())
+}
+
+/// The loops behind feature gates, each present only when its gate is on.
+struct EmbeddedLoops {
+    protection: Option<Arc<crate::protection::Protection>>,
+    releaser: Option<Arc<crate::releaser::Releaser>>,
+}
+
+impl EmbeddedLoops {
+    /// Registers the enabled loops' cache handlers; call before the caches
+    /// start.
+    fn new(shared: &Shared, options: &Options) -> Self {
+        let gates = options.gates();
+        let protection = gates
+            .enabled(Feature::PVCProtection)
+            .then(|| crate::protection::new(shared));
+        let releaser = gates.enabled(Feature::PVReleaser).then(|| {
+            crate::releaser::new(
+                shared,
+                crate::releaser::Settings {
+                    controller_id: options.controller_id.clone(),
+                    disable_automatic_association: options.disable_automatic_association,
+                    resync_period: options.releaser_resync_period,
+                },
+            )
+        });
+        Self {
+            protection,
+            releaser,
+        }
+    }
+
+    /// Starts the workers: only once this replica may write.
+    fn start(&self) {
+        if let Some(protection) = &self.protection {
+            protection.start();
+        }
+        if let Some(releaser) = &self.releaser {
+            releaser.start();
+        }
+    }
+
+    fn shut_down(&self) {
+        if let Some(protection) = &self.protection {
+            protection.shut_down();
+        }
+        if let Some(releaser) = &self.releaser {
+            releaser.shut_down();
+        }
+    }
 }
 
 /// The provisioning decisions' configuration, from flags, gates and what the

@@ -1,0 +1,173 @@
+//! The claim worker: reads one claim and what it depends on from the caches,
+//! asks [`verdict`](super::verdict) and writes the result.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::verdict::{self, Confirmation, Verdict};
+use super::{ClaimName, Protection};
+use crate::provision::{add_finalizer_patch, claim_class_name, remove_finalizer_patch};
+use crate::wellknown as wk;
+
+/// Why a claim is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtectionError {
+    #[error(transparent)]
+    LiveList(#[from] super::live::LiveListError),
+    #[error("{what}: the claim changed since it was read (conflict)")]
+    Conflict { what: &'static str },
+    #[error("{what}: {source}")]
+    Api {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("internal: bad JSON patch for {what}: {source}")]
+    BadPatch {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Processes one claim; schedules its own retries.
+pub async fn process(ctx: &Arc<Protection>, key: &ClaimName) {
+    match reconcile(ctx, key).await {
+        Ok(()) => ctx.queue.forget(key),
+        Err(e) => {
+            let delay = ctx.queue.add_rate_limited(key.clone());
+            tracing::warn!(claim = %key, error = %e, retry_in = ?delay, "PVC protection: retrying");
+        }
+    }
+}
+
+async fn reconcile(ctx: &Protection, key: &ClaimName) -> Result<(), ProtectionError> {
+    let Some(claim) = ctx
+        .caches
+        .claims
+        .store()
+        .get(&ObjectRef::new(&key.name).within(&key.namespace))
+    else {
+        tracing::debug!(claim = %key, "PVC protection: claim gone, nothing to do");
+        return Ok(());
+    };
+    let class_name = claim_class_name(&claim);
+    let class = (!class_name.is_empty())
+        .then(|| ctx.caches.classes.store().get(&ObjectRef::new(&class_name)))
+        .flatten();
+    let volume = claim
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.volume_name.as_deref())
+        .filter(|name| !name.is_empty())
+        .and_then(|name| ctx.caches.volumes.store().get(&ObjectRef::new(name)));
+    let ours = verdict::is_our_claim(&claim, class.as_deref(), volume.as_deref(), &ctx.config);
+    let cached: Vec<Arc<Pod>> = if ours {
+        ctx.caches
+            .pods
+            .store()
+            .state()
+            .into_iter()
+            .filter(|pod| pod.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let cached: Vec<&Pod> = cached.iter().map(AsRef::as_ref).collect();
+
+    match verdict::decide(&claim, ours, &cached) {
+        Verdict::NotOurs => {
+            tracing::debug!(claim = %key, "PVC protection: not a claim of this driver, ignored");
+            Ok(())
+        }
+        Verdict::Malformed => {
+            tracing::warn!(claim = %key, "PVC protection: claim without namespace, name or uid, ignored");
+            Ok(())
+        }
+        Verdict::Protected => {
+            tracing::debug!(claim = %key, "PVC protection: finalizer present");
+            Ok(())
+        }
+        Verdict::Released => {
+            tracing::debug!(claim = %key, "PVC protection: being deleted, finalizer already removed");
+            Ok(())
+        }
+        Verdict::AddFinalizer => {
+            tracing::info!(claim = %key, "PVC protection: adding finalizer {}", wk::FINALIZER_PVC_PROTECTION);
+            let patch = add_finalizer_patch(
+                claim.metadata.finalizers.as_deref(),
+                wk::FINALIZER_PVC_PROTECTION,
+                claim
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .unwrap_or_default(),
+            );
+            apply(ctx, key, patch, "add finalizer").await
+        }
+        Verdict::InUse { pods } => {
+            tracing::info!(claim = %key, ?pods, "PVC protection: being deleted but in use, keeping finalizer");
+            Ok(())
+        }
+        Verdict::ConfirmUnused => {
+            let live = ctx.live.list(&key.namespace).await?;
+            let live: Vec<&Pod> = live.iter().collect();
+            match verdict::confirm_unused(&claim, &live) {
+                Confirmation::InUse { pods } => {
+                    // The cache lagged; the pods' events will queue the
+                    // claim again when they change or go.
+                    tracing::info!(claim = %key, ?pods, "PVC protection: cache said unused, live list says in use; keeping finalizer");
+                    Ok(())
+                }
+                Confirmation::RemoveFinalizer => {
+                    tracing::info!(claim = %key, "PVC protection: no pod uses the claim, removing finalizer {}", wk::FINALIZER_PVC_PROTECTION);
+                    let finalizers = claim.metadata.finalizers.as_deref().unwrap_or_default();
+                    let patch = remove_finalizer_patch(finalizers, wk::FINALIZER_PVC_PROTECTION);
+                    apply(ctx, key, patch, "remove finalizer").await
+                }
+            }
+        }
+    }
+}
+
+/// Applies a JSON patch built from the cached claim. Its `test` fails (422),
+/// or the API reports a conflict (409), when the claim changed since: retry
+/// with backoff from the newer cache. NotFound means the claim is gone:
+/// nothing left to protect.
+async fn apply(
+    ctx: &Protection,
+    key: &ClaimName,
+    patch: Option<serde_json::Value>,
+    what: &'static str,
+) -> Result<(), ProtectionError> {
+    let Some(patch) = patch else {
+        return Ok(());
+    };
+    let patch: json_patch::Patch = serde_json::from_value(patch)
+        .map_err(|source| ProtectionError::BadPatch { what, source })?;
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    match api
+        .patch(
+            &key.name,
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            tracing::debug!(claim = %key, "PVC protection: {what}: done");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            tracing::debug!(claim = %key, "PVC protection: {what}: claim gone");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {
+            Err(ProtectionError::Conflict { what })
+        }
+        Err(source) => Err(ProtectionError::Api { what, source }),
+    }
+}

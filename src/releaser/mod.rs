@@ -1,0 +1,263 @@
+//! The PV-releaser loop (gate `PVReleaser`, `--controller-id`, DESIGN §7),
+//! from the seed project kubernetes-dynamic-reclaimable-pvc-controllers.
+//!
+//! A PV of this driver is *associated* with our controller id by the label
+//! `reclaimable-pv-releaser.kubernetes.io/managed-by=<id>` or by its
+//! StorageClass's annotation
+//! `reclaimable-pv-releaser.kubernetes.io/controller-id=<id>`. Unless
+//! `--disable-automatic-association`, a PV whose claimRef names an existing
+//! claim labelled `dynamic-pvc-provisioner.kubernetes.io/managed-by=<id>`
+//! gets the label. An associated PV that is Released with a claimRef gets
+//! the claimRef (and our label) removed by a merge patch guarded by its
+//! resourceVersion, so the PV controller makes it Available with its data;
+//! events `Released` / `ErrReleasePV` on the PV. A PV with reclaim policy
+//! Delete is never released: the provisioner is deleting it.
+//!
+//! Decisions are pure ([`verdict`]); [`worker`] reads the caches and writes.
+//! Triggers: PV changes; claim changes (the PV the claim is bound to);
+//! StorageClass changes (every PV of the class); and a resync every
+//! `--releaser-resync-period` that queues every cached PV, so that a missed
+//! event or a decision that depends on another object is caught up.
+
+pub mod verdict;
+pub mod worker;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kube::{Client, ResourceExt};
+
+use crate::caches::{Caches, Kind};
+use crate::events::Recorder;
+use crate::informer::Change;
+use crate::provision::ProvisionerConfig;
+use crate::queue::WorkQueue;
+use crate::shared::Shared;
+
+pub use verdict::{Association, ReleaserConfig, Verdict};
+
+/// The releaser's flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `--controller-id` (not empty: the command line refuses that).
+    pub controller_id: String,
+    /// `--disable-automatic-association`.
+    pub disable_automatic_association: bool,
+    /// `--releaser-resync-period`; zero disables the resync.
+    pub resync_period: Duration,
+}
+
+/// The running loop.
+pub struct Releaser {
+    pub(crate) client: Client,
+    pub(crate) config: ReleaserConfig,
+    pub(crate) caches: Arc<Caches>,
+    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) queue: WorkQueue<String>,
+    resync_period: Duration,
+    stopped: AtomicBool,
+    workers: usize,
+}
+
+/// Registers the cache handlers and asks for PVs, claims and classes. Call
+/// before the caches start; then [`Releaser::start`].
+pub fn new(shared: &Shared, settings: Settings) -> Arc<Releaser> {
+    let caches = Arc::clone(&shared.caches);
+    caches.want(&[Kind::Volumes, Kind::Claims, Kind::Classes]);
+    let queue: WorkQueue<String> = WorkQueue::new("pv-releaser", shared.backoff);
+
+    {
+        let queue = queue.clone();
+        let recorder = Arc::clone(&shared.recorder);
+        caches.volumes.on_change(move |change| match change {
+            Change::Applied(pv) => queue.add(pv.name_any()),
+            Change::Deleted(pv) => {
+                queue.forget(&pv.name_any());
+                // The recorder remembers the last event per object; a PV
+                // that is gone needs no memory.
+                if let Some(uid) = pv.uid() {
+                    recorder.forget(&uid);
+                }
+            }
+        });
+    }
+    {
+        // A claim labelled for us (or unlabelled) changes whether its PV is
+        // to be associated.
+        let queue = queue.clone();
+        caches.claims.on_change(move |change| {
+            let (Change::Applied(claim) | Change::Deleted(claim)) = change;
+            if let Some(volume) = claim
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.volume_name.as_deref())
+                .filter(|name| !name.is_empty())
+            {
+                queue.add(volume.to_owned());
+            }
+        });
+    }
+    {
+        let queue = queue.clone();
+        let volumes = caches.volumes.store();
+        caches.classes.on_change(move |change| {
+            let (Change::Applied(class) | Change::Deleted(class)) = change;
+            let class_name = class.name_any();
+            for pv in volumes.state() {
+                if pv
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.storage_class_name.as_deref())
+                    == Some(class_name.as_str())
+                {
+                    queue.add(pv.name_any());
+                }
+            }
+        });
+    }
+
+    Arc::new(Releaser {
+        client: shared.client.clone(),
+        config: ReleaserConfig {
+            controller_id: settings.controller_id,
+            automatic_association: !settings.disable_automatic_association,
+            driver: ProvisionerConfig::with_defaults(shared.driver_name.clone()),
+        },
+        caches,
+        recorder: Arc::clone(&shared.recorder),
+        queue,
+        resync_period: settings.resync_period,
+        stopped: AtomicBool::new(false),
+        workers: shared.workers.max(1),
+    })
+}
+
+impl Releaser {
+    /// Starts the workers (`--worker-threads`) and the resync once the
+    /// caches are filled, so that no decision is made from a partial view.
+    pub fn start(self: &Arc<Self>) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            this.caches.wait_until_ready().await;
+            tracing::info!(
+                controller_id = %this.config.controller_id,
+                automatic_association = this.config.automatic_association,
+                resync = ?this.resync_period,
+                workers = this.workers,
+                "PV releaser loop running"
+            );
+            for _ in 0..this.workers {
+                let ctx = Arc::clone(&this);
+                tokio::spawn(async move {
+                    while let Some(name) = ctx.queue.get().await {
+                        worker::process(&ctx, &name).await;
+                        ctx.queue.done(&name);
+                    }
+                });
+            }
+            if !this.resync_period.is_zero() {
+                let ctx = Arc::clone(&this);
+                tokio::spawn(async move { ctx.resync().await });
+            }
+        });
+    }
+
+    /// Queues every cached PV each period until shut down.
+    async fn resync(&self) {
+        let mut timer = tokio::time::interval(self.resync_period);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate; the initial list already queued all.
+        timer.tick().await;
+        loop {
+            timer.tick().await;
+            if self.stopped.load(Ordering::Relaxed) {
+                return;
+            }
+            let volumes = self.caches.volumes.store().state();
+            tracing::debug!(volumes = volumes.len(), "PV releaser: resync");
+            for pv in volumes {
+                self.queue.add(pv.name_any());
+            }
+        }
+    }
+
+    /// Stops taking work; writes under way finish.
+    pub fn shut_down(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.queue.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::queue::Backoff;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resync_queues_every_cached_pv_until_shut_down() {
+        let server = kube_testserver::TestServer::new();
+        for name in ["pv-a", "pv-b"] {
+            server
+                .create_object(json!({
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": name},
+                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                             "csi": {"driver": "hostpath.csi.k8s.io", "volumeHandle": name}},
+                }))
+                .expect("pv");
+        }
+        let client = server.client();
+        let shared = Shared {
+            client: client.clone(),
+            driver_name: "hostpath.csi.k8s.io".to_owned(),
+            caches: Arc::new(Caches::new()),
+            recorder: Arc::new(Recorder::new(client, "test", "host")),
+            backoff: Backoff {
+                start: Duration::from_millis(10),
+                max: Duration::from_millis(10),
+            },
+            workers: 1,
+        };
+        let releaser = new(
+            &shared,
+            Settings {
+                controller_id: "team-a".to_owned(),
+                disable_automatic_association: false,
+                resync_period: Duration::from_millis(100),
+            },
+        );
+        shared.caches.start(&shared.client);
+        shared.caches.wait_until_ready().await;
+        // Take the keys the initial list queued, as a worker would.
+        let mut initial = Vec::new();
+        while !releaser.queue.is_empty() {
+            if let Some(key) = releaser.queue.get().await {
+                releaser.queue.done(&key);
+                initial.push(key);
+            }
+        }
+        initial.sort();
+        assert_eq!(initial, ["pv-a", "pv-b"]);
+
+        let resync = {
+            let releaser = Arc::clone(&releaser);
+            tokio::spawn(async move { releaser.resync().await })
+        };
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while releaser.queue.len() < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("every PV queued again by the resync");
+        releaser.shut_down();
+        tokio::time::timeout(Duration::from_secs(5), resync)
+            .await
+            .expect("resync stops after shut-down")
+            .expect("resync task");
+    }
+}

@@ -1,0 +1,614 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, ObjectReference, PersistentVolumeSpec, PersistentVolumeStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use super::*;
+
+const DRIVER: &str = "hostpath.csi.k8s.io";
+const ID: &str = "team-a";
+
+fn config(automatic: bool) -> ReleaserConfig {
+    ReleaserConfig {
+        controller_id: ID.to_owned(),
+        automatic_association: automatic,
+        driver: ProvisionerConfig::with_defaults(DRIVER),
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    )
+}
+
+/// A Released, Retain PV of our driver, class `keep`, claimRef `ns/data`
+/// (uid `claim-uid`), without labels.
+fn pv() -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some("pv-1".to_owned()),
+            resource_version: Some("7".to_owned()),
+            annotations: labels(&[(wk::ANN_PROVISIONED_BY, DRIVER)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            storage_class_name: Some("keep".to_owned()),
+            persistent_volume_reclaim_policy: Some("Retain".to_owned()),
+            claim_ref: Some(ObjectReference {
+                kind: Some("PersistentVolumeClaim".to_owned()),
+                namespace: Some("ns".to_owned()),
+                name: Some("data".to_owned()),
+                uid: Some("claim-uid".to_owned()),
+                ..ObjectReference::default()
+            }),
+            csi: Some(CSIPersistentVolumeSource {
+                driver: DRIVER.to_owned(),
+                volume_handle: "h".to_owned(),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: Some(PersistentVolumeStatus {
+            phase: Some("Released".to_owned()),
+            ..PersistentVolumeStatus::default()
+        }),
+    }
+}
+
+fn labelled(mut pv: PersistentVolume, id: &str) -> PersistentVolume {
+    pv.metadata.labels = labels(&[(wk::LABEL_PV_RELEASER_MANAGED_BY, id)]);
+    pv
+}
+
+fn in_phase(mut pv: PersistentVolume, phase: Option<&str>) -> PersistentVolume {
+    pv.status = phase.map(|p| PersistentVolumeStatus {
+        phase: Some(p.to_owned()),
+        ..PersistentVolumeStatus::default()
+    });
+    pv
+}
+
+fn with_policy(mut pv: PersistentVolume, policy: Option<&str>) -> PersistentVolume {
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.persistent_volume_reclaim_policy = policy.map(str::to_owned);
+    }
+    pv
+}
+
+fn without_claim_ref(mut pv: PersistentVolume) -> PersistentVolume {
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.claim_ref = None;
+    }
+    pv
+}
+
+fn class(name: &str, annotation: Option<&str>) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            annotations: annotation.and_then(|id| labels(&[(wk::ANN_RELEASER_CONTROLLER_ID, id)])),
+            ..ObjectMeta::default()
+        },
+        provisioner: DRIVER.to_owned(),
+        ..StorageClass::default()
+    }
+}
+
+/// `ns/data` (uid `claim-uid`), labelled for `id` when given.
+fn claim(id: Option<&str>) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".to_owned()),
+            namespace: Some("ns".to_owned()),
+            uid: Some("claim-uid".to_owned()),
+            labels: id.and_then(|id| labels(&[(wk::LABEL_PVC_MANAGED_BY, id)])),
+            ..ObjectMeta::default()
+        },
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+fn other_driver(mut pv: PersistentVolume) -> PersistentVolume {
+    pv.metadata.annotations = labels(&[(wk::ANN_PROVISIONED_BY, "other.csi.example.com")]);
+    if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+        csi.driver = "other.csi.example.com".to_owned();
+    }
+    pv
+}
+
+/// (what, pv, class, claim, automatic association, verdict)
+type Case = (
+    &'static str,
+    PersistentVolume,
+    Option<StorageClass>,
+    Option<PersistentVolumeClaim>,
+    bool,
+    Verdict,
+);
+
+#[test]
+fn verdicts() {
+    use Association::{ClassAnnotation, Label};
+    let annotated = Some(class("keep", Some(ID)));
+    let bound = in_phase(pv(), Some("Bound"));
+    let release = |association, remove_label| Verdict::Release {
+        association,
+        remove_label,
+    };
+    let cases: Vec<Case> = vec![
+        // Association by label.
+        (
+            "labelled, Released",
+            labelled(pv(), ID),
+            None,
+            None,
+            true,
+            release(Label, true),
+        ),
+        (
+            "labelled, Released, no automatic association",
+            labelled(pv(), ID),
+            None,
+            None,
+            false,
+            release(Label, true),
+        ),
+        (
+            "labelled and annotated class",
+            labelled(pv(), ID),
+            annotated.clone(),
+            None,
+            true,
+            release(Label, true),
+        ),
+        (
+            "labelled, Bound",
+            labelled(bound.clone(), ID),
+            None,
+            None,
+            true,
+            Verdict::NotReleased { association: Label },
+        ),
+        (
+            "labelled, Available",
+            labelled(in_phase(pv(), Some("Available")), ID),
+            None,
+            None,
+            true,
+            Verdict::NotReleased { association: Label },
+        ),
+        (
+            "labelled, Pending",
+            labelled(in_phase(pv(), Some("Pending")), ID),
+            None,
+            None,
+            true,
+            Verdict::NotReleased { association: Label },
+        ),
+        (
+            "labelled, Failed",
+            labelled(in_phase(pv(), Some("Failed")), ID),
+            None,
+            None,
+            true,
+            Verdict::NotReleased { association: Label },
+        ),
+        (
+            "labelled, no status",
+            labelled(in_phase(pv(), None), ID),
+            None,
+            None,
+            true,
+            Verdict::NotReleased { association: Label },
+        ),
+        (
+            "labelled, Released without claimRef",
+            labelled(without_claim_ref(pv()), ID),
+            None,
+            None,
+            true,
+            Verdict::NotReleased { association: Label },
+        ),
+        (
+            "labelled for another id",
+            labelled(pv(), "team-b"),
+            annotated.clone(),
+            Some(claim(Some(ID))),
+            true,
+            Verdict::OtherController {
+                id: "team-b".to_owned(),
+            },
+        ),
+        (
+            "labelled with an empty id",
+            labelled(pv(), ""),
+            annotated.clone(),
+            None,
+            true,
+            Verdict::OtherController { id: String::new() },
+        ),
+        // Association by class annotation.
+        (
+            "annotated class, Released",
+            pv(),
+            annotated.clone(),
+            None,
+            true,
+            release(ClassAnnotation, false),
+        ),
+        (
+            "annotated class, automatic association off",
+            pv(),
+            annotated.clone(),
+            None,
+            false,
+            release(ClassAnnotation, false),
+        ),
+        (
+            "annotated class, Bound",
+            bound.clone(),
+            annotated.clone(),
+            None,
+            true,
+            Verdict::NotReleased {
+                association: ClassAnnotation,
+            },
+        ),
+        (
+            "class annotated for another id",
+            pv(),
+            Some(class("keep", Some("team-b"))),
+            None,
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "class without annotation",
+            pv(),
+            Some(class("keep", None)),
+            None,
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "class object of another name",
+            pv(),
+            Some(class("other", Some(ID))),
+            None,
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "PV without class",
+            {
+                let mut p = pv();
+                if let Some(spec) = p.spec.as_mut() {
+                    spec.storage_class_name = None;
+                }
+                p
+            },
+            annotated.clone(),
+            None,
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "PV with empty class",
+            {
+                let mut p = pv();
+                if let Some(spec) = p.spec.as_mut() {
+                    spec.storage_class_name = Some(String::new());
+                }
+                p
+            },
+            Some(class("", Some(ID))),
+            None,
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "class missing from the cache",
+            pv(),
+            None,
+            None,
+            true,
+            Verdict::NotAssociated,
+        ),
+        // Reclaim policy.
+        (
+            "Delete policy, labelled",
+            labelled(with_policy(pv(), Some("Delete")), ID),
+            None,
+            None,
+            true,
+            Verdict::RefuseDeletePolicy,
+        ),
+        (
+            "Delete policy, annotated class",
+            with_policy(pv(), Some("Delete")),
+            annotated.clone(),
+            None,
+            true,
+            Verdict::RefuseDeletePolicy,
+        ),
+        (
+            "Delete policy, Bound",
+            labelled(with_policy(bound.clone(), Some("Delete")), ID),
+            None,
+            None,
+            true,
+            Verdict::NotReleased { association: Label },
+        ),
+        (
+            "Recycle policy",
+            labelled(with_policy(pv(), Some("Recycle")), ID),
+            None,
+            None,
+            true,
+            release(Label, true),
+        ),
+        (
+            "no policy",
+            labelled(with_policy(pv(), None), ID),
+            None,
+            None,
+            true,
+            release(Label, true),
+        ),
+        // Automatic association.
+        (
+            "managed claim, bound",
+            bound.clone(),
+            None,
+            Some(claim(Some(ID))),
+            true,
+            Verdict::Associate,
+        ),
+        (
+            "managed claim, automatic association off",
+            bound.clone(),
+            None,
+            Some(claim(Some(ID))),
+            false,
+            Verdict::NotAssociated,
+        ),
+        (
+            "claim managed by another id",
+            bound.clone(),
+            None,
+            Some(claim(Some("team-b"))),
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "claim without label",
+            bound.clone(),
+            None,
+            Some(claim(None)),
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "no claim",
+            bound.clone(),
+            None,
+            None,
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "claim of another uid",
+            bound.clone(),
+            None,
+            Some(PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    uid: Some("new-uid".to_owned()),
+                    ..claim(Some(ID)).metadata
+                },
+                ..claim(Some(ID))
+            }),
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "claim of another name",
+            bound.clone(),
+            None,
+            Some(PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    name: Some("other".to_owned()),
+                    ..claim(Some(ID)).metadata
+                },
+                ..claim(Some(ID))
+            }),
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "claim in another namespace",
+            bound.clone(),
+            None,
+            Some(PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    namespace: Some("elsewhere".to_owned()),
+                    ..claim(Some(ID)).metadata
+                },
+                ..claim(Some(ID))
+            }),
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "claimRef without uid",
+            {
+                let mut p = bound.clone();
+                if let Some(r) = p.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+                    r.uid = None;
+                }
+                p
+            },
+            None,
+            Some(claim(Some(ID))),
+            true,
+            Verdict::Associate,
+        ),
+        (
+            "claimRef without name",
+            {
+                let mut p = bound.clone();
+                if let Some(r) = p.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+                    r.name = None;
+                }
+                p
+            },
+            None,
+            Some(claim(Some(ID))),
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "no claimRef",
+            without_claim_ref(bound.clone()),
+            None,
+            Some(claim(Some(ID))),
+            true,
+            Verdict::NotAssociated,
+        ),
+        (
+            "already labelled: no second association",
+            labelled(bound.clone(), ID),
+            None,
+            Some(claim(Some(ID))),
+            true,
+            Verdict::NotReleased { association: Label },
+        ),
+        // Other drivers and bad input.
+        (
+            "other driver, labelled",
+            other_driver(labelled(pv(), ID)),
+            annotated.clone(),
+            Some(claim(Some(ID))),
+            true,
+            Verdict::NotOurs,
+        ),
+        (
+            "other driver, managed claim",
+            other_driver(bound.clone()),
+            None,
+            Some(claim(Some(ID))),
+            true,
+            Verdict::NotOurs,
+        ),
+        (
+            "no name",
+            PersistentVolume {
+                metadata: ObjectMeta {
+                    name: None,
+                    ..labelled(pv(), ID).metadata
+                },
+                ..labelled(pv(), ID)
+            },
+            None,
+            None,
+            true,
+            Verdict::Malformed,
+        ),
+        (
+            "no resourceVersion",
+            PersistentVolume {
+                metadata: ObjectMeta {
+                    resource_version: None,
+                    ..labelled(pv(), ID).metadata
+                },
+                ..labelled(pv(), ID)
+            },
+            None,
+            None,
+            true,
+            Verdict::Malformed,
+        ),
+        (
+            "being deleted",
+            PersistentVolume {
+                metadata: ObjectMeta {
+                    deletion_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+                    ..labelled(pv(), ID).metadata
+                },
+                ..labelled(pv(), ID)
+            },
+            None,
+            None,
+            true,
+            Verdict::BeingDeleted,
+        ),
+    ];
+    for (what, pv, class, claim, automatic, want) in cases {
+        assert_eq!(
+            decide(&pv, class.as_ref(), claim.as_ref(), &config(automatic)),
+            want,
+            "{what}"
+        );
+    }
+    // Without a controller id nothing is associated (the command line
+    // refuses it; the decision does not rely on that).
+    let mut no_id = config(true);
+    no_id.controller_id = String::new();
+    assert_eq!(
+        decide(&labelled(pv(), ""), None, None, &no_id),
+        Verdict::Malformed
+    );
+}
+
+#[test]
+fn patches() {
+    assert_eq!(
+        release_patch("7", true),
+        json!({
+            "metadata": {"resourceVersion": "7", "labels": {wk::LABEL_PV_RELEASER_MANAGED_BY: null}},
+            "spec": {"claimRef": null},
+        })
+    );
+    assert_eq!(
+        release_patch("7", false),
+        json!({"metadata": {"resourceVersion": "7"}, "spec": {"claimRef": null}})
+    );
+    assert_eq!(
+        associate_patch("9", ID),
+        json!({"metadata": {"resourceVersion": "9", "labels": {wk::LABEL_PV_RELEASER_MANAGED_BY: ID}}})
+    );
+}
+
+#[test]
+fn messages_and_claim_refs() {
+    assert_eq!(claim_ref_name(&pv()), Some(("ns", "data")));
+    assert_eq!(claim_ref_name(&without_claim_ref(pv())), None);
+    let mut empty = pv();
+    if let Some(r) = empty.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+        r.namespace = Some(String::new());
+    }
+    assert_eq!(claim_ref_name(&empty), None);
+    assert!(released_message(&pv(), ID).contains("claim ns/data (uid claim-uid)"));
+    let mut new_claim = pv();
+    if let Some(r) = new_claim.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+        r.uid = Some("other-uid".to_owned());
+    }
+    assert_ne!(
+        released_message(&pv(), ID),
+        released_message(&new_claim, ID),
+        "a new claim of the same name is a new transition"
+    );
+    let mut no_uid = pv();
+    if let Some(r) = no_uid.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+        r.uid = None;
+    }
+    assert!(!released_message(&no_uid, ID).contains("uid"));
+    assert!(released_message(&pv(), ID).contains("controller team-a"));
+    assert!(released_message(&without_claim_ref(pv()), ID).contains("(unnamed)"));
+    assert!(DELETE_POLICY_MESSAGE.contains("reclaim policy is Delete"));
+}

@@ -1,0 +1,172 @@
+//! The PV worker: reads one PV, its class and its claim from the caches,
+//! asks [`verdict`](super::verdict) and writes the result.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::Releaser;
+use super::verdict::{self, Verdict};
+use crate::events::EventType;
+use crate::wellknown as wk;
+
+/// Why a PV is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("{what}: the PV changed since it was read (conflict)")]
+    Conflict { what: &'static str },
+    #[error("{what}: {source}")]
+    Api {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Processes one PV name; schedules its own retries.
+pub async fn process(ctx: &Arc<Releaser>, name: &str) {
+    let key = name.to_owned();
+    match reconcile(ctx, name).await {
+        Ok(()) => ctx.queue.forget(&key),
+        Err(e) => {
+            let delay = ctx.queue.add_rate_limited(key);
+            tracing::warn!(volume = %name, error = %e, retry_in = ?delay, "PV releaser: retrying");
+        }
+    }
+}
+
+async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
+    let Some(pv) = ctx.caches.volumes.store().get(&ObjectRef::new(name)) else {
+        tracing::debug!(volume = %name, "PV releaser: PV gone, nothing to do");
+        return Ok(());
+    };
+    let class = pv
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.storage_class_name.as_deref())
+        .filter(|class| !class.is_empty())
+        .and_then(|class| ctx.caches.classes.store().get(&ObjectRef::new(class)));
+    let claim = verdict::claim_ref_name(&pv).and_then(|(namespace, claim)| {
+        ctx.caches
+            .claims
+            .store()
+            .get(&ObjectRef::new(claim).within(namespace))
+    });
+    let resource_version = pv.metadata.resource_version.clone().unwrap_or_default();
+    let id = ctx.config.controller_id.as_str();
+
+    match verdict::decide(&pv, class.as_deref(), claim.as_deref(), &ctx.config) {
+        Verdict::NotOurs => {
+            tracing::debug!(volume = %name, "PV releaser: not a PV of this driver, ignored");
+            Ok(())
+        }
+        Verdict::Malformed => {
+            tracing::warn!(volume = %name, "PV releaser: PV without name or resourceVersion, ignored");
+            Ok(())
+        }
+        Verdict::BeingDeleted => {
+            tracing::debug!(volume = %name, "PV releaser: being deleted, left alone");
+            Ok(())
+        }
+        Verdict::OtherController { id: other } => {
+            tracing::debug!(volume = %name, controller_id = %other, "PV releaser: labelled for another controller, ignored");
+            Ok(())
+        }
+        Verdict::NotAssociated => {
+            tracing::debug!(volume = %name, "PV releaser: not associated with controller {id}");
+            Ok(())
+        }
+        Verdict::NotReleased { association } => {
+            tracing::debug!(volume = %name, ?association, "PV releaser: associated, not Released with a claim reference");
+            Ok(())
+        }
+        Verdict::Associate => {
+            tracing::info!(volume = %name, claim = ?verdict::claim_ref_name(&pv), "PV releaser: claim is managed by controller {id}, labelling its PV");
+            patch(
+                ctx,
+                name,
+                verdict::associate_patch(&resource_version, id),
+                "associate",
+            )
+            .await
+        }
+        Verdict::RefuseDeletePolicy => {
+            tracing::info!(volume = %name, "PV releaser: not releasing, reclaim policy is Delete (the provisioner deletes it)");
+            ctx.recorder
+                .record(
+                    &*pv,
+                    EventType::Warning,
+                    wk::REASON_ERR_RELEASE_PV,
+                    verdict::DELETE_POLICY_MESSAGE,
+                )
+                .await;
+            Ok(())
+        }
+        Verdict::Release {
+            association,
+            remove_label,
+        } => {
+            tracing::info!(volume = %name, claim = ?verdict::claim_ref_name(&pv), ?association, "PV releaser: releasing (removing the claim reference)");
+            let result = patch(
+                ctx,
+                name,
+                verdict::release_patch(&resource_version, remove_label),
+                "release",
+            )
+            .await;
+            match &result {
+                Ok(()) => {
+                    ctx.recorder
+                        .record(
+                            &*pv,
+                            EventType::Normal,
+                            wk::REASON_RELEASED,
+                            &verdict::released_message(&pv, id),
+                        )
+                        .await;
+                }
+                // A conflict is the cache lagging, not a failure to report.
+                Err(ReleaseError::Conflict { .. }) => {}
+                Err(e) => {
+                    ctx.recorder
+                        .record(
+                            &*pv,
+                            EventType::Warning,
+                            wk::REASON_ERR_RELEASE_PV,
+                            &format!("Failed to release: {e}"),
+                        )
+                        .await;
+                }
+            }
+            result
+        }
+    }
+}
+
+/// Applies a merge patch guarded by the resourceVersion the verdict was made
+/// from. 409: the PV changed, retry from the newer cache; 404: gone, done.
+async fn patch(
+    ctx: &Releaser,
+    name: &str,
+    body: serde_json::Value,
+    what: &'static str,
+) -> Result<(), ReleaseError> {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+    {
+        Ok(_) => {
+            tracing::debug!(volume = %name, "PV releaser: {what}: done");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            tracing::debug!(volume = %name, "PV releaser: {what}: PV gone");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Err(ReleaseError::Conflict { what }),
+        Err(source) => Err(ReleaseError::Api { what, source }),
+    }
+}

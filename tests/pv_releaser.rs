@@ -1,0 +1,274 @@
+//! End-to-end: the PV-releaser loop (gate `PVReleaser`) of the real binary
+//! against the API test server (with its controller-manager helpers: PVs
+//! become Released when their claim goes, Available without a claimRef, and
+//! a claim naming a free PV in `spec.volumeName` is bound to it) and the
+//! hostpath driver.
+
+#[path = "support/loops.rs"]
+mod loops;
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube_testserver::{RequestMatch, Verb};
+use loops::{assert_stays, changes_to, events_about};
+use serde_json::json;
+use support::Env;
+
+const ID: &str = "team-a";
+const PV_LABEL: &str = "reclaimable-pv-releaser.kubernetes.io/managed-by";
+const PVC_LABEL: &str = "dynamic-pvc-provisioner.kubernetes.io/managed-by";
+const CLASS_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/controller-id";
+
+fn gate_on() -> Vec<String> {
+    vec![
+        "--feature-gates=PVReleaser=true".to_owned(),
+        format!("--controller-id={ID}"),
+        "--releaser-resync-period=500ms".to_owned(),
+    ]
+}
+
+fn args(list: &[String]) -> Vec<&str> {
+    list.iter().map(String::as_str).collect()
+}
+
+fn phase(pv: &PersistentVolume) -> Option<&str> {
+    pv.status.as_ref()?.phase.as_deref()
+}
+
+fn label(pv: &PersistentVolume) -> Option<&str> {
+    pv.metadata
+        .labels
+        .as_ref()?
+        .get(PV_LABEL)
+        .map(String::as_str)
+}
+
+fn has_claim_ref(pv: &PersistentVolume) -> bool {
+    pv.spec.as_ref().is_some_and(|s| s.claim_ref.is_some())
+}
+
+fn annotated_class(env: &Env, name: &str, reclaim: &str) {
+    env.api
+        .create_object(json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": name, "annotations": {CLASS_ANNOTATION: ID}},
+            "provisioner": support::DRIVER,
+            "reclaimPolicy": reclaim,
+            "volumeBindingMode": "Immediate",
+        }))
+        .expect("class");
+}
+
+async fn wait_available(env: &Env, name: &str) -> PersistentVolume {
+    env.wait_for(
+        &format!("PV {name} Available"),
+        Duration::from_secs(20),
+        || async {
+            let pv = env.pv(name).await?;
+            (phase(&pv) == Some("Available") && !has_claim_ref(&pv)).then_some(pv)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_claims_volume_is_released_and_claimable_again() {
+    let mut env = Env::new().await;
+    env.storage_class("keep", "Immediate", "Retain", json!({}));
+    env.start_sidecar(&args(&gate_on()));
+
+    env.create_pvc(
+        "default",
+        "data",
+        "keep",
+        "5Mi",
+        json!({"metadata": {"labels": {PVC_LABEL: ID}}}),
+    )
+    .await;
+    let pv = env.wait_bound("default", "data").await;
+    let name = pv.metadata.name.clone().expect("pv name");
+    env.wait_for("PV labelled", Duration::from_secs(20), || async {
+        let pv = env.pv(&name).await?;
+        (label(&pv) == Some(ID)).then_some(())
+    })
+    .await;
+
+    // The first release attempt fails: reported, retried.
+    env.api.fail_next(
+        1,
+        RequestMatch::new(Verb::Patch, "persistentvolumes").name(&name),
+        500,
+    );
+    env.delete_pvc("default", "data").await;
+    let pv = wait_available(&env, &name).await;
+    assert_eq!(label(&pv), None, "our label removed on release");
+    assert_eq!(env.backend_volumes().len(), 1, "data untouched");
+    env.wait_for("Released event", Duration::from_secs(10), || async {
+        let events = events_about(&env, "default", &name).await;
+        events
+            .iter()
+            .any(|(reason, message)| reason == "Released" && message.contains("default/data"))
+            .then_some(())
+    })
+    .await;
+    let events = events_about(&env, "default", &name).await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, message)| reason == "ErrReleasePV" && message.contains("release")),
+        "{events:?}"
+    );
+
+    // Claimable again: a claim naming the PV is bound to it.
+    env.create_pvc(
+        "default",
+        "again",
+        "keep",
+        "5Mi",
+        json!({"spec": {"volumeName": name}}),
+    )
+    .await;
+    let rebound = env.wait_bound("default", "again").await;
+    assert_eq!(rebound.metadata.name.as_deref(), Some(name.as_str()));
+    assert_eq!(env.backend_volumes().len(), 1, "no new volume");
+    // Bound to a claim that is not managed: the PV is not associated again.
+    assert_stays("not labelled again", Duration::from_secs(1), || async {
+        env.pv(&name).await.is_some_and(|pv| label(&pv).is_none())
+    })
+    .await;
+    env.assert_consistent().await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn class_annotation_associates_and_delete_policy_is_never_released() {
+    let mut env = Env::new().await;
+    annotated_class(&env, "annotated-keep", "Retain");
+    annotated_class(&env, "annotated-delete", "Delete");
+    env.storage_class("plain-keep", "Immediate", "Retain", json!({}));
+    env.start_sidecar(&args(&gate_on()));
+
+    env.create_pvc("default", "kept", "annotated-keep", "5Mi", json!({}))
+        .await;
+    env.create_pvc("default", "deleted", "annotated-delete", "5Mi", json!({}))
+        .await;
+    env.create_pvc("default", "plain", "plain-keep", "5Mi", json!({}))
+        .await;
+    let kept = env.wait_bound("default", "kept").await;
+    let deleted = env.wait_bound("default", "deleted").await;
+    let plain = env.wait_bound("default", "plain").await;
+    let kept = kept.metadata.name.clone().expect("name");
+    let deleted = deleted.metadata.name.clone().expect("name");
+    let plain = plain.metadata.name.clone().expect("name");
+
+    env.delete_pvc("default", "kept").await;
+    env.delete_pvc("default", "deleted").await;
+    env.delete_pvc("default", "plain").await;
+
+    let pv = wait_available(&env, &kept).await;
+    assert_eq!(label(&pv), None, "association by class needs no label");
+    // Released with policy Delete: the provisioner deletes it; a release
+    // would have made it Available and kept it.
+    env.wait_for(
+        "Delete-policy PV and volume gone",
+        Duration::from_secs(30),
+        || async {
+            let gone = env.pv(&deleted).await.is_none();
+            let volumes = env.backend_volumes();
+            (gone && volumes.len() == 2).then_some(())
+        },
+    )
+    .await;
+    // Not associated: stays Released with its claimRef, through resyncs.
+    assert_stays(
+        "unassociated PV stays Released",
+        Duration::from_secs(2),
+        || async {
+            env.pv(&plain)
+                .await
+                .is_some_and(|pv| phase(&pv) == Some("Released") && has_claim_ref(&pv))
+        },
+    )
+    .await;
+    assert_eq!(changes_to(&env, "persistentvolumes", &plain), 0);
+    env.assert_consistent().await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_automatic_association_a_managed_claims_volume_is_kept() {
+    let mut env = Env::new().await;
+    env.storage_class("keep", "Immediate", "Retain", json!({}));
+    let mut flags = gate_on();
+    flags.push("--disable-automatic-association".to_owned());
+    env.start_sidecar(&args(&flags));
+
+    env.create_pvc(
+        "default",
+        "data",
+        "keep",
+        "5Mi",
+        json!({"metadata": {"labels": {PVC_LABEL: ID}}}),
+    )
+    .await;
+    let pv = env.wait_bound("default", "data").await;
+    let name = pv.metadata.name.clone().expect("pv name");
+    env.delete_pvc("default", "data").await;
+    assert_stays(
+        "not associated, stays Released",
+        Duration::from_secs(2),
+        || async {
+            env.pv(&name).await.is_some_and(|pv| {
+                phase(&pv) == Some("Released") && has_claim_ref(&pv) && label(&pv).is_none()
+            })
+        },
+    )
+    .await;
+    assert_eq!(changes_to(&env, "persistentvolumes", &name), 0);
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gate_off_releases_nothing() {
+    let mut env = Env::new().await;
+    annotated_class(&env, "annotated-keep", "Retain");
+    // The controller id alone does not turn the loop on.
+    env.start_sidecar(&[&format!("--controller-id={ID}")]);
+
+    env.create_pvc(
+        "default",
+        "data",
+        "annotated-keep",
+        "5Mi",
+        json!({"metadata": {"labels": {PVC_LABEL: ID}}}),
+    )
+    .await;
+    let pv = env.wait_bound("default", "data").await;
+    let name = pv.metadata.name.clone().expect("pv name");
+    env.delete_pvc("default", "data").await;
+    assert_stays(
+        "gate off: stays Released, unlabelled",
+        Duration::from_secs(2),
+        || async {
+            env.pv(&name).await.is_some_and(|pv| {
+                phase(&pv) == Some("Released") && has_claim_ref(&pv) && label(&pv).is_none()
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        changes_to(&env, "persistentvolumes", &name),
+        0,
+        "no write to the PV's claimRef or labels"
+    );
+    assert!(
+        events_about(&env, "default", &name)
+            .await
+            .iter()
+            .all(|(reason, _)| reason != "Released" && reason != "ErrReleasePV")
+    );
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
