@@ -72,7 +72,26 @@ pub const PROVISIONER: &[ApiCall] = &[
     },
 ];
 
+/// The StatefulSet PVC retention loop (`src/retention`, gate
+/// `StatefulSetAutoDeletePVC`).
+pub const STATEFULSET_RETENTION: &[ApiCall] = &[
+    // Watched; `get` re-reads a set live before deleting a condemned claim.
+    call("apps", "statefulsets", WATCH),
+    call("", "pods", WATCH),
+    // Owner references are patched; condemned claims whose pod is gone are
+    // deleted.
+    call(
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "patch", "delete"],
+    ),
+    call("storage.k8s.io", "storageclasses", WATCH),
+];
+
 /// Every loop's calls, with the loop's name (for messages).
 pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
-    vec![("provisioner", PROVISIONER)]
+    vec![
+        ("provisioner", PROVISIONER),
+        ("statefulset-retention", STATEFULSET_RETENTION),
+    ]
 }

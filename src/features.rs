@@ -29,7 +29,6 @@ pub enum Feature {
 /// reported at start-up so nobody believes it took effect.
 pub const NOT_YET_IMPLEMENTED: &[Feature] = &[
     Feature::PVCProtection,
-    Feature::StatefulSetAutoDeletePVC,
     Feature::PVReleaser,
     Feature::CrossNamespaceVolumeDataSource,
     Feature::ReleaseLeaderElectionOnExit,

@@ -11,6 +11,7 @@ pub mod informer;
 pub mod kube_client;
 pub mod provision;
 pub mod queue;
+pub mod retention;
 pub mod shared;
 pub mod startup;
 pub mod wellknown;

@@ -115,6 +115,17 @@ pub async fn run(
         workers: options.worker_threads as usize,
     };
     tracing::info!(driver = %config.driver_name, journal_namespace = %namespace, workers = shared.workers, "starting the provisioning loop");
+    // ---- StatefulSet PVC retention (gate StatefulSetAutoDeletePVC, DESIGN §6) ----
+    // Registered before the caches start; its workers wait for the caches.
+    let retention = options
+        .gates()
+        .enabled(Feature::StatefulSetAutoDeletePVC)
+        .then(|| {
+            let retention = crate::retention::new(&shared, crate::retention::Config::default());
+            retention.run();
+            retention
+        });
+    // ---- end StatefulSet PVC retention ----
     let start = async {
         let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
         shared.caches.start(&shared.client);
@@ -132,6 +143,9 @@ pub async fn run(
     tracing::info!("provisioning loop running");
     shutdown.await;
     provisioning.shut_down();
+    if let Some(retention) = &retention {
+        retention.shut_down();
+    }
     tracing::info!("termination signal received, exiting");
     Ok(Stopped::Signal)
 }
