@@ -116,21 +116,20 @@ pub async fn run(
     };
     tracing::info!(driver = %config.driver_name, journal_namespace = %namespace, workers = shared.workers, "starting the provisioning loop");
     // ---- StatefulSet PVC retention (gate StatefulSetAutoDeletePVC, DESIGN §6) ----
-    // Registered before the caches start; its workers wait for the caches.
+    // Registered before the caches start; runs once they are filled.
     let retention = options
         .gates()
         .enabled(Feature::StatefulSetAutoDeletePVC)
-        .then(|| {
-            let retention = crate::retention::new(&shared, crate::retention::Config::default());
-            retention.run();
-            retention
-        });
+        .then(|| crate::retention::new(&shared, crate::retention::Config::default()));
     // ---- end StatefulSet PVC retention ----
     let start = async {
         let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
         shared.caches.start(&shared.client);
         shared.caches.wait_until_ready().await;
         provisioning.run();
+        if let Some(retention) = &retention {
+            retention.run();
+        }
         Ok::<_, RunError>(provisioning)
     };
     let provisioning = tokio::select! {

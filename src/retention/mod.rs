@@ -95,6 +95,13 @@ pub enum RetentionError {
         #[source]
         source: kube::Error,
     },
+    #[error("pod {pod}: cannot re-read it before deleting claim {claim}: {source}")]
+    ReadPod {
+        pod: String,
+        claim: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("claim {claim}: internal error building the patch: {source}")]
     BadPatch {
         claim: String,
@@ -220,25 +227,27 @@ pub fn new(shared: &Shared, config: Config) -> Arc<Context> {
 }
 
 impl Context {
-    /// Starts the workers and the resync once the loop's caches are filled
-    /// (it may be called before they are started).
+    /// Starts the workers and the resync. Call once the caches are filled
+    /// ([`Caches::wait_until_ready`]): deciding from a half-filled pod
+    /// cache would take a living pod for a gone one.
+    ///
+    /// It does not wait for the caches itself on purpose: kube-runtime's
+    /// `Store::wait_until_ready` keeps a single waker, so a second task
+    /// waiting on the same store at the same time as start-up can starve
+    /// one of them forever.
     pub fn run(self: &Arc<Self>) {
+        tracing::info!(workers = self.workers, resync = ?self.resync, "StatefulSet PVC retention loop running");
+        for _ in 0..self.workers {
+            let ctx = Arc::clone(self);
+            tokio::spawn(async move {
+                while let Some(key) = ctx.queue.get().await {
+                    ctx.process(&key).await;
+                    ctx.queue.done(&key);
+                }
+            });
+        }
         let ctx = Arc::clone(self);
         tokio::spawn(async move {
-            ctx.caches.stateful_sets.wait_until_ready().await;
-            ctx.caches.pods.wait_until_ready().await;
-            ctx.caches.claims.wait_until_ready().await;
-            ctx.caches.classes.wait_until_ready().await;
-            tracing::info!(workers = ctx.workers, resync = ?ctx.resync, "StatefulSet PVC retention loop running");
-            for _ in 0..ctx.workers {
-                let ctx = Arc::clone(&ctx);
-                tokio::spawn(async move {
-                    while let Some(key) = ctx.queue.get().await {
-                        ctx.process(&key).await;
-                        ctx.queue.done(&key);
-                    }
-                });
-            }
             let mut tick = tokio::time::interval(ctx.resync);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -445,8 +454,9 @@ impl Context {
     }
 
     /// Deletes a condemned claim whose pod is gone, when the live set still
-    /// condemns it: the cache may not have seen a scale-up yet, and deleting
-    /// a claim a new pod is about to use would lose its data.
+    /// condemns it and the pod is gone live too: the caches may not have
+    /// seen a scale-up (or its new pod) yet, and deleting a claim a pod is
+    /// about to use would lose its data.
     async fn delete_condemned(
         &self,
         key: &SetKey,
@@ -469,22 +479,31 @@ impl Context {
                 });
             }
         };
-        // Decide again on the live set, with the same claim, pod and classes.
+        // And the pod live: a pod the cache has not seen yet must not lose
+        // its claim.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+        let pod_name = decide::pod_name(&key.name, plan.ordinal);
+        let pod = pods
+            .get_opt(&pod_name)
+            .await
+            .map_err(|source| RetentionError::ReadPod {
+                pod: format!("{}/{pod_name}", key.namespace),
+                claim: name.to_owned(),
+                source,
+            })?;
+        // Decide again on the live set and pod, with the same claim.
         let classes: Vec<Arc<StorageClass>> = self.caches.classes.store().state();
         let class_refs: Vec<&StorageClass> = classes.iter().map(|c| &**c).collect();
-        let pod = self.caches.pods.store().get(
-            &ObjectRef::new(&decide::pod_name(&key.name, plan.ordinal)).within(&key.namespace),
-        );
         let again = decide::plan_set(
             &live,
             &[claim],
-            |_| pod.as_deref(),
+            |_| pod.as_ref(),
             &class_refs,
             &self.driver_name,
         );
         let still = matches!(&again, Ok(plans) if plans.iter().any(|p| p.decision == Decision::DeleteClaim));
         if !still {
-            tracing::info!(claim = %name, statefulset = %key, live = ?again.map(|p| p.into_iter().map(|p| p.decision).collect::<Vec<_>>()), "not deleting the claim: the live StatefulSet no longer condemns it");
+            tracing::info!(claim = %name, statefulset = %key, live = ?again.map(|p| p.into_iter().map(|p| p.decision).collect::<Vec<_>>()), "not deleting the claim: the live StatefulSet and pod no longer call for it");
             return Ok(());
         }
         tracing::info!(
