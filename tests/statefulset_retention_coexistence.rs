@@ -625,3 +625,76 @@ async fn another_controller_and_stale_references_are_respected_by_both() {
         );
     }
 }
+
+fn plain_claim(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                 "resources": {"requests": {"storage": "1Mi"}}},
+    })
+}
+
+/// A condemned claim without a pod is deleted while its set lives; once the
+/// set is being deleted with orphan propagation (the garbage collector has
+/// not finished orphaning yet), nothing of the set is touched any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_being_deleted_with_orphan_propagation_is_left_alone() {
+    let h = Harness::new().await;
+    create_world(&h, 3).await;
+    configure(&h, 1, "Delete", "Delete").await;
+    assert!(h.ours("web").await > 0);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), NS);
+
+    // Control: a condemned claim whose pod never existed is deleted.
+    h.server
+        .create_object(plain_claim("data-web-3"))
+        .expect("claim");
+    assert_eq!(h.ours("web").await, 1);
+    assert!(claims.get_opt("data-web-3").await.expect("get").is_none());
+
+    h.server.set_gc(false);
+    Api::<StatefulSet>::namespaced(h.client.clone(), NS)
+        .delete(
+            "web",
+            &kube::api::DeleteParams {
+                propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("delete set");
+    let set = h
+        .server
+        .get::<StatefulSet>(NS, "web")
+        .expect("still there, orphaning");
+    assert!(set.metadata.deletion_timestamp.is_some());
+    assert!(
+        set.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"orphan".to_owned())
+    );
+    h.server
+        .create_object(plain_claim("data-web-4"))
+        .expect("claim");
+    let before = (
+        h.refs("data-web-0").await,
+        h.refs("data-web-1").await,
+        h.refs("data-web-2").await,
+    );
+    assert_eq!(
+        h.ours("web").await,
+        0,
+        "no write while the set is orphaning"
+    );
+    assert!(claims.get_opt("data-web-4").await.expect("get").is_some());
+    assert_eq!(
+        (
+            h.refs("data-web-0").await,
+            h.refs("data-web-1").await,
+            h.refs("data-web-2").await,
+        ),
+        before
+    );
+}

@@ -21,6 +21,7 @@ pub mod decide;
 #[cfg(test)]
 mod decide_tests;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -315,23 +316,19 @@ impl Context {
         let claim_refs: Vec<&PersistentVolumeClaim> = claims.iter().map(|c| &**c).collect();
         let classes: Vec<Arc<StorageClass>> = self.caches.classes.store().state();
         let class_refs: Vec<&StorageClass> = classes.iter().map(|c| &**c).collect();
+        // The pods the set's claims belong to, by name.
         let pods = self.caches.pods.store();
-        let pod_list: Vec<Arc<Pod>> = claim_refs
+        let members: HashMap<String, Arc<Pod>> = claim_refs
             .iter()
             .filter_map(|c| {
                 let ordinal =
                     decide::claim_ordinal(&c.name_any(), &key.name, template_names(&set))?;
-                pods.get(
-                    &ObjectRef::new(&decide::pod_name(&key.name, ordinal)).within(&key.namespace),
-                )
+                let name = decide::pod_name(&key.name, ordinal);
+                let pod = pods.get(&ObjectRef::new(&name).within(&key.namespace))?;
+                Some((name, pod))
             })
             .collect();
-        let lookup = |name: &str| {
-            pod_list
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(name))
-                .map(|p| &**p)
-        };
+        let lookup = |name: &str| members.get(name).map(|p| &**p);
         let plans = match decide::plan_set(
             &set,
             &claim_refs,
