@@ -11,7 +11,20 @@
 //!   pod, claim and StorageClass events and a periodic resync. A worker
 //!   plans a set from the shared caches and then, per claim, patches only
 //!   `metadata.ownerReferences` (JSON patch guarded by `test`) or deletes a
-//!   condemned claim whose pod is gone, after re-reading the set live.
+//!   condemned claim whose pod is gone, after re-reading the set and the
+//!   pod live.
+//!
+//! Life cycle, as every loop: [`new`] (before the caches start) registers
+//! the handlers and asks for StatefulSets, Pods, Claims and Classes;
+//! [`Context::run`] (once the caches are filled) starts the workers and
+//! the resync ([`Config::resync`]); [`Context::shut_down`] stops them.
+//! [`Context::process`] reconciles one set, for tests that drive it.
+//!
+//! Not done here, on purpose: no Events (owner-reference changes are
+//! routine bookkeeping; the log has a line per decision naming the claim),
+//! and
+//! nothing for sets being deleted (the garbage collector acts on the
+//! references already written, or orphans the claims).
 //!
 //! Writes are idempotent and guarded, so running next to the
 //! controller-manager's own implementation cannot flip-flop: both write the
