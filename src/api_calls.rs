@@ -103,6 +103,22 @@ pub const PV_RELEASER: &[ApiCall] = &[
     call("", "events", &["create", "patch"]),
 ];
 
+/// The StatefulSet PVC retention loop (`src/retention`, gate
+/// `StatefulSetAutoDeletePVC`).
+pub const STATEFULSET_RETENTION: &[ApiCall] = &[
+    // Watched; `get` re-reads a set live before deleting a condemned claim.
+    call("apps", "statefulsets", WATCH),
+    call("", "pods", WATCH),
+    // Owner references are patched; condemned claims whose pod is gone are
+    // deleted.
+    call(
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "patch", "delete"],
+    ),
+    call("storage.k8s.io", "storageclasses", WATCH),
+];
+
 /// Every loop's calls, with the loop's name (for messages).
 pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
     vec![
@@ -110,5 +126,6 @@ pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
         ("leader-election", LEADER_ELECTION),
         ("pvc-protection", PVC_PROTECTION),
         ("pv-releaser", PV_RELEASER),
+        ("statefulset-retention", STATEFULSET_RETENTION),
     ]
 }

@@ -27,10 +27,7 @@ pub enum Feature {
 
 /// Gates that parse but whose loops are not built yet; enabling one is
 /// reported at start-up so nobody believes it took effect.
-pub const NOT_YET_IMPLEMENTED: &[Feature] = &[
-    Feature::StatefulSetAutoDeletePVC,
-    Feature::CrossNamespaceVolumeDataSource,
-];
+pub const NOT_YET_IMPLEMENTED: &[Feature] = &[Feature::CrossNamespaceVolumeDataSource];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {

@@ -17,6 +17,7 @@ pub mod provision;
 pub mod queue;
 pub mod ratelimit;
 pub mod releaser;
+pub mod retention;
 pub mod shared;
 pub mod startup;
 pub mod wellknown;

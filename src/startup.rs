@@ -277,6 +277,7 @@ async fn start_http(
 struct EmbeddedLoops {
     protection: Option<Arc<crate::protection::Protection>>,
     releaser: Option<Arc<crate::releaser::Releaser>>,
+    retention: Option<Arc<crate::retention::Context>>,
 }
 
 impl EmbeddedLoops {
@@ -297,9 +298,13 @@ impl EmbeddedLoops {
                 },
             )
         });
+        let retention = gates
+            .enabled(Feature::StatefulSetAutoDeletePVC)
+            .then(|| crate::retention::new(shared, crate::retention::Config::default()));
         Self {
             protection,
             releaser,
+            retention,
         }
     }
 
@@ -311,6 +316,9 @@ impl EmbeddedLoops {
         if let Some(releaser) = &self.releaser {
             releaser.start();
         }
+        if let Some(retention) = &self.retention {
+            retention.run();
+        }
     }
 
     fn shut_down(&self) {
@@ -319,6 +327,9 @@ impl EmbeddedLoops {
         }
         if let Some(releaser) = &self.releaser {
             releaser.shut_down();
+        }
+        if let Some(retention) = &self.retention {
+            retention.shut_down();
         }
     }
 }

@@ -57,6 +57,9 @@ pub const FINALIZER_SNAPSHOT_SOURCE: &str =
     "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
 /// PVC protection (controller-manager's pvc-protection controller).
 pub const FINALIZER_PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+/// Put by the API server on an object deleted with `propagationPolicy:
+/// Orphan`; the garbage collector strips its dependents' references to it.
+pub const FINALIZER_ORPHAN: &str = "orphan";
 
 // ---- Labels (PV releaser, from the seed project) ---------------------------------
 
@@ -66,6 +69,14 @@ pub const LABEL_PVC_MANAGED_BY: &str = "dynamic-pvc-provisioner.kubernetes.io/ma
 pub const LABEL_PV_RELEASER_MANAGED_BY: &str = "reclaimable-pv-releaser.kubernetes.io/managed-by";
 /// StorageClass annotation associating its PVs with a releaser controller id.
 pub const ANN_RELEASER_CONTROLLER_ID: &str = "reclaimable-pv-releaser.kubernetes.io/controller-id";
+
+// ---- StorageClass annotations ---------------------------------------------------
+
+/// Marks the default StorageClass (the DefaultStorageClass admission plugin
+/// gives it to claims created without `spec.storageClassName`).
+pub const ANN_DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+/// Deprecated beta form of [`ANN_DEFAULT_CLASS`], still honoured by the admission plugin.
+pub const ANN_BETA_DEFAULT_CLASS: &str = "storageclass.beta.kubernetes.io/is-default-class";
 
 // ---- StorageClass parameters ------------------------------------------------------
 
@@ -147,6 +158,17 @@ pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
 pub const SNAPSHOT_API_GROUP: &str = "snapshot.storage.k8s.io";
 pub const SNAPSHOT_KIND: &str = "VolumeSnapshot";
 pub const PVC_KIND: &str = "PersistentVolumeClaim";
+/// Owner references to StatefulSets, as the controller-manager writes them.
+pub const STATEFULSET_API_VERSION: &str = "apps/v1";
+pub const STATEFULSET_KIND: &str = "StatefulSet";
+/// Owner references to Pods, as the controller-manager writes them.
+pub const POD_API_VERSION: &str = "v1";
+pub const POD_KIND: &str = "Pod";
+
+// ---- StatefulSet PVC retention policy values (KEP-1847) ------------------------------
+
+pub const RETENTION_RETAIN: &str = "Retain";
+pub const RETENTION_DELETE: &str = "Delete";
 
 // ---- Event reasons ---------------------------------------------------------------
 

@@ -1,0 +1,533 @@
+//! End-to-end: StatefulSet PVC retention (gate StatefulSetAutoDeletePVC,
+//! KEP-1847 test plan) with the real binary, the API test server (garbage
+//! collector on) and the hostpath driver. The test server has no
+//! StatefulSet controller, so the tests play it: they create the set, its
+//! claims (from the template) and its pods, scale by updating
+//! `spec.replicas` and deleting the condemned pods themselves.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube_testserver::Verb;
+use serde_json::json;
+use support::{Env, NODE};
+
+const NS: &str = "default";
+const GATE: &str = "--feature-gates=StatefulSetAutoDeletePVC=true";
+const CLASS: &str = "fast";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// An owner reference as the tests compare it: kind, name, and whether it is
+/// a controller reference with blockOwnerDeletion.
+type Ref = (String, String, bool);
+
+fn set_ref(name: &str) -> Ref {
+    ("StatefulSet".into(), name.into(), true)
+}
+
+fn pod_ref(name: &str) -> Ref {
+    ("Pod".into(), name.into(), true)
+}
+
+async fn env_with_class() -> Env {
+    let env = Env::new().await;
+    env.storage_class(CLASS, "Immediate", "Delete", json!({}));
+    env
+}
+
+/// Creates a StatefulSet with one claim template `data` of class `fast`.
+async fn create_set(
+    env: &Env,
+    name: &str,
+    replicas: i32,
+    scaled: &str,
+    deleted: &str,
+) -> StatefulSet {
+    let set: StatefulSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "busybox"}]},
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": CLASS,
+                    "resources": {"requests": {"storage": "1Mi"}},
+                },
+            }],
+            "persistentVolumeClaimRetentionPolicy": {"whenScaled": scaled, "whenDeleted": deleted},
+        },
+    }))
+    .expect("set json");
+    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &set)
+        .await
+        .expect("create set")
+}
+
+/// What the StatefulSet controller does for one ordinal: the claim from the
+/// template, then the pod (scheduled, controlled by the set, using it).
+async fn create_member(env: &Env, set: &StatefulSet, ordinal: i32) {
+    let name = set.metadata.name.clone().expect("set name");
+    let uid = set.metadata.uid.clone().expect("set uid");
+    let claim = format!("data-{name}-{ordinal}");
+    if env.pvc(NS, &claim).await.is_none() {
+        env.create_pvc(
+            NS,
+            &claim,
+            CLASS,
+            "1Mi",
+            json!({"metadata": {"labels": {"app": name}}}),
+        )
+        .await;
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("{name}-{ordinal}"),
+            "namespace": NS,
+            "labels": {"app": name},
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "uid": uid,
+                "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "app", "image": "busybox"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    }))
+    .expect("pod json");
+    Api::<Pod>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+}
+
+async fn create_members(env: &Env, set: &StatefulSet, ordinals: std::ops::Range<i32>) {
+    let name = set.metadata.name.clone().expect("set name");
+    for ordinal in ordinals {
+        create_member(env, set, ordinal).await;
+        env.wait_bound(NS, &format!("data-{name}-{ordinal}")).await;
+    }
+}
+
+async fn patch_set(env: &Env, name: &str, spec: serde_json::Value) {
+    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec})),
+        )
+        .await
+        .expect("patch set");
+}
+
+async fn scale(env: &Env, name: &str, replicas: i32) {
+    patch_set(env, name, json!({"replicas": replicas})).await;
+}
+
+async fn set_policy(env: &Env, name: &str, scaled: &str, deleted: &str) {
+    patch_set(
+        env,
+        name,
+        json!({"persistentVolumeClaimRetentionPolicy": {"whenScaled": scaled, "whenDeleted": deleted}}),
+    )
+    .await;
+}
+
+async fn delete_pod(env: &Env, name: &str) {
+    Api::<Pod>::namespaced(env.client.clone(), NS)
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete pod");
+}
+
+async fn delete_set(env: &Env, name: &str, policy: PropagationPolicy) {
+    let params = DeleteParams {
+        propagation_policy: Some(policy),
+        ..DeleteParams::default()
+    };
+    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+        .delete(name, &params)
+        .await
+        .expect("delete set");
+}
+
+/// The claim's owner references, `None` when the claim is gone.
+async fn refs(env: &Env, claim: &str) -> Option<Vec<Ref>> {
+    let pvc = env.pvc(NS, claim).await?;
+    Some(
+        pvc.metadata
+            .owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| {
+                let strict = r.controller == Some(true) && r.block_owner_deletion == Some(true);
+                (r.kind, r.name, strict)
+            })
+            .collect(),
+    )
+}
+
+async fn wait_refs(env: &Env, claim: &str, want: &[Ref]) {
+    let what = format!("claim {claim} owned by exactly {want:?}");
+    env.wait_for(&what, WAIT, || async {
+        (refs(env, claim).await? == want).then_some(())
+    })
+    .await;
+}
+
+async fn wait_gone(env: &Env, claim: &str) {
+    let what = format!("claim {claim} deleted");
+    env.wait_for(&what, WAIT, || async {
+        env.pvc(NS, claim).await.is_none().then_some(())
+    })
+    .await;
+}
+
+/// Every claim deleted above had its PV and backend volume deleted too.
+async fn wait_backend_matches_claims(env: &Env, claims: usize) {
+    env.wait_for("backend volumes of deleted claims gone", WAIT, || async {
+        // Read the driver's state directly: `Env::backend_volumes` panics
+        // when a volume file vanishes between listing and reading it, which
+        // happens while the driver is deleting; here that is just "not yet".
+        let backend = csi_hostpath::backend_volumes(&env.driver.state_dir).ok()?;
+        (backend.len() == claims && env.pvs().await.len() == claims).then_some(())
+    })
+    .await;
+    env.assert_consistent().await;
+}
+
+/// KEP-1847: scaling down deletes the condemned claim only with
+/// whenScaled=Delete; the claims in range are never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_down_deletes_the_condemned_claim_only_with_when_scaled_delete() {
+    let mut env = env_with_class().await;
+    env.start_sidecar(&[GATE]);
+    // (set, whenScaled, whenDeleted)
+    let sets = [
+        ("del", "Delete", "Retain"),
+        ("both", "Delete", "Delete"),
+        ("keep", "Retain", "Retain"),
+        ("own", "Retain", "Delete"),
+    ];
+    for (name, scaled, deleted) in sets {
+        let set = create_set(&env, name, 2, scaled, deleted).await;
+        create_members(&env, &set, 0..2).await;
+    }
+    for ordinal in 0..2 {
+        wait_refs(&env, &format!("data-del-{ordinal}"), &[]).await;
+        wait_refs(&env, &format!("data-keep-{ordinal}"), &[]).await;
+        wait_refs(&env, &format!("data-both-{ordinal}"), &[set_ref("both")]).await;
+        wait_refs(&env, &format!("data-own-{ordinal}"), &[set_ref("own")]).await;
+    }
+
+    for (name, _, _) in sets {
+        scale(&env, name, 1).await;
+    }
+    // Before the pod goes: a condemned claim is owned by its pod alone
+    // (whenScaled=Delete), or keeps what whenDeleted says.
+    wait_refs(&env, "data-del-1", &[pod_ref("del-1")]).await;
+    wait_refs(&env, "data-both-1", &[pod_ref("both-1")]).await;
+    wait_refs(&env, "data-own-1", &[set_ref("own")]).await;
+    for (name, _, _) in sets {
+        delete_pod(&env, &format!("{name}-1")).await;
+    }
+    wait_gone(&env, "data-del-1").await;
+    wait_gone(&env, "data-both-1").await;
+
+    // The retained ones are still there, with the same owners.
+    assert_eq!(refs(&env, "data-keep-1").await, Some(vec![]));
+    assert_eq!(refs(&env, "data-own-1").await, Some(vec![set_ref("own")]));
+    for name in ["del", "keep"] {
+        assert_eq!(refs(&env, &format!("data-{name}-0")).await, Some(vec![]));
+    }
+    for name in ["both", "own"] {
+        assert_eq!(
+            refs(&env, &format!("data-{name}-0")).await,
+            Some(vec![set_ref(name)])
+        );
+    }
+    wait_backend_matches_claims(&env, 6).await;
+}
+
+/// A condemned claim whose pod went away before it could own the claim
+/// (here: the sidecar was down during the scale-down) is deleted directly,
+/// once the live set confirms the scale-down; never with whenScaled=Retain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn condemned_claim_whose_pod_is_already_gone_is_deleted_directly() {
+    let mut env = env_with_class().await;
+    env.start_sidecar(&[GATE]);
+    let del = create_set(&env, "del", 3, "Delete", "Retain").await;
+    let keep = create_set(&env, "keep", 3, "Retain", "Delete").await;
+    create_members(&env, &del, 0..3).await;
+    create_members(&env, &keep, 0..3).await;
+    wait_refs(&env, "data-keep-2", &[set_ref("keep")]).await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+
+    for name in ["del", "keep"] {
+        scale(&env, name, 1).await;
+        delete_pod(&env, &format!("{name}-1")).await;
+        delete_pod(&env, &format!("{name}-2")).await;
+    }
+    assert!(
+        env.pvc(NS, "data-del-1").await.is_some(),
+        "nobody owned it yet"
+    );
+    env.start_sidecar(&[GATE]);
+    wait_gone(&env, "data-del-1").await;
+    wait_gone(&env, "data-del-2").await;
+    // whenScaled=Retain: kept, still owned by the set only.
+    for ordinal in 0..3 {
+        assert_eq!(
+            refs(&env, &format!("data-keep-{ordinal}")).await,
+            Some(vec![set_ref("keep")])
+        );
+    }
+    assert!(env.pvc(NS, "data-del-0").await.is_some());
+    assert!(
+        env.logs().contains("deleting the claim"),
+        "the direct deletion is logged\n{}",
+        env.logs()
+    );
+    wait_backend_matches_claims(&env, 4).await;
+}
+
+/// KEP-1847: deleting the set deletes its claims (through the garbage
+/// collector and our owner references) only with whenDeleted=Delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_set_deletes_claims_only_with_when_deleted_delete() {
+    let mut env = env_with_class().await;
+    env.start_sidecar(&[GATE]);
+    let sets = [
+        ("own", "Retain", "Delete"),
+        ("both", "Delete", "Delete"),
+        ("keep", "Retain", "Retain"),
+        ("del", "Delete", "Retain"),
+    ];
+    for (name, scaled, deleted) in sets {
+        let set = create_set(&env, name, 2, scaled, deleted).await;
+        create_members(&env, &set, 0..2).await;
+    }
+    for name in ["own", "both"] {
+        for ordinal in 0..2 {
+            wait_refs(&env, &format!("data-{name}-{ordinal}"), &[set_ref(name)]).await;
+        }
+    }
+    for (name, _, _) in sets {
+        delete_set(&env, name, PropagationPolicy::Background).await;
+    }
+    for name in ["own", "both"] {
+        for ordinal in 0..2 {
+            wait_gone(&env, &format!("data-{name}-{ordinal}")).await;
+        }
+    }
+    // The pods went with their sets (garbage collector); the retained
+    // claims stay, unowned.
+    let pods = Api::<Pod>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .expect("pods");
+    assert!(pods.items.is_empty(), "pods collected with their sets");
+    for name in ["keep", "del"] {
+        for ordinal in 0..2 {
+            assert_eq!(
+                refs(&env, &format!("data-{name}-{ordinal}")).await,
+                Some(vec![])
+            );
+        }
+    }
+    wait_backend_matches_claims(&env, 4).await;
+}
+
+/// A set deleted with orphan propagation leaves its claims (and pods)
+/// behind, and the sidecar does not take them over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_deletion_keeps_the_claims() {
+    let mut env = env_with_class().await;
+    env.start_sidecar(&[GATE]);
+    let set = create_set(&env, "web", 2, "Delete", "Delete").await;
+    create_members(&env, &set, 0..2).await;
+    wait_refs(&env, "data-web-0", &[set_ref("web")]).await;
+    wait_refs(&env, "data-web-1", &[set_ref("web")]).await;
+
+    delete_set(&env, "web", PropagationPolicy::Orphan).await;
+    env.wait_for("set gone", WAIT, || async {
+        Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+            .get_opt("web")
+            .await
+            .expect("get set")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // Something the sidecar must do after the orphaning, to know it has
+    // seen it: a new set's claim gets its reference.
+    let marker = create_set(&env, "marker", 1, "Retain", "Delete").await;
+    create_members(&env, &marker, 0..1).await;
+    wait_refs(&env, "data-marker-0", &[set_ref("marker")]).await;
+
+    for ordinal in 0..2 {
+        assert_eq!(
+            refs(&env, &format!("data-web-{ordinal}")).await,
+            Some(vec![]),
+            "orphaned claims keep existing, unowned\n{}",
+            env.logs()
+        );
+        assert!(
+            Api::<Pod>::namespaced(env.client.clone(), NS)
+                .get_opt(&format!("web-{ordinal}"))
+                .await
+                .expect("get pod")
+                .is_some(),
+            "orphaned pods stay"
+        );
+    }
+    env.assert_consistent().await;
+}
+
+/// Deleting a pod by hand (it is not a scale-down: its ordinal is in range)
+/// never deletes its claim, whatever the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_pod_deletion_never_deletes_a_claim() {
+    let mut env = env_with_class().await;
+    env.start_sidecar(&[GATE]);
+    let both = create_set(&env, "both", 2, "Delete", "Delete").await;
+    let del = create_set(&env, "del", 2, "Delete", "Retain").await;
+    create_members(&env, &both, 0..2).await;
+    create_members(&env, &del, 0..2).await;
+    wait_refs(&env, "data-both-1", &[set_ref("both")]).await;
+
+    delete_pod(&env, "both-1").await;
+    delete_pod(&env, "del-1").await;
+    // A scale-down in the same namespace afterwards: once its claim is gone,
+    // the sidecar has certainly seen the pod deletions above.
+    let marker = create_set(&env, "marker", 2, "Delete", "Retain").await;
+    create_members(&env, &marker, 0..2).await;
+    scale(&env, "marker", 1).await;
+    wait_refs(&env, "data-marker-1", &[pod_ref("marker-1")]).await;
+    delete_pod(&env, "marker-1").await;
+    wait_gone(&env, "data-marker-1").await;
+
+    assert_eq!(refs(&env, "data-both-1").await, Some(vec![set_ref("both")]));
+    assert_eq!(refs(&env, "data-del-1").await, Some(vec![]));
+    // The StatefulSet controller re-creates the pods; nothing changes.
+    create_member(&env, &both, 1).await;
+    create_member(&env, &del, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(refs(&env, "data-both-1").await, Some(vec![set_ref("both")]));
+    assert_eq!(refs(&env, "data-del-1").await, Some(vec![]));
+    // Four claims of both and del, one of marker.
+    wait_backend_matches_claims(&env, 5).await;
+}
+
+/// A policy change is applied to every existing claim, in both directions
+/// and both fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_flips_update_references() {
+    let mut env = env_with_class().await;
+    env.start_sidecar(&[GATE]);
+    let set = create_set(&env, "web", 3, "Retain", "Retain").await;
+    create_members(&env, &set, 0..3).await;
+    // The set scaled to 1 with pods 1 and 2 still terminating: both
+    // condemned, their pods still there.
+    scale(&env, "web", 1).await;
+    // (whenScaled, whenDeleted, claim 0 refs, condemned claims' refs)
+    /// The wanted references of a condemned claim, given its pod's name.
+    type Condemned = fn(&str) -> Vec<Ref>;
+    let steps: [(&str, &str, Vec<Ref>, Condemned); 6] = [
+        ("Retain", "Retain", vec![], |_| vec![]),
+        ("Retain", "Delete", vec![set_ref("web")], |_| {
+            vec![set_ref("web")]
+        }),
+        ("Delete", "Delete", vec![set_ref("web")], |pod| {
+            vec![pod_ref(pod)]
+        }),
+        ("Delete", "Retain", vec![], |pod| vec![pod_ref(pod)]),
+        ("Retain", "Delete", vec![set_ref("web")], |_| {
+            vec![set_ref("web")]
+        }),
+        ("Retain", "Retain", vec![], |_| vec![]),
+    ];
+    for (scaled, deleted, first, condemned) in steps {
+        set_policy(&env, "web", scaled, deleted).await;
+        wait_refs(&env, "data-web-0", &first).await;
+        wait_refs(&env, "data-web-1", &condemned("web-1")).await;
+        wait_refs(&env, "data-web-2", &condemned("web-2")).await;
+    }
+    // Scaling back up brings the condemned claims back under the set.
+    set_policy(&env, "web", "Delete", "Delete").await;
+    wait_refs(&env, "data-web-2", &[pod_ref("web-2")]).await;
+    scale(&env, "web", 3).await;
+    for ordinal in 0..3 {
+        wait_refs(&env, &format!("data-web-{ordinal}"), &[set_ref("web")]).await;
+    }
+    env.assert_consistent().await;
+}
+
+/// Gate off: the loop does not exist; not a single write to claims, not
+/// even a watch of StatefulSets or pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gate_off_makes_no_api_writes() {
+    let mut env = env_with_class().await;
+    env.start_sidecar(&[]);
+    let set = create_set(&env, "web", 2, "Delete", "Delete").await;
+    create_members(&env, &set, 0..2).await;
+    // The counters cover the whole run; this test itself never lists or
+    // watches sets or pods, nor patches, updates or deletes claims.
+    scale(&env, "web", 1).await;
+    delete_pod(&env, "web-1").await;
+    // The provisioner keeps working meanwhile: a new claim gets a volume.
+    env.create_pvc(NS, "after", CLASS, "1Mi", json!({})).await;
+    env.wait_bound(NS, "after").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    for verb in [
+        Verb::Patch,
+        Verb::Update,
+        Verb::Delete,
+        Verb::DeleteCollection,
+    ] {
+        assert_eq!(
+            env.api.request_count(verb, "persistentvolumeclaims"),
+            0,
+            "{verb} of claims with the gate off"
+        );
+    }
+    for resource in ["statefulsets", "pods"] {
+        for verb in [Verb::List, Verb::Watch] {
+            let sidecar_requests = env
+                .api
+                .requests()
+                .into_iter()
+                .filter(|r| r.verb == verb && r.resource == resource)
+                .count();
+            assert_eq!(sidecar_requests, 0, "{verb} {resource} with the gate off");
+        }
+    }
+    for ordinal in 0..2 {
+        assert_eq!(
+            refs(&env, &format!("data-web-{ordinal}")).await,
+            Some(vec![])
+        );
+    }
+    assert!(
+        !env.logs()
+            .contains("StatefulSet PVC retention loop running")
+    );
+}
