@@ -337,7 +337,19 @@ fn rbac_is_least_privilege() {
         return;
     };
     let mut problems = Vec::new();
-    let mut notes = BTreeSet::new();
+    // (what, group, resource, scope) → verbs, printed one line each.
+    let mut notes: BTreeMap<(String, String, String, String), BTreeSet<String>> = BTreeMap::new();
+    let mut note = |what: String, grant: &rbac::Grant| {
+        notes
+            .entry((
+                what,
+                grant.group.clone(),
+                grant.resource.clone(),
+                grant.scope.to_string(),
+            ))
+            .or_default()
+            .insert(grant.verb.clone());
+    };
     let all_needs = rbac::needs(&COMPONENTS.iter().map(|c| c.dir).collect::<Vec<_>>());
     let without_loops = rbac::components_without_loops();
     let grants_of = |r: &Rendering| {
@@ -381,16 +393,19 @@ fn rbac_is_least_privilege() {
                 continue;
             }
             if let Some(why) = rbac::pending(&all_needs, grant) {
-                notes.insert(format!("{grant}: pending, {why}"));
+                note(format!("pending in base/rbac.yaml: {why}"), grant);
                 continue;
             }
             if let [component] = r.components.as_slice()
                 && without_loops.contains(component)
             {
-                notes.insert(format!(
-                    "components/{component}: {grant} not checked yet: no loop of \
-                     src/api_calls.rs maps to this component"
-                ));
+                note(
+                    format!(
+                        "not checked yet in components/{component} (no loop of \
+                         src/api_calls.rs maps to it)"
+                    ),
+                    grant,
+                );
                 continue;
             }
             let place = r
@@ -412,8 +427,12 @@ fn rbac_is_least_privilege() {
             ));
         }
     }
-    for note in &notes {
-        eprintln!("NOTE: {note}");
+    for ((what, group, resource, scope), verbs) in &notes {
+        let verbs: Vec<_> = verbs.iter().map(String::as_str).collect();
+        eprintln!(
+            "NOTE: {what}: ({group:?}, {resource}, [{}]) {scope}",
+            verbs.join(", ")
+        );
     }
     fail_if_any("RBAC least privilege", &problems);
 }
@@ -763,6 +782,13 @@ fn pod_is_hardened_and_probed() {
         else {
             continue;
         };
+        if options.set_but_not_implemented().contains(&"http-endpoint") {
+            eprintln!(
+                "NOTE: {}: this build does not serve --http-endpoint yet; the probes would \
+                 fail on a real cluster",
+                r.name
+            );
+        }
         let port: Option<i32> = options
             .http_endpoint
             .rsplit_once(':')
@@ -1204,4 +1230,123 @@ fn dockerfile_references_stay_true() {
         problems.push("the last stage (the default target) must be csi-provisioner".into());
     }
     fail_if_any("Dockerfile", &problems);
+}
+
+/// The RBAC tables of deploy/README.md list exactly the rules of the base and
+/// of each component (scope, group, resource, verbs).
+#[test]
+fn readme_rbac_tables_match_the_manifests() {
+    let Some(renderings) = renderings() else {
+        return;
+    };
+    let readme =
+        std::fs::read_to_string(render::repo().join("deploy/README.md")).expect("deploy/README.md");
+    // (component or "base", scope, group, resource, verb) from the tables.
+    let mut documented = BTreeSet::new();
+    let mut section = None;
+    let mut component = String::new();
+    for line in readme.lines() {
+        if let Some(h) = line.strip_prefix("### ") {
+            section = Some(h.trim().to_owned());
+            continue;
+        }
+        if line.starts_with("## ") {
+            section = None;
+        }
+        let Some(sec) = &section else { continue };
+        if !line.starts_with('|') || line.starts_with("|---") {
+            continue;
+        }
+        let cells: Vec<_> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let (comp, scope, group, resources, verbs) = match (sec.as_str(), cells.as_slice()) {
+            (s, [scope, group, resources, verbs, _why]) if s.starts_with("Base") => {
+                ("base".to_owned(), *scope, *group, *resources, *verbs)
+            }
+            (s, [comp, _flag, scope, group, resources, verbs, _why])
+                if s.starts_with("Per gate") =>
+            {
+                if !comp.is_empty() {
+                    component = comp.to_string();
+                }
+                (component.clone(), *scope, *group, *resources, *verbs)
+            }
+            _ => continue,
+        };
+        if scope == "scope" {
+            continue; // header
+        }
+        let scope = match scope {
+            "cluster" => rbac::Scope::Cluster,
+            "namespace" => rbac::Scope::OwnNamespace,
+            other => panic!("deploy/README.md: unknown scope {other:?} in {line}"),
+        };
+        let group = group.trim_matches('`').trim_matches('"').to_owned();
+        for resource in resources.split(',').map(str::trim) {
+            for verb in verbs.split(',').map(str::trim) {
+                documented.insert((
+                    comp.clone(),
+                    scope,
+                    group.clone(),
+                    resource.to_owned(),
+                    verb.to_owned(),
+                ));
+            }
+        }
+    }
+    // The same from the manifests: the base's rules, and the rules each
+    // component appends (the rules past the base's).
+    let rules_of =
+        |r: &Rendering| -> Vec<(rbac::Scope, Vec<k8s_openapi::api::rbac::v1::PolicyRule>)> {
+            let mut out = Vec::new();
+            for cr in
+                render::all_of::<k8s_openapi::api::rbac::v1::ClusterRole>(&r.objects, "ClusterRole")
+            {
+                out.push((rbac::Scope::Cluster, cr.rules.unwrap_or_default()));
+            }
+            for role in render::all_of::<k8s_openapi::api::rbac::v1::Role>(&r.objects, "Role") {
+                out.push((rbac::Scope::OwnNamespace, role.rules.unwrap_or_default()));
+            }
+            out
+        };
+    let base = renderings
+        .iter()
+        .find(|r| r.components.is_empty())
+        .expect("base");
+    let base_rules = rules_of(base);
+    let mut deployed = BTreeSet::new();
+    let mut add =
+        |comp: &str, scope: rbac::Scope, rules: &[k8s_openapi::api::rbac::v1::PolicyRule]| {
+            for rule in rules {
+                for g in rule.api_groups.iter().flatten() {
+                    for res in rule.resources.iter().flatten() {
+                        for v in &rule.verbs {
+                            deployed.insert((
+                                comp.to_owned(),
+                                scope,
+                                g.clone(),
+                                res.clone(),
+                                v.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        };
+    for (scope, rules) in &base_rules {
+        add("base", *scope, rules);
+    }
+    for r in renderings.iter().filter(|r| r.components.len() == 1) {
+        for (i, (scope, rules)) in rules_of(r).iter().enumerate() {
+            let skip = base_rules.get(i).map_or(0, |(_, b)| b.len());
+            add(r.components[0], *scope, &rules[skip.min(rules.len())..]);
+        }
+    }
+    let undocumented: Vec<_> = deployed.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&deployed).collect();
+    assert!(
+        undocumented.is_empty() && stale.is_empty(),
+        "deploy/README.md RBAC tables out of date:\n  granted but not documented: {undocumented:?}\n  \
+         documented but not granted: {stale:?}"
+    );
+    eprintln!("README RBAC tables: {} rules documented", documented.len());
 }

@@ -246,8 +246,7 @@ pub const PENDING: &[(Scope, &str, &str, &str)] = &[(
     Scope::OwnNamespace,
     "coordination.k8s.io",
     "leases",
-    "leader election (--leader-election, DESIGN §8): upstream's verbs get, list, watch, \
-     create, update, delete, plus patch for server-side-apply lease managers",
+    "leader election (DESIGN §8) lists no calls yet; upstream's verbs plus patch",
 )];
 
 /// A needed (scope, group, resource, verb), with the loop that needs it.
