@@ -26,8 +26,9 @@
 //! packages and binaries exist, the Rust version is new enough, the runtime
 //! user is a non-root uid.
 //!
-//! Without kubectl the raw YAML files are checked instead (and the test says
-//! why).
+//! Without kubectl the test renders with its own small kustomize (and says
+//! so); with kubectl it checks that this fallback renders exactly what
+//! kubectl does.
 
 #[path = "deploy/dockerfile.rs"]
 mod dockerfile;
@@ -54,21 +55,25 @@ use serde_json::Value;
 const PROVISIONER_CONTAINER: &str = "csi-provisioner";
 const DRIVER_CONTAINER: &str = "hostpath";
 
-/// The renderings, made once for all tests; None (with the reason printed)
-/// when kubectl is not available.
-fn renderings() -> Option<&'static [Rendering]> {
-    static CELL: OnceLock<Option<Vec<Rendering>>> = OnceLock::new();
+/// The renderings, made once for all tests: with `kubectl kustomize`, or,
+/// without kubectl, with the test's own small renderer (which
+/// `fallback_renderer_matches_kubectl` keeps equal to kubectl's output).
+fn renderings() -> &'static [Rendering] {
+    static CELL: OnceLock<Vec<Rendering>> = OnceLock::new();
     CELL.get_or_init(|| match render::kubectl_unavailable() {
         Some(why) => {
             eprintln!(
-                "NOTE: {why}; checking the raw YAML files only (kustomize renderings, RBAC \
-                 coverage and container arguments need kubectl)"
+                "NOTE: {why}; rendering deploy/kubernetes with the test's fallback renderer \
+                 (tests/deploy/render.rs, mini_kustomize) instead of kubectl kustomize"
             );
-            None
+            render::all_renderings(&mini)
         }
-        None => Some(render::all_renderings()),
+        None => render::all_renderings(&render::kustomize),
     })
-    .as_deref()
+}
+
+fn mini(dir: &Path) -> Vec<Value> {
+    render::mini_kustomize(dir).unwrap_or_else(|e| panic!("fallback renderer: {e}"))
 }
 
 fn fail_if_any(what: &str, problems: &[String]) {
@@ -170,10 +175,7 @@ fn help_flags() -> BTreeSet<String> {
 /// Every rendered object is a valid object of its k8s-openapi type.
 #[test]
 fn objects_are_valid_kubernetes_objects() {
-    let Some(renderings) = renderings() else {
-        fail_if_any("raw YAML files", &render::raw_files_check());
-        return;
-    };
+    let renderings = renderings();
     let mut problems = Vec::new();
     for r in renderings {
         let mut seen = BTreeSet::new();
@@ -214,9 +216,7 @@ fn objects_are_valid_kubernetes_objects() {
 /// deployed with the "restricted" Pod Security Standard enforced.
 #[test]
 fn everything_lives_in_one_restricted_namespace() {
-    let Some(renderings) = renderings() else {
-        return;
-    };
+    let renderings = renderings();
     let mut problems = Vec::new();
     for r in renderings {
         let (d, _) = pod(r);
@@ -269,9 +269,7 @@ fn everything_lives_in_one_restricted_namespace() {
 /// resource, verb) that is not granted, so the manifests can be fixed.
 #[test]
 fn rbac_grants_every_api_call() {
-    let Some(renderings) = renderings() else {
-        return;
-    };
+    let renderings = renderings();
     let mut problems = Vec::new();
     let mut checked = 0;
     let mut mapping = Vec::new();
@@ -333,9 +331,7 @@ fn rbac_grants_every_api_call() {
 /// all-gates overlay exactly the union of its components.
 #[test]
 fn rbac_is_least_privilege() {
-    let Some(renderings) = renderings() else {
-        return;
-    };
+    let renderings = renderings();
     let mut problems = Vec::new();
     // (what, group, resource, scope) → verbs, printed one line each.
     let mut notes: BTreeMap<(String, String, String, String), BTreeSet<String>> = BTreeMap::new();
@@ -441,9 +437,7 @@ fn rbac_is_least_privilege() {
 /// gates and flags of the components take effect.
 #[test]
 fn provisioner_arguments_parse() {
-    let Some(renderings) = renderings() else {
-        return;
-    };
+    let renderings = renderings();
     let known = help_flags();
     let mut problems = Vec::new();
     let mut notes = BTreeSet::new();
@@ -568,9 +562,7 @@ fn provisioner_arguments_parse() {
 /// writable volume.
 #[test]
 fn driver_and_sidecar_share_the_socket() {
-    let Some(renderings) = renderings() else {
-        return;
-    };
+    let renderings = renderings();
     let mut problems = Vec::new();
     for r in renderings {
         let (_, spec) = pod(r);
@@ -711,9 +703,7 @@ fn driver_and_sidecar_share_the_socket() {
 /// --http-endpoint port, downward-API variables.
 #[test]
 fn pod_is_hardened_and_probed() {
-    let Some(renderings) = renderings() else {
-        return;
-    };
+    let renderings = renderings();
     let mut problems = Vec::new();
     for r in renderings {
         let (_, spec) = pod(r);
@@ -1236,9 +1226,7 @@ fn dockerfile_references_stay_true() {
 /// of each component (scope, group, resource, verbs).
 #[test]
 fn readme_rbac_tables_match_the_manifests() {
-    let Some(renderings) = renderings() else {
-        return;
-    };
+    let renderings = renderings();
     let readme =
         std::fs::read_to_string(render::repo().join("deploy/README.md")).expect("deploy/README.md");
     // (component or "base", scope, group, resource, verb) from the tables.
@@ -1349,4 +1337,40 @@ fn readme_rbac_tables_match_the_manifests() {
          documented but not granted: {stale:?}"
     );
     eprintln!("README RBAC tables: {} rules documented", documented.len());
+}
+
+/// The fallback renderer (used without kubectl) renders exactly what
+/// `kubectl kustomize` does, so the checks mean the same with or without it.
+#[test]
+fn fallback_renderer_matches_kubectl() {
+    if let Some(why) = render::kubectl_unavailable() {
+        eprintln!("NOTE: {why}; the fallback renderer cannot be compared with kubectl here");
+        return;
+    }
+    let by_kubectl = renderings();
+    let by_us = render::all_renderings(&mini);
+    let mut problems = Vec::new();
+    for (a, b) in by_kubectl.iter().zip(&by_us) {
+        let index = |objs: &[Value]| -> BTreeMap<String, Value> {
+            objs.iter()
+                .map(|o| (render::describe(o), o.clone()))
+                .collect()
+        };
+        let (ka, kb) = (index(&a.objects), index(&b.objects));
+        for key in ka.keys().chain(kb.keys()).collect::<BTreeSet<_>>() {
+            match (ka.get(key), kb.get(key)) {
+                (Some(x), Some(y)) => {
+                    let mut d = Vec::new();
+                    render::diff(x, y, String::new(), &mut d);
+                    render::diff(y, x, String::new(), &mut d);
+                    for p in d {
+                        problems.push(format!("{}: {key}: {p}", a.name));
+                    }
+                }
+                (Some(_), None) => problems.push(format!("{}: {key} missing", a.name)),
+                (None, _) => problems.push(format!("{}: {key} extra", a.name)),
+            }
+        }
+    }
+    fail_if_any("fallback renderer vs kubectl kustomize", &problems);
 }

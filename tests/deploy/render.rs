@@ -116,13 +116,13 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
 }
 
 /// Renders the base, the base with each component alone, and the all-gates
-/// overlay (kubectl needed).
-pub fn all_renderings() -> Vec<Rendering> {
+/// overlay with `render` ([`kustomize`] or [`mini_kustomize`]).
+pub fn all_renderings(render: &dyn Fn(&Path) -> Vec<Value>) -> Vec<Rendering> {
     let k = kubernetes_dir();
     let mut out = vec![Rendering {
         name: "deploy/kubernetes".into(),
         components: Vec::new(),
-        objects: kustomize(&k),
+        objects: render(&k),
     }];
     let scratch = tempfile::Builder::new()
         .prefix("deploy-kustomize")
@@ -148,13 +148,13 @@ pub fn all_renderings() -> Vec<Rendering> {
         out.push(Rendering {
             name: format!("base+components/{}", c.dir),
             components: vec![c.dir],
-            objects: kustomize(&dir),
+            objects: render(&dir),
         });
     }
     out.push(Rendering {
         name: "overlays/all-gates".into(),
         components: COMPONENTS.iter().map(|c| c.dir).collect(),
-        objects: kustomize(&k.join("overlays/all-gates")),
+        objects: render(&k.join("overlays/all-gates")),
     });
     out
 }
@@ -237,7 +237,7 @@ fn round_trip<T: DeserializeOwned + serde::Serialize>(obj: &Value) -> Result<Val
     serde_json::to_value(&typed).map_err(|e| e.to_string())
 }
 
-fn diff(orig: &Value, back: &Value, path: String, out: &mut Vec<String>) {
+pub fn diff(orig: &Value, back: &Value, path: String, out: &mut Vec<String>) {
     match (orig, back) {
         (Value::Object(a), Value::Object(b)) => {
             for (key, value) in a {
@@ -309,4 +309,161 @@ pub fn raw_files_check() -> Vec<String> {
         }
     }
     problems
+}
+
+/// Cluster-scoped kinds (no namespace set by the namespace transformer).
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CSIDriver",
+    "StorageClass",
+];
+
+/// A small kustomize for the features `deploy/kubernetes` uses (resources,
+/// components, JSON 6902 patches with a kind/name target, namespace,
+/// labels without selectors, images), used when kubectl is missing; the
+/// tests compare it with `kubectl kustomize` wherever kubectl exists, so it
+/// cannot drift. Anything else in a kustomization is refused.
+pub fn mini_kustomize(dir: &Path) -> Result<Vec<Value>, String> {
+    let (kz, mut objects) = accumulate(dir)?;
+    apply_transformers(&kz, &mut objects, dir)?;
+    Ok(objects)
+}
+
+/// A kustomization's resources and components, before its own transformers.
+fn accumulate(dir: &Path) -> Result<(Value, Vec<Value>), String> {
+    let path = dir.join("kustomization.yaml");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let kz: Value = serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let fields = kz
+        .as_object()
+        .ok_or(format!("{}: not a mapping", path.display()))?;
+    for key in fields.keys() {
+        if ![
+            "apiVersion",
+            "kind",
+            "resources",
+            "components",
+            "patches",
+            "namespace",
+            "labels",
+            "images",
+        ]
+        .contains(&key.as_str())
+        {
+            return Err(format!(
+                "{}: the fallback renderer does not support `{key}`",
+                path.display()
+            ));
+        }
+    }
+    let mut objects = Vec::new();
+    for res in kz["resources"].as_array().into_iter().flatten() {
+        let res = dir.join(res.as_str().ok_or("resource is not a string")?);
+        if res.is_dir() {
+            objects.extend(mini_kustomize(&res)?);
+        } else {
+            let text =
+                std::fs::read_to_string(&res).map_err(|e| format!("{}: {e}", res.display()))?;
+            objects.extend(parse_documents(&text).map_err(|e| format!("{}: {e}", res.display()))?);
+        }
+    }
+    for comp in kz["components"].as_array().into_iter().flatten() {
+        let comp = dir.join(comp.as_str().ok_or("component is not a string")?);
+        // A component's resources join the parent's, then its
+        // transformations apply to everything accumulated so far.
+        let (ckz, own) = accumulate(&comp)?;
+        if ckz["kind"] != "Component" {
+            return Err(format!("{}: not a Component", comp.display()));
+        }
+        objects.extend(own);
+        apply_transformers(&ckz, &mut objects, &comp)?;
+    }
+    Ok((kz, objects))
+}
+
+fn apply_transformers(kz: &Value, objects: &mut [Value], dir: &Path) -> Result<(), String> {
+    for patch in kz["patches"].as_array().into_iter().flatten() {
+        let target = &patch["target"];
+        let ops: json_patch::Patch = serde_yaml::from_str(patch["patch"].as_str().ok_or(
+            format!("{}: only inline patches are supported", dir.display()),
+        )?)
+        .map_err(|e| {
+            format!(
+                "{}: only JSON 6902 patches are supported: {e}",
+                dir.display()
+            )
+        })?;
+        let mut hit = false;
+        for obj in objects.iter_mut() {
+            let matches = ["kind", "name"].iter().all(|k| match target[*k].as_str() {
+                None => true,
+                Some(want) if *k == "kind" => kind(obj) == want,
+                Some(want) => name(obj) == want,
+            });
+            if matches {
+                json_patch::patch(obj, &ops)
+                    .map_err(|e| format!("{}: patch on {}: {e}", dir.display(), describe(obj)))?;
+                hit = true;
+            }
+        }
+        if !hit {
+            return Err(format!("{}: a patch matches no object", dir.display()));
+        }
+    }
+    if let Some(ns) = kz["namespace"].as_str() {
+        for obj in objects.iter_mut() {
+            if !CLUSTER_SCOPED.contains(&kind(obj)) {
+                obj["metadata"]["namespace"] = Value::from(ns);
+            }
+            if kind(obj).ends_with("RoleBinding") {
+                for s in obj["subjects"].as_array_mut().into_iter().flatten() {
+                    let default = matches!(s["namespace"].as_str(), None | Some("default"));
+                    if s["kind"] == "ServiceAccount" && default {
+                        s["namespace"] = Value::from(ns);
+                    }
+                }
+            }
+        }
+    }
+    for label in kz["labels"].as_array().into_iter().flatten() {
+        if label["includeSelectors"].as_bool() == Some(true)
+            || label["includeTemplates"].as_bool() == Some(true)
+        {
+            return Err(format!(
+                "{}: the fallback renderer supports labels on metadata only",
+                dir.display()
+            ));
+        }
+        for (k, v) in label["pairs"].as_object().into_iter().flatten() {
+            for obj in objects.iter_mut() {
+                obj["metadata"]["labels"][k] = v.clone();
+            }
+        }
+    }
+    for image in kz["images"].as_array().into_iter().flatten() {
+        let from = image["name"].as_str().unwrap_or("");
+        let new_name = image["newName"].as_str().unwrap_or(from);
+        let new = match image["newTag"].as_str() {
+            Some(tag) => format!("{new_name}:{tag}"),
+            None => new_name.to_owned(),
+        };
+        for obj in objects.iter_mut() {
+            let Some(spec) = obj.pointer_mut("/spec/template/spec") else {
+                continue;
+            };
+            for list in ["containers", "initContainers"] {
+                let Some(list) = spec.get_mut(list).and_then(Value::as_array_mut) else {
+                    continue;
+                };
+                for c in list {
+                    if c["image"].as_str() == Some(from) {
+                        c["image"] = Value::from(new.clone());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
