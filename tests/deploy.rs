@@ -1374,3 +1374,47 @@ fn fallback_renderer_matches_kubectl() {
     }
     fail_if_any("fallback renderer vs kubectl kustomize", &problems);
 }
+
+/// Loop names map to the component whose rules they are checked against.
+#[test]
+fn loop_names_map_to_components() {
+    for (loop_name, want) in [
+        ("provisioner", None),
+        ("leader-election", None),
+        ("cloning-protection", None),
+        ("capacity", Some("capacity")),
+        ("storage-capacity", Some("capacity")),
+        ("pvc-protection", Some("pvc-protection")),
+        ("PVCProtection", Some("pvc-protection")),
+        ("protection", Some("pvc-protection")),
+        ("statefulset-retention", Some("statefulset-auto-delete-pvc")),
+        (
+            "StatefulSetAutoDeletePVC",
+            Some("statefulset-auto-delete-pvc"),
+        ),
+        ("retention", Some("statefulset-auto-delete-pvc")),
+        ("pv-releaser", Some("pv-releaser")),
+        ("releaser", Some("pv-releaser")),
+    ] {
+        assert_eq!(rbac::component_of(loop_name), want, "{loop_name}");
+    }
+    // Every component on disk is known to the test.
+    let on_disk: BTreeSet<String> = std::fs::read_dir(render::kubernetes_dir().join("components"))
+        .expect("components dir")
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let known: BTreeSet<String> = COMPONENTS.iter().map(|c| c.dir.to_owned()).collect();
+    assert_eq!(
+        on_disk, known,
+        "deploy/kubernetes/components vs render::COMPONENTS"
+    );
+    // Every component is reachable, and every component has a gate or flag.
+    for c in COMPONENTS {
+        assert_eq!(rbac::component_of(c.dir), Some(c.dir), "{}", c.dir);
+        if let Some(gate) = c.gate {
+            assert_eq!(rbac::component_of(gate.name()), Some(c.dir), "{gate}");
+        }
+    }
+}

@@ -210,7 +210,7 @@ pub fn component_of(loop_name: &str) -> Option<&'static str> {
         .filter(|c| c.is_ascii_alphanumeric())
         .map(|c| c.to_ascii_lowercase())
         .collect();
-    if n.contains("pvcprotection") {
+    if n.contains("pvcprotection") || n == "protection" {
         Some("pvc-protection")
     } else if n.contains("statefulset") || n.contains("retention") {
         Some("statefulset-auto-delete-pvc")
