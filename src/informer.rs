@@ -39,6 +39,8 @@ where
     store: Store<K>,
     writer: std::sync::Mutex<Option<Writer<K>>>,
     handlers: Arc<RwLock<Vec<Handler<K>>>>,
+    /// Set once the first list is in the store.
+    ready: tokio::sync::watch::Sender<bool>,
 }
 
 impl<K> Default for Informer<K>
@@ -60,6 +62,7 @@ where
             store,
             writer: std::sync::Mutex::new(Some(writer)),
             handlers: Arc::default(),
+            ready: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -94,18 +97,14 @@ where
     /// Waits until the initial list is in the store. Several loops may wait
     /// at once.
     pub async fn wait_until_ready(&self) {
-        // kube's `Store::wait_until_ready` keeps a single waker (its
-        // `DelayedInit` polls one oneshot receiver): of several concurrent
-        // waiters only the last one polled is woken, the others hang for
-        // ever. Re-polling periodically makes every waiter see readiness; a
-        // ready store answers at once.
-        //
-        // The writer lives as long as `run`; an error means it stopped, and
-        // then there is nothing left to wait for.
-        while tokio::time::timeout(Duration::from_millis(50), self.store.wait_until_ready())
-            .await
-            .is_err()
-        {}
+        // Not kube's `Store::wait_until_ready`: it keeps a single waker, so
+        // of several concurrent waiters (one per loop) only the last one
+        // polled is woken and the others hang for ever. A watch channel
+        // wakes every subscriber.
+        let mut ready = self.ready.subscribe();
+        // An error means the sender is gone, i.e. the informer itself:
+        // nothing left to wait for.
+        let _ = ready.wait_for(|is_ready| *is_ready).await;
     }
 
     /// Runs the watch until the stream ends (it does not, unless the task is
@@ -168,6 +167,8 @@ where
                 Event::Delete(obj) => self.dispatch(Change::Deleted(obj)),
                 Event::Init => {}
                 Event::InitDone => {
+                    // Handlers have seen every listed object by now.
+                    self.ready.send_replace(true);
                     if let Some(before) = before_relist.take() {
                         for (key, obj) in before {
                             if self.store.get(&key).is_none() {

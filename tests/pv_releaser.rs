@@ -119,7 +119,8 @@ async fn a_managed_claims_volume_is_released_and_claimable_again() {
         events
             .iter()
             .any(|(reason, message)| reason == "ErrReleasePV" && message.contains("release")),
-        "{events:?}"
+        "{events:?}\n{}",
+        env.logs()
     );
 
     // Claimable again: a claim naming the PV is bound to it.

@@ -37,6 +37,13 @@ where
     let started = std::time::Instant::now();
     let result = match tokio::time::timeout(timeout, call).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
+        // A tonic server enforces the `grpc-timeout` we sent by answering
+        // `Cancelled`; once our deadline has passed, that is our deadline.
+        Ok(Err(status))
+            if status.code() == tonic::Code::Cancelled && started.elapsed() >= timeout =>
+        {
+            Err(CsiError::deadline(method, timeout))
+        }
         Ok(Err(status)) => Err(CsiError::new(method, status)),
         Err(_) => Err(CsiError::deadline(method, timeout)),
     };

@@ -58,6 +58,11 @@ pub struct Releaser {
     resync_period: Duration,
     stopped: AtomicBool,
     workers: usize,
+    /// PV name → the resourceVersion our last write to it was based on.
+    /// While the cache still shows that version it has not seen the write
+    /// yet, and deciding again would repeat it; the write's own watch event
+    /// queues the PV again.
+    pub(crate) written_from: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 /// Registers the cache handlers and asks for PVs, claims and classes. Call
@@ -130,6 +135,7 @@ pub fn new(shared: &Shared, settings: Settings) -> Arc<Releaser> {
         resync_period: settings.resync_period,
         stopped: AtomicBool::new(false),
         workers: shared.workers.max(1),
+        written_from: std::sync::Mutex::default(),
     })
 }
 

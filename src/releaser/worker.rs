@@ -56,6 +56,14 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
     });
     let resource_version = pv.metadata.resource_version.clone().unwrap_or_default();
     let id = ctx.config.controller_id.as_str();
+    {
+        let mut written_from = ctx.written_from.lock().unwrap_or_else(|p| p.into_inner());
+        if written_from.get(name) == Some(&resource_version) {
+            tracing::debug!(volume = %name, "PV releaser: the cache has not seen our last write yet");
+            return Ok(());
+        }
+        written_from.remove(name);
+    }
 
     match verdict::decide(&pv, class.as_deref(), claim.as_deref(), &ctx.config) {
         Verdict::NotOurs => {
@@ -160,6 +168,12 @@ async fn patch(
     {
         Ok(_) => {
             tracing::debug!(volume = %name, "PV releaser: {what}: done");
+            if let Some(from) = body["metadata"]["resourceVersion"].as_str() {
+                ctx.written_from
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name.to_owned(), from.to_owned());
+            }
             Ok(())
         }
         Err(kube::Error::Api(status)) if status.code == 404 => {

@@ -116,6 +116,14 @@ pub enum RetentionError {
         #[source]
         source: kube::Error,
     },
+    #[error("{kind} {owner}: cannot confirm it live before claim {claim} references it: {source}")]
+    ReadOwner {
+        kind: String,
+        owner: String,
+        claim: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("claim {claim}: internal error building the patch: {source}")]
     BadPatch {
         claim: String,
@@ -402,6 +410,18 @@ impl Context {
                     .owner_references
                     .as_deref()
                     .unwrap_or_default();
+                // Caches of different kinds are not ordered: the claim's
+                // cache may already show the garbage collector stripping
+                // the references of a set deleted with orphan propagation
+                // while the set's cache still shows it alive. A reference
+                // added now to a set about to vanish would make the
+                // collector delete the claim. So every owner that a patch
+                // adds is confirmed live first (writes are rare; reads are
+                // cheap).
+                if let Some(reason) = self.new_owner_not_live(&name, current, wanted).await? {
+                    tracing::info!(claim = %name, statefulset = %key, "not adding owner references yet: {reason}");
+                    return Ok(());
+                }
                 tracing::info!(
                     claim = %name, statefulset = %key, %policy, condemned = plan.condemned,
                     from = %describe(current), to = %describe(wanted),
@@ -412,6 +432,54 @@ impl Context {
             }
             Decision::DeleteClaim => self.delete_condemned(key, plan, claim, &name).await,
         }
+    }
+
+    /// Why an owner reference that `wanted` adds must not be written now
+    /// (its owner is gone, replaced, or being deleted, as read live), or
+    /// `None` when every new owner is alive.
+    async fn new_owner_not_live(
+        &self,
+        claim: &str,
+        current: &[OwnerReference],
+        wanted: &[OwnerReference],
+    ) -> Result<Option<String>, RetentionError> {
+        let namespace = claim.split('/').next().unwrap_or_default();
+        for owner in wanted
+            .iter()
+            .filter(|w| !current.iter().any(|c| c.uid == w.uid))
+        {
+            let read = match owner.kind.as_str() {
+                "StatefulSet" => Api::<StatefulSet>::namespaced(self.client.clone(), namespace)
+                    .get_opt(&owner.name)
+                    .await
+                    .map(|o| o.map(|o| (o.metadata.uid, o.metadata.deletion_timestamp.is_some()))),
+                "Pod" => Api::<Pod>::namespaced(self.client.clone(), namespace)
+                    .get_opt(&owner.name)
+                    .await
+                    .map(|o| o.map(|o| (o.metadata.uid, o.metadata.deletion_timestamp.is_some()))),
+                _ => continue,
+            };
+            let live = read.map_err(|source| RetentionError::ReadOwner {
+                kind: owner.kind.clone(),
+                owner: format!("{namespace}/{}", owner.name),
+                claim: claim.to_owned(),
+                source,
+            })?;
+            match live {
+                None => return Ok(Some(format!("{} {} is gone", owner.kind, owner.name))),
+                Some((uid, _)) if uid.as_deref() != Some(owner.uid.as_str()) => {
+                    return Ok(Some(format!("{} {} was replaced", owner.kind, owner.name)));
+                }
+                Some((_, true)) => {
+                    return Ok(Some(format!(
+                        "{} {} is being deleted",
+                        owner.kind, owner.name
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(None)
     }
 
     async fn patch_owner_references(

@@ -189,8 +189,18 @@ impl Env {
         faults::clear(&self.driver.faults_file).expect("clear faults");
     }
 
+    /// The driver's volumes. A volume deleted between the directory listing
+    /// and the read of its record makes one read fail: read again.
     pub fn backend_volumes(&self) -> Vec<csi_hostpath::VolumeRecord> {
-        csi_hostpath::backend_volumes(&self.driver.state_dir).expect("backend volumes")
+        let mut last_error = None;
+        for _ in 0..20 {
+            match csi_hostpath::backend_volumes(&self.driver.state_dir) {
+                Ok(volumes) => return volumes,
+                Err(e) => last_error = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("cannot read the backend volumes: {last_error:?}");
     }
 
     pub fn storage_class(
