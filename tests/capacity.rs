@@ -206,6 +206,19 @@ async fn owner_pod_immediate_classes_and_no_topology() {
         )
         .expect("pod");
     let uid = pod.metadata.uid.clone().expect("uid");
+    // An object of an earlier run without owner references, already right:
+    // adopted, and updated only to get the owner.
+    env.api
+        .create_object(json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
+            "metadata": {"name": "csisc-legacy", "namespace": "default", "labels": {
+                "csi.storage.k8s.io/drivername": DRIVER,
+                "csi.storage.k8s.io/managed-by": "external-provisioner",
+            }},
+            "storageClassName": "wffc", "nodeTopology": {},
+            "capacity": "1Gi", "maximumVolumeSize": "1Gi",
+        }))
+        .expect("legacy object");
     env.start_sidecar_with_env(
         &[
             "--enable-capacity",
@@ -217,7 +230,18 @@ async fn owner_pod_immediate_classes_and_no_topology() {
         &[("POD_NAME", "csi-provisioner-0")],
     );
     for class in ["imm", "wffc"] {
-        let o = wait_capacity(&env, class, "1Gi").await;
+        let o = env
+            .wait_for(
+                &format!("the object of {class} with an owner"),
+                Duration::from_secs(20),
+                || async {
+                    let found = of_class(&env, class);
+                    (found.len() == 1 && found[0].metadata.owner_references.is_some())
+                        .then(|| found[0].clone())
+                },
+            )
+            .await;
+        assert_eq!(capacity(&o), Some("1Gi"));
         let owners = o.metadata.owner_references.clone().unwrap_or_default();
         assert_eq!(owners.len(), 1, "{owners:?}");
         assert_eq!(owners[0].kind, "Pod");
@@ -232,6 +256,16 @@ async fn owner_pod_immediate_classes_and_no_topology() {
         );
     }
     assert_eq!(objects(&env).len(), 2);
+    assert_eq!(
+        of_class(&env, "wffc")[0].metadata.name.as_deref(),
+        Some("csisc-legacy")
+    );
+    assert_eq!(
+        env.api.request_count(Verb::Create, RESOURCE),
+        1,
+        "only imm's object is new: {:?}",
+        sidecar_capacity_requests(&env)
+    );
     // The garbage collector removes the objects with their owner (the
     // sidecar is stopped first, as it would be with its pod).
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
@@ -347,4 +381,80 @@ async fn a_missing_pod_name_stops_the_sidecar() {
     let logs = env.logs();
     assert!(logs.contains("POD_NAME"), "{logs}");
     assert_eq!(sidecar_capacity_requests(&env), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_nodes_and_recreates_a_deleted_object() {
+    let mut env = env_with_capacity(true).await;
+    env.storage_class(
+        "wffc",
+        "WaitForFirstConsumer",
+        "Delete",
+        json!({"kind": "fast"}),
+    );
+    // A long poll interval: what follows must come from watch events.
+    env.start_sidecar(&[
+        "--enable-capacity",
+        "--capacity-poll-interval=1h",
+        "--capacity-ownerref-level=-1",
+    ]);
+    let first = wait_capacity(&env, "wffc", "1Gi").await;
+
+    // A second node with the driver: a second segment. The hostpath driver
+    // has no storage for another node's topology, so it reports 0.
+    env.add_node("node-2");
+    let segment_of = |o: &CSIStorageCapacity| {
+        o.node_topology
+            .as_ref()
+            .and_then(|t| t.match_labels.as_ref())
+            .and_then(|l| l.get(csi_hostpath::TOPOLOGY_KEY).cloned())
+    };
+    let published = env
+        .wait_for("an object per node", Duration::from_secs(20), || async {
+            let found = of_class(&env, "wffc");
+            (found.len() == 2).then_some(found)
+        })
+        .await;
+    let mut by_node: Vec<(Option<String>, Option<String>)> = published
+        .iter()
+        .map(|o| (segment_of(o), capacity(o).map(str::to_owned)))
+        .collect();
+    by_node.sort();
+    assert_eq!(
+        by_node,
+        vec![
+            (Some("node-2".to_owned()), Some("0".to_owned())),
+            (Some(NODE.to_owned()), Some("1Gi".to_owned())),
+        ]
+    );
+
+    // Someone deletes our object: it is published again.
+    let name = first.metadata.name.clone().expect("name");
+    env.api
+        .delete_object("storage.k8s.io/v1", "CSIStorageCapacity", "default", &name)
+        .expect("delete object");
+    let again = env
+        .wait_for("the object recreated", Duration::from_secs(20), || async {
+            of_class(&env, "wffc")
+                .into_iter()
+                .find(|o| segment_of(o).as_deref() == Some(NODE))
+        })
+        .await;
+    assert_ne!(again.metadata.name.as_deref(), Some(name.as_str()));
+    assert_eq!(capacity(&again), Some("1Gi"));
+
+    // The node's CSINode loses the driver: its segment goes.
+    env.api
+        .delete_object("storage.k8s.io/v1", "CSINode", "", "node-2")
+        .expect("delete csinode");
+    env.wait_for(
+        "node-2's object deleted",
+        Duration::from_secs(20),
+        || async {
+            let found = of_class(&env, "wffc");
+            (found.len() == 1 && segment_of(&found[0]).as_deref() == Some(NODE)).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }

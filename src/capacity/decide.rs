@@ -251,16 +251,20 @@ impl Publisher {
         )
     }
 
-    /// Whether `object` is ours: our labels, and our owner when we have one
-    /// (objects of another owner belong to another deployment, as upstream).
-    pub fn owns(&self, object: &CSIStorageCapacity) -> bool {
+    /// Whether `object` is ours to manage: it carries our driver and
+    /// managed-by labels (upstream's `isManaged`). Its owner does not
+    /// matter: an object of a run without (or with another) owner is
+    /// adopted and gets our owner added on its next update.
+    pub fn manages(&self, object: &CSIStorageCapacity) -> bool {
         let labels = object.metadata.labels.as_ref();
         let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
-        if label(LABEL_DRIVER_NAME) != Some(self.driver.as_str())
-            || label(LABEL_MANAGED_BY) != Some(self.managed_by.as_str())
-        {
-            return false;
-        }
+        label(LABEL_DRIVER_NAME) == Some(self.driver.as_str())
+            && label(LABEL_MANAGED_BY) == Some(self.managed_by.as_str())
+    }
+
+    /// Whether `object` has our owner as its controller, or we have no
+    /// owner (upstream's `isOwnedByUs`).
+    pub fn owner_ok(&self, object: &CSIStorageCapacity) -> bool {
         match &self.owner {
             None => true,
             Some(owner) => object
@@ -268,7 +272,7 @@ impl Publisher {
                 .owner_references
                 .iter()
                 .flatten()
-                .any(|r| r.uid == owner.uid),
+                .any(|r| r.controller == Some(true) && r.uid == owner.uid),
         }
     }
 
@@ -365,12 +369,13 @@ impl Action {
 
 /// The diff between what is wanted and what is published.
 ///
-/// `existing` are the objects in our namespace; those not ours
-/// ([`Publisher::owns`]) are ignored. Each wanted pair adopts the oldest of
+/// `existing` are the objects in our namespace; those we do not manage
+/// ([`Publisher::manages`]: other driver or producer) are ignored. Each wanted pair adopts the oldest of
 /// our objects with its class and segment (by creation time, then name), so
 /// objects of a previous run are reused, not duplicated; the others go.
 /// A pair with a known capacity gets its object created, or updated only
-/// when a value changed.
+/// when a value changed or it lacks our owner reference (then added, as
+/// upstream does for a deployment that turned owner references on).
 pub fn reconcile(
     publisher: &Publisher,
     wanted: &BTreeSet<Pair>,
@@ -380,7 +385,7 @@ pub fn reconcile(
     let mut ours: Vec<&CSIStorageCapacity> = existing
         .iter()
         .copied()
-        .filter(|o| publisher.owns(o) && o.metadata.name.is_some())
+        .filter(|o| publisher.manages(o) && o.metadata.name.is_some())
         .collect();
     ours.sort_by(|a, b| {
         let created = |o: &CSIStorageCapacity| o.metadata.creation_timestamp.clone().map(|t| t.0);
@@ -432,14 +437,25 @@ pub fn reconcile(
                 pair: pair.clone(),
                 object: Box::new(publisher.new_object(pair, value)),
             }),
-            Some(object) if up_to_date(object, value) => actions.push(Action::Keep {
-                pair: pair.clone(),
-                name: name.unwrap_or_default(),
-            }),
+            Some(object) if up_to_date(object, value) && publisher.owner_ok(object) => {
+                actions.push(Action::Keep {
+                    pair: pair.clone(),
+                    name: name.unwrap_or_default(),
+                });
+            }
             Some(object) => {
                 let mut updated = object.clone();
                 updated.capacity = Some(bytes_to_quantity(value.available));
                 updated.maximum_volume_size = value.maximum.map(bytes_to_quantity);
+                if let Some(owner) = &publisher.owner
+                    && !publisher.owner_ok(object)
+                {
+                    updated
+                        .metadata
+                        .owner_references
+                        .get_or_insert_with(Vec::new)
+                        .push(owner.clone());
+                }
                 actions.push(Action::Update {
                     pair: pair.clone(),
                     object: Box::new(updated),

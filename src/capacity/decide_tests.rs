@@ -502,38 +502,85 @@ fn reconcile_table() {
 }
 
 #[test]
-fn with_an_owner_only_owned_objects_are_ours() {
+fn with_an_owner_objects_get_it_added() {
     let a = pair("fast", "a");
+    let b = pair("fast", "b");
     let p = publisher(Some("uid-1"));
     let mut mine = object("csisc-mine", &a, "1Gi", None, 1);
     mine.metadata.owner_references = Some(vec![owner("uid-1")]);
-    let mut theirs = object("csisc-theirs", &a, "1Gi", None, 1);
+    let mut theirs = object("csisc-theirs", &b, "1Gi", None, 1);
     theirs.metadata.owner_references = Some(vec![owner("uid-2")]);
-    let orphan = object("csisc-orphan", &a, "1Gi", None, 1);
-    assert!(p.owns(&mine));
-    assert!(!p.owns(&theirs));
-    assert!(!p.owns(&orphan));
+    let mut not_controller = object("csisc-weak", &b, "1Gi", None, 1);
+    let mut weak = owner("uid-1");
+    weak.controller = None;
+    not_controller.metadata.owner_references = Some(vec![weak]);
+    let orphan = object("csisc-orphan", &b, "1Gi", None, 1);
+    for (o, managed, owned) in [
+        (&mine, true, true),
+        (&theirs, true, false),
+        (&not_controller, true, false),
+        (&orphan, true, false),
+    ] {
+        assert_eq!(p.manages(o), managed, "{:?}", o.metadata.name);
+        assert_eq!(p.owner_ok(o), owned, "{:?}", o.metadata.name);
+    }
     assert!(
-        publisher(None).owns(&theirs),
-        "without an owner, labels decide"
+        publisher(None).owner_ok(&theirs),
+        "without an owner, any is fine"
     );
 
-    let wanted: BTreeSet<Pair> = [a.clone()].into();
-    let reported = HashMap::from([(a.clone(), rep(GI, None))]);
-    let got = reconcile(&p, &wanted, &[&theirs, &orphan], &reported);
-    assert_eq!(summary(&got), vec![format!("create {a} 1Gi None")]);
-    let Action::Create { object, .. } = &got[0] else {
-        panic!("create expected");
+    let wanted: BTreeSet<Pair> = [a.clone(), b.clone()].into();
+    let reported = HashMap::from([(a.clone(), rep(GI, None)), (b.clone(), rep(GI, None))]);
+    let got = reconcile(&p, &wanted, &[&mine, &orphan], &reported);
+    assert_eq!(
+        summary(&got),
+        vec![
+            "keep csisc-mine".to_owned(),
+            format!("update csisc-orphan {b} 1Gi None"),
+        ],
+        "same capacity, but the owner is missing: update"
+    );
+    let Action::Update {
+        object: updated, ..
+    } = &got[1]
+    else {
+        panic!("update expected");
     };
     assert_eq!(
-        object.metadata.owner_references,
+        updated.metadata.owner_references,
+        Some(vec![owner("uid-1")])
+    );
+
+    let got = reconcile(&p, &wanted, &[&theirs], &reported);
+    let Some(Action::Update {
+        object: updated, ..
+    }) = got.iter().find(|a| matches!(a, Action::Update { .. }))
+    else {
+        panic!("update expected: {got:?}");
+    };
+    assert_eq!(
+        updated.metadata.owner_references,
+        Some(vec![owner("uid-2"), owner("uid-1")]),
+        "ours is appended, theirs kept"
+    );
+    let Some(Action::Create {
+        object: created, ..
+    }) = got.iter().find(|a| matches!(a, Action::Create { .. }))
+    else {
+        panic!("create expected for pair a: {got:?}");
+    };
+    assert_eq!(
+        created.metadata.owner_references,
         Some(vec![owner("uid-1")]),
         "new objects carry the owner"
     );
     let got = reconcile(&p, &BTreeSet::new(), &[&mine, &theirs], &reported);
     assert_eq!(
         summary(&got),
-        vec!["delete csisc-mine NotWanted".to_owned()]
+        vec![
+            "delete csisc-mine NotWanted".to_owned(),
+            "delete csisc-theirs NotWanted".to_owned()
+        ]
     );
 }
 
