@@ -458,3 +458,48 @@ async fn follows_nodes_and_recreates_a_deleted_object() {
     .await;
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_get_capacity_is_retried_and_keeps_the_published_value() {
+    let mut env = env_with_capacity(true).await;
+    env.storage_class(
+        "wffc",
+        "WaitForFirstConsumer",
+        "Delete",
+        json!({"kind": "fast"}),
+    );
+    // The first two calls fail: the object appears after the retries.
+    env.set_faults(vec![
+        csi_hostpath::faults::Fault::error("GetCapacity", tonic::Code::Unavailable).times(2),
+    ]);
+    env.start_sidecar(&[
+        "--enable-capacity",
+        "--capacity-poll-interval=1s",
+        "--capacity-ownerref-level=-1",
+    ]);
+    let first = wait_capacity(&env, "wffc", "1Gi").await;
+    let logs = env.logs();
+    assert!(
+        logs.contains("GetCapacity for class wffc") && logs.contains("failed"),
+        "the failure is logged\n{logs}"
+    );
+
+    // While the driver fails, the published object stays as it is.
+    env.set_faults(vec![csi_hostpath::faults::Fault::error(
+        "GetCapacity",
+        tonic::Code::Internal,
+    )]);
+    let failed_before = env.logs().matches("GetCapacity for class wffc").count();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(
+        env.logs().matches("GetCapacity for class wffc").count() > failed_before,
+        "still polled, still failing\n{}",
+        env.logs()
+    );
+    let still = of_class(&env, "wffc");
+    assert_eq!(still.len(), 1);
+    assert_eq!(still[0].metadata.name, first.metadata.name);
+    assert_eq!(capacity(&still[0]), Some("1Gi"));
+    env.clear_faults();
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}

@@ -466,6 +466,36 @@ pub fn reconcile(
     actions
 }
 
+/// Upstream's object gauges, from one [`reconcile`] result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    /// Wanted pairs.
+    pub goal: usize,
+    /// Wanted pairs that have an object.
+    pub current: usize,
+    /// Objects about to be deleted.
+    pub obsolete: usize,
+}
+
+impl Counts {
+    pub fn of(actions: &[Action]) -> Counts {
+        let mut c = Counts::default();
+        for action in actions {
+            match action {
+                Action::Create { .. } | Action::Pending { name: None, .. } => c.goal += 1,
+                Action::Update { .. }
+                | Action::Keep { .. }
+                | Action::Pending { name: Some(_), .. } => {
+                    c.goal += 1;
+                    c.current += 1;
+                }
+                Action::Delete { .. } => c.obsolete += 1,
+            }
+        }
+        c
+    }
+}
+
 /// The controller reference of an object (the one with `controller: true`).
 pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
     meta.owner_references

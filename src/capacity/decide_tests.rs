@@ -498,6 +498,25 @@ fn reconcile_table() {
         let reported: HashMap<Pair, Reported> = case.reported.into_iter().collect();
         let got = reconcile(&publisher(None), &wanted, &refs, &reported);
         assert_eq!(summary(&got), case.want, "{}", case.what);
+        let counts = Counts::of(&got);
+        assert_eq!(counts.goal, wanted.len(), "{}", case.what);
+        assert_eq!(
+            counts.obsolete,
+            case.want.iter().filter(|a| a.starts_with("delete")).count(),
+            "{}",
+            case.what
+        );
+        assert_eq!(
+            counts.current,
+            case.want
+                .iter()
+                .filter(|a| a.starts_with("keep")
+                    || a.starts_with("update")
+                    || (a.starts_with("pending") && !a.ends_with("None")))
+                .count(),
+            "{}",
+            case.what
+        );
     }
 }
 

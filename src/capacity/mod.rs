@@ -371,7 +371,7 @@ impl Capacity {
         )
     }
 
-    /// The diff against the current state.
+    /// The diff against the current state; updates the object gauges.
     fn actions(&self, wanted: &BTreeSet<Pair>) -> Vec<Action> {
         let objects: Vec<Arc<CSIStorageCapacity>> = lock(&self.objects).values().cloned().collect();
         let refs: Vec<&CSIStorageCapacity> = objects.iter().map(|o| &**o).collect();
@@ -380,7 +380,10 @@ impl Capacity {
             reported.retain(|pair, _| wanted.contains(pair));
             reported.clone()
         };
-        decide::reconcile(&self.publisher, wanted, &refs, &reported)
+        let actions = decide::reconcile(&self.publisher, wanted, &refs, &reported);
+        let counts = decide::Counts::of(&actions);
+        crate::metrics::set_capacity_objects(counts.goal, counts.current, counts.obsolete);
+        actions
     }
 
     fn api(&self) -> Api<CSIStorageCapacity> {
@@ -412,7 +415,14 @@ impl Capacity {
                         first_error.get_or_insert(e);
                     }
                 }
-                Action::Pending { pair, .. } | Action::Create { pair, .. } => {
+                Action::Pending { pair, name } => {
+                    tracing::debug!(csistoragecapacity = %name.as_deref().unwrap_or("-"), %pair, "capacity not known yet; polling");
+                    let key = Key::Pair(pair);
+                    if self.queue.failures(&key) == 0 {
+                        self.queue.add(key);
+                    }
+                }
+                Action::Create { pair, .. } => {
                     // A pair whose poll is backing off after a failure
                     // waits for its retry.
                     let key = Key::Pair(pair);
