@@ -443,6 +443,29 @@ async fn follows_nodes_and_recreates_a_deleted_object() {
     assert_ne!(again.metadata.name.as_deref(), Some(name.as_str()));
     assert_eq!(capacity(&again), Some("1Gi"));
 
+    // Someone changes its capacity: it is corrected.
+    let again_name = again.metadata.name.clone().expect("name");
+    let mut edited = env
+        .api
+        .get_object(
+            "storage.k8s.io/v1",
+            "CSIStorageCapacity",
+            "default",
+            &again_name,
+        )
+        .expect("object");
+    edited["capacity"] = json!("7Gi");
+    env.api.update_object(edited).expect("edit object");
+    env.wait_for(
+        "the capacity corrected",
+        Duration::from_secs(20),
+        || async {
+            let o: CSIStorageCapacity = env.api.get("default", &again_name)?;
+            (capacity(&o) == Some("1Gi")).then_some(())
+        },
+    )
+    .await;
+
     // The node's CSINode loses the driver: its segment goes.
     env.api
         .delete_object("storage.k8s.io/v1", "CSINode", "", "node-2")

@@ -422,15 +422,17 @@ impl Capacity {
                         self.queue.add(key);
                     }
                 }
-                Action::Create { pair, .. } => {
-                    // A pair whose poll is backing off after a failure
-                    // waits for its retry.
+                // An object missing (deleted by someone) or showing other
+                // values (changed by someone) than last reported: the
+                // pair's worker polls again and writes. A pair whose poll is
+                // backing off after a failure waits for its retry.
+                Action::Create { pair, .. } | Action::Update { pair, .. } => {
                     let key = Key::Pair(pair);
                     if self.queue.failures(&key) == 0 {
                         self.queue.add(key);
                     }
                 }
-                Action::Update { .. } | Action::Keep { .. } => {}
+                Action::Keep { .. } => {}
             }
         }
         first_error.map_or(Ok(()), Err)
