@@ -526,3 +526,84 @@ async fn a_failing_get_capacity_is_retried_and_keeps_the_published_value() {
     env.clear_faults();
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn level_one_owner_is_the_pods_statefulset() {
+    let mut env = env_with_capacity(true).await;
+    env.storage_class(
+        "wffc",
+        "WaitForFirstConsumer",
+        "Delete",
+        json!({"kind": "fast"}),
+    );
+    let set = env
+        .api
+        .create_object(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "csi-controller", "namespace": "default"},
+            "spec": {
+                "serviceName": "csi", "replicas": 1,
+                "selector": {"matchLabels": {"app": "csi"}},
+                "template": {"metadata": {"labels": {"app": "csi"}},
+                    "spec": {"containers": [{"name": "c", "image": "x"}]}},
+            },
+        }))
+        .expect("statefulset");
+    let set_uid = set["metadata"]["uid"].as_str().expect("uid").to_owned();
+    env.api
+        .create_object(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "csi-controller-0", "namespace": "default",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                    "name": "csi-controller", "uid": set_uid, "controller": true}]},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }))
+        .expect("pod");
+    env.start_sidecar_with_env(
+        &[
+            "--enable-capacity",
+            "--capacity-poll-interval=1s",
+            "--capacity-ownerref-level=1",
+        ],
+        &[("POD_NAME", "csi-controller-0")],
+    );
+    let o = wait_capacity(&env, "wffc", "1Gi").await;
+    let owners = o.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(
+        (
+            owners[0].api_version.as_str(),
+            owners[0].kind.as_str(),
+            owners[0].name.as_str(),
+            owners[0].uid.as_str(),
+            owners[0].controller
+        ),
+        (
+            "apps/v1",
+            "StatefulSet",
+            "csi-controller",
+            set_uid.as_str(),
+            Some(true)
+        )
+    );
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+
+    // Level 2 above a StatefulSet: nothing controls it, the sidecar refuses.
+    env.start_sidecar_with_env(
+        &["--enable-capacity", "--capacity-ownerref-level=2"],
+        &[("POD_NAME", "csi-controller-0")],
+    );
+    let mut child = env.sidecar.take().expect("sidecar");
+    let status = env
+        .wait_for("the sidecar to exit", Duration::from_secs(20), || {
+            let exited = child.try_wait().ok().flatten();
+            async move { exited }
+        })
+        .await;
+    assert!(!status.success());
+    let logs = env.logs();
+    assert!(
+        logs.contains("StatefulSet default/csi-controller has no controlling owner"),
+        "{logs}"
+    );
+}

@@ -19,14 +19,29 @@
 //!   - `Key::Pair(pair)` calls `GetCapacity` for one pair and creates or
 //!     updates its object (only this pair's actions of the diff). Every
 //!     pair is queued each `--capacity-poll-interval`.
-//!   - `Key::Sweep` deletes objects no wanted pair needs and queues pairs
-//!     without a known capacity or without an object. Queued by changes of
-//!     StorageClasses, Nodes, CSINodes and of our CSIStorageCapacity
+//!   - `Key::Sweep` deletes objects no wanted pair needs and queues the
+//!     pairs without a known capacity, without an object, or whose object
+//!     shows other values (someone deleted or edited it). Queued by changes
+//!     of StorageClasses, Nodes, CSINodes and of our CSIStorageCapacity
 //!     objects, and at each poll.
 //!
-//!   Only one worker handles a given key at a time, so a pair's object is
-//!   never created twice; the objects we write are remembered at once
-//!   (`objects`), before the watch reports them.
+//!   Only one worker handles a given key at a time, and only `Key::Pair`
+//!   creates, so a pair's object is never created twice; the objects we
+//!   write are remembered at once (`objects`), before the watch reports
+//!   them. A failed `GetCapacity` or write retries the key with the
+//!   `--retry-interval-*` backoff; the published object stays as it is
+//!   meanwhile.
+//!
+//! Ownership follows upstream: an object is ours when it carries our
+//! driver and managed-by labels; with an owner, one lacking our owner
+//! reference gets it added (adoption after turning owner references on).
+//! Objects without a nodeTopology we would write (absent, or with
+//! expressions) are deleted. A driver without topology gets one object per
+//! class with an empty nodeTopology selector, which the scheduler reads as
+//! "all nodes" (an absent one would mean "no node").
+//!
+//! The gauges `csistoragecapacities_desired_goal`, `_desired_current` and
+//! `csistoragecapacities_obsolete` follow each diff, as upstream's.
 //!
 //! Life cycle, as every loop: [`check_driver`] and [`Settings::from_options`]
 //! at start-up (a driver without GET_CAPACITY, or missing `NAMESPACE` /
