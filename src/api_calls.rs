@@ -119,6 +119,54 @@ pub const STATEFULSET_RETENTION: &[ApiCall] = &[
     call("storage.k8s.io", "storageclasses", WATCH),
 ];
 
+/// Storage capacity tracking (`src/capacity`, `--enable-capacity`).
+pub const CAPACITY: &[ApiCall] = &[
+    // The shared caches it decides from (also the provisioner's).
+    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+    call("", "nodes", LIST_WATCH),
+    call("storage.k8s.io", "csinodes", LIST_WATCH),
+    // Its objects, in the sidecar's namespace: watched (by label), created,
+    // replaced when a value changes, deleted when stale.
+    ApiCall {
+        group: "storage.k8s.io",
+        resource: "csistoragecapacities",
+        verbs: &["list", "watch", "create", "update", "delete"],
+        namespaced_only: true,
+    },
+    // `--capacity-ownerref-level`: the owner chain from POD_NAME, read once
+    // at start (`src/capacity/owner.rs`).
+    ApiCall {
+        group: "",
+        resource: "pods",
+        verbs: &["get"],
+        namespaced_only: true,
+    },
+    ApiCall {
+        group: "apps",
+        resource: "replicasets",
+        verbs: &["get"],
+        namespaced_only: true,
+    },
+    ApiCall {
+        group: "apps",
+        resource: "statefulsets",
+        verbs: &["get"],
+        namespaced_only: true,
+    },
+    ApiCall {
+        group: "apps",
+        resource: "daemonsets",
+        verbs: &["get"],
+        namespaced_only: true,
+    },
+    ApiCall {
+        group: "apps",
+        resource: "deployments",
+        verbs: &["get"],
+        namespaced_only: true,
+    },
+];
+
 /// Every loop's calls, with the loop's name (for messages).
 pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
     vec![
@@ -127,5 +175,6 @@ pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
         ("pvc-protection", PVC_PROTECTION),
         ("pv-releaser", PV_RELEASER),
         ("statefulset-retention", STATEFULSET_RETENTION),
+        ("capacity", CAPACITY),
     ]
 }

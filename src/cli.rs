@@ -284,11 +284,6 @@ pub enum CliError {
 /// built yet. Each one that is set on the command line is reported once at
 /// start-up, so nobody believes a setting took effect when it did not.
 pub const NOT_YET_IMPLEMENTED: &[&str] = &[
-    "enable-capacity",
-    "capacity-ownerref-level",
-    "capacity-threads",
-    "capacity-poll-interval",
-    "capacity-for-immediate-binding",
     "node-deployment",
     "node-deployment-immediate-binding",
     "node-deployment-base-delay",
@@ -389,6 +384,27 @@ impl Options {
                 crate::duration::format_go_duration(self.retry_interval_start),
                 crate::duration::format_go_duration(self.retry_interval_max)
             )));
+        }
+        if self.capacity_threads == 0 {
+            return Err(CliError::Invalid {
+                flag: "capacity-threads",
+                value: "0".into(),
+                reason: "must be at least 1".into(),
+            });
+        }
+        if self.capacity_poll_interval.is_zero() {
+            return Err(CliError::Invalid {
+                flag: "capacity-poll-interval",
+                value: "0s".into(),
+                reason: "must be greater than zero".into(),
+            });
+        }
+        if self.capacity_ownerref_level < -1 {
+            return Err(CliError::Invalid {
+                flag: "capacity-ownerref-level",
+                value: self.capacity_ownerref_level.to_string(),
+                reason: "must be -1 (no owner) or a level >= 0".into(),
+            });
         }
         if self.timeout.is_zero() {
             return Err(CliError::Invalid {
@@ -644,7 +660,8 @@ mod tests {
         assert_eq!(o.capacity_ownerref_level, -1);
         assert_eq!(o.snapshot_orphan_sweep_interval, Duration::ZERO);
         assert_eq!(o.log_level(), tracing::Level::TRACE);
-        assert!(o.set_but_not_implemented().contains(&"enable-capacity"));
+        assert!(o.set_but_not_implemented().contains(&"node-deployment"));
+        assert!(!o.set_but_not_implemented().contains(&"enable-capacity"));
         assert!(!o.set_but_not_implemented().contains(&"kube-api-qps"));
         assert!(!o.set_but_not_implemented().contains(&"worker-threads"));
         assert!(!o.set_but_not_implemented().contains(&"timeout"));

@@ -2,6 +2,7 @@
 
 pub mod api_calls;
 pub mod caches;
+pub mod capacity;
 pub mod cli;
 pub mod csi;
 pub mod duration;

@@ -10,6 +10,9 @@
 //!   and `source` (the claim's data source kind) on the provisioning ones.
 //! - `workqueue_depth`, `workqueue_adds_total`, `workqueue_retries_total`
 //!   (client-go workqueue metrics), label `name` (`claims`, `volumes`).
+//! - `csistoragecapacities_desired_goal`, `csistoragecapacities_desired_current`,
+//!   `csistoragecapacities_obsolete` (upstream's `pkg/capacity`), with
+//!   `--enable-capacity` only.
 //!
 //! One process-wide registry: the call sites (CSI calls, queues, workers)
 //! are many and deep, and threading a handle through each would touch every
@@ -60,6 +63,12 @@ struct QueueLabels {
     name: String,
 }
 
+/// No labels; a family so that the metric is absent until first set (the
+/// capacity gauges exist only with `--enable-capacity`, as upstream). It is
+/// encoded `name{} value`, which Prometheus reads as no labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NoLabels {}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 struct Metrics {
@@ -75,6 +84,9 @@ struct Metrics {
     queue_depth: Family<QueueLabels, Gauge>,
     queue_adds: Family<QueueLabels, Counter>,
     queue_retries: Family<QueueLabels, Counter>,
+    capacity_goal: Family<NoLabels, Gauge>,
+    capacity_current: Family<NoLabels, Gauge>,
+    capacity_obsolete: Family<NoLabels, Gauge>,
 }
 
 fn csi_histogram() -> Histogram {
@@ -104,6 +116,9 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         queue_depth: Family::default(),
         queue_adds: Family::default(),
         queue_retries: Family::default(),
+        capacity_goal: Family::default(),
+        capacity_current: Family::default(),
+        capacity_obsolete: Family::default(),
     };
     // Counters get their `_total` suffix from the encoder.
     registry.register(
@@ -155,6 +170,21 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "workqueue_retries",
         "Total number of retries handled by workqueue",
         m.queue_retries.clone(),
+    );
+    registry.register(
+        "csistoragecapacities_desired_goal",
+        "Number of CSIStorageCapacity objects that are supposed to be managed automatically",
+        m.capacity_goal.clone(),
+    );
+    registry.register(
+        "csistoragecapacities_desired_current",
+        "Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically",
+        m.capacity_current.clone(),
+    );
+    registry.register(
+        "csistoragecapacities_obsolete",
+        "Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value",
+        m.capacity_obsolete.clone(),
     );
     registry.register_collector(Box::new(ProcessCollector));
     Metrics { registry, ..m }
@@ -435,6 +465,20 @@ pub fn queue_retried(name: &str) {
     METRICS.queue_retries.get_or_create(&queue(name)).inc();
 }
 
+/// The capacity loop's object counts (upstream's `csistoragecapacities_*`
+/// gauges): wanted pairs, wanted pairs that have an object, and objects
+/// that are about to be deleted.
+pub fn set_capacity_objects(goal: usize, current: usize, obsolete: usize) {
+    let set = |family: &Family<NoLabels, Gauge>, value: usize| {
+        family
+            .get_or_create(&NoLabels {})
+            .set(i64::try_from(value).unwrap_or(i64::MAX));
+    };
+    set(&METRICS.capacity_goal, goal);
+    set(&METRICS.capacity_current, current);
+    set(&METRICS.capacity_obsolete, obsolete);
+}
+
 /// The content type of [`encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -525,6 +569,7 @@ mod tests {
         delete_failed("unit-slow");
         set_queue_depth("unit-claims", 3);
         queue_retried("unit-claims");
+        set_capacity_objects(4, 3, 1);
         let text = encode();
         for needle in [
             r#"csi_sidecar_operations_seconds_bucket{le="0.5",driver_name="test.csi.example.com",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 1"#,
@@ -537,6 +582,9 @@ mod tests {
             r#"controller_persistentvolume_delete_duration_seconds_bucket{le="0.025",class="unit-fast"} 1"#,
             r#"workqueue_depth{name="unit-claims"} 3"#,
             r#"workqueue_retries_total{name="unit-claims"} 1"#,
+            "\ncsistoragecapacities_desired_goal{} 4\n",
+            "\ncsistoragecapacities_desired_current{} 3\n",
+            "\ncsistoragecapacities_obsolete{} 1\n",
             "process_resident_memory_bytes ",
             "process_start_time_seconds ",
             "process_cpu_seconds_total ",

@@ -37,6 +37,8 @@ pub enum RunError {
     Http(#[from] HttpError),
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
+    #[error(transparent)]
+    Capacity(#[from] crate::capacity::CapacityError),
 }
 
 /// How the run ended without an error.
@@ -101,6 +103,7 @@ pub async fn run(
         tracing::info!("termination signal received before the driver was ready, exiting");
         return Ok(Stopped::Signal);
     };
+    let capacity_settings = capacity_settings(&options, &driver)?;
     let kube_config = load_config(&options.kubeconfig, &options.master).await?;
     let namespace = own_namespace(&options, &kube_config.default_namespace);
     let client = build_client(kube_config, options.rate_limits())?;
@@ -135,12 +138,17 @@ pub async fn run(
     tracing::info!(driver = %config.driver_name, journal_namespace = %namespace, workers = shared.workers, "starting the provisioning loop");
     // Caches fill while we wait for leadership, so a new leader starts
     // from warm caches; nothing is written before the lease is ours.
+    let capacity_driver = driver.clone();
     let start = async {
         let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
         // Embedded loops (DESIGN §5–§7) register their cache handlers and
         // kinds now; they start working only with the provisioning loop,
         // after the lease is ours.
-        let embedded = EmbeddedLoops::new(&shared, &options);
+        let mut embedded = EmbeddedLoops::new(&shared, &options);
+        if let Some(settings) = capacity_settings {
+            embedded.capacity =
+                Some(crate::capacity::new(&shared, capacity_driver, settings).await?);
+        }
         shared.caches.start(&shared.client);
         let leadership = match &elector {
             Some(elector) => {
@@ -278,6 +286,9 @@ struct EmbeddedLoops {
     protection: Option<Arc<crate::protection::Protection>>,
     releaser: Option<Arc<crate::releaser::Releaser>>,
     retention: Option<Arc<crate::retention::Context>>,
+    /// `--enable-capacity` (not a gate; set up by `run`, which needs the
+    /// driver and may fail).
+    capacity: Option<Arc<crate::capacity::Capacity>>,
 }
 
 impl EmbeddedLoops {
@@ -305,6 +316,7 @@ impl EmbeddedLoops {
             protection,
             releaser,
             retention,
+            capacity: None,
         }
     }
 
@@ -319,6 +331,9 @@ impl EmbeddedLoops {
         if let Some(retention) = &self.retention {
             retention.run();
         }
+        if let Some(capacity) = &self.capacity {
+            capacity.start();
+        }
     }
 
     fn shut_down(&self) {
@@ -331,7 +346,27 @@ impl EmbeddedLoops {
         if let Some(retention) = &self.retention {
             retention.shut_down();
         }
+        if let Some(capacity) = &self.capacity {
+            capacity.shut_down();
+        }
     }
+}
+
+/// `--enable-capacity`: refuses a driver without GET_CAPACITY and a pod
+/// without the environment the loop needs, before anything else starts.
+fn capacity_settings(
+    options: &Options,
+    driver: &Driver,
+) -> Result<Option<crate::capacity::Settings>, crate::capacity::CapacityError> {
+    if !options.enable_capacity {
+        return Ok(None);
+    }
+    let info = driver.info();
+    crate::capacity::check_driver(info)?;
+    let topology =
+        options.gates().enabled(Feature::Topology) && info.plugin.volume_accessibility_constraints;
+    crate::capacity::Settings::from_options(options, topology, |var| std::env::var(var).ok())
+        .map(Some)
 }
 
 /// The provisioning decisions' configuration, from flags, gates and what the

@@ -34,6 +34,12 @@ pub struct Env {
 impl Env {
     /// API server and driver up; no sidecar yet.
     pub async fn new() -> Env {
+        Env::new_with_driver(|_| {}).await
+    }
+
+    /// As [`Env::new`], with the driver's configuration adjusted first
+    /// (capacity per kind, topology off, ...).
+    pub async fn new_with_driver(configure: impl FnOnce(&mut csi_hostpath::Config)) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         let api = TestServer::builder()
             .controller_manager(true)
@@ -43,6 +49,7 @@ impl Env {
         let client = api.client();
         let mut driver = csi_hostpath::Config::for_tests(dir.path());
         driver.node_id = NODE.to_owned();
+        configure(&mut driver);
         let mut env = Env {
             dir,
             api,
@@ -109,6 +116,12 @@ impl Env {
 
     /// Starts the sidecar with our standard flags plus `extra`.
     pub fn start_sidecar(&mut self, extra: &[&str]) {
+        self.start_sidecar_with_env(extra, &[]);
+    }
+
+    /// As [`Env::start_sidecar`], with extra environment variables (e.g.
+    /// `POD_NAME`).
+    pub fn start_sidecar_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) {
         assert!(self.sidecar.is_none(), "sidecar already running");
         self.sidecar_runs += 1;
         let log = std::fs::File::create(self.log_path(self.sidecar_runs)).expect("log file");
@@ -126,6 +139,8 @@ impl Env {
             .env_remove("KUBECONFIG")
             .env_remove("RUST_LOG")
             .env("NAMESPACE", "default")
+            .env_remove("POD_NAME")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))

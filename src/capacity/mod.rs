@@ -1,0 +1,564 @@
+//! Storage capacity tracking (`--enable-capacity`, KEP-1472), as upstream's
+//! `pkg/capacity`: one `storage.k8s.io/v1` CSIStorageCapacity object per
+//! (topology segment, StorageClass) in the sidecar's namespace, with the
+//! capacity the driver's `GetCapacity` reports, so that the scheduler places
+//! WaitForFirstConsumer pods where their volumes fit.
+//!
+//! - [`decide`]: the pure decisions — the segments ([`decide::segments`]:
+//!   the driver's topology keys on the nodes whose CSINode lists it, or one
+//!   empty segment without topology), the wanted pairs ([`decide::wanted`]:
+//!   WaitForFirstConsumer classes of this driver, Immediate ones too with
+//!   `--capacity-for-immediate-binding`), the `GetCapacity` request, and the
+//!   diff between wanted pairs, published objects and reported capacities
+//!   ([`decide::reconcile`]: create / update only on change / keep / delete
+//!   stale or duplicate, adopting objects of a previous run).
+//! - [`owner`]: `--capacity-ownerref-level`: the owner of the objects, found
+//!   by walking the controller chain from `POD_NAME` in `NAMESPACE`.
+//! - this file: the I/O. A work queue of two kinds of keys, handled by
+//!   `--capacity-threads` workers:
+//!   - `Key::Pair(pair)` calls `GetCapacity` for one pair and creates or
+//!     updates its object (only this pair's actions of the diff). Every
+//!     pair is queued each `--capacity-poll-interval`.
+//!   - `Key::Sweep` deletes objects no wanted pair needs and queues the
+//!     pairs without a known capacity, without an object, or whose object
+//!     shows other values (someone deleted or edited it). Queued by changes
+//!     of StorageClasses, Nodes, CSINodes and of our CSIStorageCapacity
+//!     objects, and at each poll.
+//!
+//!   Only one worker handles a given key at a time, and only `Key::Pair`
+//!   creates, so a pair's object is never created twice; the objects we
+//!   write are remembered at once (`objects`), before the watch reports
+//!   them. A failed `GetCapacity` or write retries the key with the
+//!   `--retry-interval-*` backoff; the published object stays as it is
+//!   meanwhile.
+//!
+//! Ownership follows upstream: an object is ours when it carries our
+//! driver and managed-by labels; with an owner, one lacking our owner
+//! reference gets it added (adoption after turning owner references on).
+//! Objects without a nodeTopology we would write (absent, or with
+//! expressions) are deleted. A driver without topology gets one object per
+//! class with an empty nodeTopology selector, which the scheduler reads as
+//! "all nodes" (an absent one would mean "no node").
+//!
+//! The gauges `csistoragecapacities_desired_goal`, `_desired_current` and
+//! `csistoragecapacities_obsolete` follow each diff, as upstream's.
+//!
+//! Life cycle, as every loop: [`check_driver`] and [`Settings::from_options`]
+//! at start-up (a driver without GET_CAPACITY, or missing `NAMESPACE` /
+//! `POD_NAME`, stops the sidecar); [`new`] (before the caches start) resolves
+//! the owner, registers the handlers and starts the watch of our objects
+//! (label selector `csi.storage.k8s.io/drivername=<driver>,
+//! csi.storage.k8s.io/managed-by=external-provisioner`, namespace only);
+//! [`Capacity::start`] (once this replica leads) starts the workers and the
+//! poll; [`Capacity::shut_down`] stops them. Every decision is logged with
+//! the object's name.
+
+pub mod decide;
+#[cfg(test)]
+mod decide_tests;
+pub mod owner;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
+use k8s_openapi::api::storage::v1::CSIStorageCapacity;
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+
+use crate::caches::{Caches, Kind};
+use crate::cli::Options;
+use crate::csi::{Driver, DriverInfo};
+use crate::informer::{Change, Informer};
+use crate::queue::WorkQueue;
+use crate::shared::Shared;
+
+use decide::{Action, Pair, Publisher, Reported};
+
+/// Settings of the loop, from the flags and the environment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `--capacity-threads`.
+    pub threads: usize,
+    /// `--capacity-poll-interval`.
+    pub poll_interval: Duration,
+    /// `--capacity-for-immediate-binding`.
+    pub immediate_binding: bool,
+    /// Segments from node topology (driver has VOLUME_ACCESSIBILITY_CONSTRAINTS
+    /// and the Topology gate is on), else one object per class.
+    pub topology: bool,
+    /// `NAMESPACE`: where the objects live.
+    pub namespace: String,
+    /// `POD_NAME` and `--capacity-ownerref-level`, when the level is >= 0.
+    pub owner: Option<OwnerSpec>,
+}
+
+/// Where the owner chain starts and how far up it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerSpec {
+    pub pod: String,
+    pub level: u32,
+}
+
+/// Why capacity tracking cannot start; the sidecar exits.
+#[derive(Debug, thiserror::Error)]
+pub enum CapacityError {
+    #[error(
+        "--enable-capacity: the CSI driver {driver} does not report the GET_CAPACITY controller \
+capability, so there is no capacity to publish; remove --enable-capacity"
+    )]
+    NoGetCapacity { driver: String },
+    #[error(
+        "--enable-capacity needs the {var} environment variable ({why}); set it from the \
+downward API (fieldRef {field})"
+    )]
+    MissingEnv {
+        var: &'static str,
+        why: &'static str,
+        field: &'static str,
+    },
+    #[error("--capacity-ownerref-level={level}: {source}")]
+    Owner {
+        level: u32,
+        #[source]
+        source: Box<owner::OwnerError>,
+    },
+}
+
+/// Refuses `--enable-capacity` with a driver that cannot report capacity.
+pub fn check_driver(info: &DriverInfo) -> Result<(), CapacityError> {
+    if info.controller.has(ControllerCap::GetCapacity) {
+        Ok(())
+    } else {
+        Err(CapacityError::NoGetCapacity {
+            driver: info.name.clone(),
+        })
+    }
+}
+
+impl Settings {
+    /// The settings for `options`; `env` reads an environment variable.
+    pub fn from_options(
+        options: &Options,
+        topology: bool,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings, CapacityError> {
+        let var = |name: &str| env(name).filter(|v| !v.is_empty());
+        let namespace = var("NAMESPACE").ok_or(CapacityError::MissingEnv {
+            var: "NAMESPACE",
+            why: "the namespace of the CSIStorageCapacity objects",
+            field: "metadata.namespace",
+        })?;
+        let owner = match u32::try_from(options.capacity_ownerref_level) {
+            Err(_) => None,
+            Ok(level) => Some(OwnerSpec {
+                pod: var("POD_NAME").ok_or(CapacityError::MissingEnv {
+                    var: "POD_NAME",
+                    why: "--capacity-ownerref-level >= 0 starts the owner chain at this pod",
+                    field: "metadata.name",
+                })?,
+                level,
+            }),
+        };
+        Ok(Settings {
+            threads: options.capacity_threads.max(1) as usize,
+            poll_interval: options.capacity_poll_interval,
+            immediate_binding: options.capacity_for_immediate_binding,
+            topology,
+            namespace,
+            owner,
+        })
+    }
+}
+
+/// A unit of work.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    /// Delete what is not wanted; queue pairs that need a poll or an object.
+    Sweep,
+    /// Poll one pair and publish its capacity.
+    Pair(Pair),
+}
+
+/// The running loop.
+pub struct Capacity {
+    client: Client,
+    driver: Driver,
+    caches: Arc<Caches>,
+    publisher: Publisher,
+    settings: Settings,
+    informer: Arc<Informer<CSIStorageCapacity>>,
+    /// Our objects by name: the watch's view, overlaid with our own writes
+    /// as soon as they are answered.
+    objects: Arc<Mutex<BTreeMap<String, Arc<CSIStorageCapacity>>>>,
+    /// The last capacity reported per pair.
+    reported: Mutex<HashMap<Pair, Reported>>,
+    queue: WorkQueue<Key>,
+    stopped: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `new` is at least as recent as `old` (resourceVersions compared
+/// as numbers when both are; otherwise the newcomer wins).
+fn newer(new: &CSIStorageCapacity, old: &CSIStorageCapacity) -> bool {
+    let rv = |o: &CSIStorageCapacity| {
+        o.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    match (rv(new), rv(old)) {
+        (Some(n), Some(o)) => n >= o,
+        _ => true,
+    }
+}
+
+fn remember(
+    objects: &Mutex<BTreeMap<String, Arc<CSIStorageCapacity>>>,
+    object: &CSIStorageCapacity,
+) {
+    let Some(name) = object.metadata.name.clone() else {
+        return;
+    };
+    let mut objects = lock(objects);
+    if objects.get(&name).is_none_or(|old| newer(object, old)) {
+        objects.insert(name, Arc::new(object.clone()));
+    }
+}
+
+/// Resolves the owner, registers the cache handlers and starts the watch of
+/// our objects. Call before the caches start; then [`Capacity::start`].
+pub async fn new(
+    shared: &Shared,
+    driver: Driver,
+    settings: Settings,
+) -> Result<Arc<Capacity>, CapacityError> {
+    let owner = match &settings.owner {
+        None => None,
+        Some(spec) => {
+            let found = owner::lookup(&shared.client, &settings.namespace, &spec.pod, spec.level)
+                .await
+                .map_err(|source| CapacityError::Owner {
+                    level: spec.level,
+                    source: Box::new(source),
+                })?;
+            tracing::info!(owner = %format!("{}/{} {} ({})", found.api_version, found.kind, found.name, found.uid), level = spec.level, "CSIStorageCapacity objects will be owned by this object");
+            Some(found)
+        }
+    };
+    let publisher = Publisher {
+        driver: shared.driver_name.clone(),
+        managed_by: decide::MANAGED_BY_CENTRAL.to_owned(),
+        namespace: settings.namespace.clone(),
+        owner,
+    };
+    let caches = Arc::clone(&shared.caches);
+    caches.want(&[Kind::Classes, Kind::Nodes, Kind::CsiNodes]);
+    let queue: WorkQueue<Key> = WorkQueue::new("capacity", shared.backoff);
+    {
+        let queue = queue.clone();
+        caches.classes.on_change(move |_| queue.add(Key::Sweep));
+    }
+    {
+        let queue = queue.clone();
+        caches.nodes.on_change(move |_| queue.add(Key::Sweep));
+    }
+    {
+        let queue = queue.clone();
+        caches.csi_nodes.on_change(move |_| queue.add(Key::Sweep));
+    }
+    let informer: Arc<Informer<CSIStorageCapacity>> = Arc::new(Informer::new());
+    let objects: Arc<Mutex<BTreeMap<String, Arc<CSIStorageCapacity>>>> = Arc::default();
+    {
+        let queue = queue.clone();
+        let objects = Arc::clone(&objects);
+        informer.on_change(move |change| {
+            match change {
+                Change::Applied(object) => remember(&objects, object),
+                Change::Deleted(object) => {
+                    if let Some(name) = &object.metadata.name {
+                        lock(&objects).remove(name);
+                    }
+                }
+            }
+            queue.add(Key::Sweep);
+        });
+    }
+    {
+        let informer = Arc::clone(&informer);
+        let api: Api<CSIStorageCapacity> =
+            Api::namespaced(shared.client.clone(), &settings.namespace);
+        let config = watcher::Config::default().labels(&publisher.label_selector());
+        tokio::spawn(async move { informer.run(api, config, None).await });
+    }
+    Ok(Arc::new(Capacity {
+        client: shared.client.clone(),
+        driver,
+        caches,
+        publisher,
+        settings,
+        informer,
+        objects,
+        reported: Mutex::default(),
+        queue,
+        stopped: AtomicBool::new(false),
+    }))
+}
+
+impl Capacity {
+    /// Starts the workers and the poll, once our objects are listed. Call
+    /// once this replica leads and the shared caches are filled.
+    pub fn start(self: &Arc<Self>) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            this.informer.wait_until_ready().await;
+            if this.stopped.load(Ordering::Relaxed) {
+                return;
+            }
+            tracing::info!(
+                namespace = %this.settings.namespace,
+                workers = this.settings.threads,
+                poll_interval = %crate::duration::format_go_duration(this.settings.poll_interval),
+                topology = this.settings.topology,
+                immediate_binding = this.settings.immediate_binding,
+                "capacity loop running"
+            );
+            for _ in 0..this.settings.threads {
+                let ctx = Arc::clone(&this);
+                tokio::spawn(async move {
+                    while let Some(key) = ctx.queue.get().await {
+                        ctx.process(&key).await;
+                        ctx.queue.done(&key);
+                    }
+                });
+            }
+            let mut tick = tokio::time::interval(this.settings.poll_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if this.stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                this.poll_all();
+            }
+        });
+    }
+
+    /// Stops taking work; a key being handled finishes.
+    pub fn shut_down(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.queue.shut_down();
+    }
+
+    fn poll_all(&self) {
+        self.queue.add(Key::Sweep);
+        for pair in self.wanted() {
+            self.queue.add(Key::Pair(pair));
+        }
+    }
+
+    /// The wanted pairs, from the shared caches.
+    fn wanted(&self) -> BTreeSet<Pair> {
+        let nodes = self.caches.nodes.store().state();
+        let csi_nodes = self.caches.csi_nodes.store().state();
+        let classes = self.caches.classes.store().state();
+        let node_refs: Vec<_> = nodes.iter().map(|n| &**n).collect();
+        let csi_node_refs: Vec<_> = csi_nodes.iter().map(|n| &**n).collect();
+        let class_refs: Vec<_> = classes.iter().map(|c| &**c).collect();
+        let segments = decide::segments(
+            &self.publisher.driver,
+            self.settings.topology,
+            &node_refs,
+            &csi_node_refs,
+        );
+        decide::wanted(
+            &self.publisher.driver,
+            &class_refs,
+            &segments,
+            self.settings.immediate_binding,
+        )
+    }
+
+    /// The diff against the current state; updates the object gauges.
+    fn actions(&self, wanted: &BTreeSet<Pair>) -> Vec<Action> {
+        let objects: Vec<Arc<CSIStorageCapacity>> = lock(&self.objects).values().cloned().collect();
+        let refs: Vec<&CSIStorageCapacity> = objects.iter().map(|o| &**o).collect();
+        let reported = {
+            let mut reported = lock(&self.reported);
+            reported.retain(|pair, _| wanted.contains(pair));
+            reported.clone()
+        };
+        let actions = decide::reconcile(&self.publisher, wanted, &refs, &reported);
+        let counts = decide::Counts::of(&actions);
+        crate::metrics::set_capacity_objects(counts.goal, counts.current, counts.obsolete);
+        actions
+    }
+
+    fn api(&self) -> Api<CSIStorageCapacity> {
+        Api::namespaced(self.client.clone(), &self.settings.namespace)
+    }
+
+    async fn process(&self, key: &Key) {
+        let result = match key {
+            Key::Sweep => self.sweep().await,
+            Key::Pair(pair) => self.sync_pair(pair).await,
+        };
+        match result {
+            Ok(()) => self.queue.forget(key),
+            Err(e) => {
+                let delay = self.queue.add_rate_limited(key.clone());
+                tracing::warn!(retry_in = ?delay, "{e}");
+            }
+        }
+    }
+
+    async fn sweep(&self) -> Result<(), SyncError> {
+        let wanted = self.wanted();
+        let mut first_error = None;
+        for action in self.actions(&wanted) {
+            match action {
+                Action::Delete { name, reason } => {
+                    tracing::info!(csistoragecapacity = %name, "deleting CSIStorageCapacity: {reason}");
+                    if let Err(e) = self.delete(&name).await {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                Action::Pending { pair, name } => {
+                    tracing::debug!(csistoragecapacity = %name.as_deref().unwrap_or("-"), %pair, "capacity not known yet; polling");
+                    let key = Key::Pair(pair);
+                    if self.queue.failures(&key) == 0 {
+                        self.queue.add(key);
+                    }
+                }
+                // An object missing (deleted by someone) or showing other
+                // values (changed by someone) than last reported: the
+                // pair's worker polls again and writes. A pair whose poll is
+                // backing off after a failure waits for its retry.
+                Action::Create { pair, .. } | Action::Update { pair, .. } => {
+                    let key = Key::Pair(pair);
+                    if self.queue.failures(&key) == 0 {
+                        self.queue.add(key);
+                    }
+                }
+                Action::Keep { .. } => {}
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), SyncError> {
+        match self.api().delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(SyncError::Write {
+                    verb: "delete",
+                    name: name.to_owned(),
+                    source,
+                });
+            }
+        }
+        lock(&self.objects).remove(name);
+        Ok(())
+    }
+
+    async fn sync_pair(&self, pair: &Pair) -> Result<(), SyncError> {
+        let wanted = self.wanted();
+        if !wanted.contains(pair) {
+            lock(&self.reported).remove(pair);
+            tracing::debug!(%pair, "no longer wanted; not polling it");
+            return Ok(());
+        }
+        let Some(class) = self
+            .caches
+            .classes
+            .store()
+            .get(&ObjectRef::new(&pair.class))
+        else {
+            return Ok(());
+        };
+        let request = decide::capacity_request(&class, &pair.segment);
+        let response =
+            self.driver
+                .get_capacity(request)
+                .await
+                .map_err(|source| SyncError::GetCapacity {
+                    pair: pair.clone(),
+                    source,
+                })?;
+        let reported =
+            Reported::from_response(response.available_capacity, response.maximum_volume_size)
+                .map_err(|reason| SyncError::BadCapacity {
+                    pair: pair.clone(),
+                    reason,
+                })?;
+        tracing::debug!(%pair, available = reported.available, maximum = ?reported.maximum, "GetCapacity answered");
+        lock(&self.reported).insert(pair.clone(), reported);
+        for action in self.actions(&wanted) {
+            if action.pair() != Some(pair) {
+                continue;
+            }
+            match action {
+                Action::Create { object, .. } => {
+                    let created = self
+                        .api()
+                        .create(&PostParams::default(), &object)
+                        .await
+                        .map_err(|source| SyncError::Write {
+                            verb: "create",
+                            name: format!("{} for {pair}", decide::GENERATE_NAME),
+                            source,
+                        })?;
+                    remember(&self.objects, &created);
+                    tracing::info!(csistoragecapacity = %created.metadata.name.as_deref().unwrap_or_default(), %pair, capacity = ?created.capacity.as_ref().map(|q| &q.0), maximum_volume_size = ?created.maximum_volume_size.as_ref().map(|q| &q.0), "created CSIStorageCapacity");
+                }
+                Action::Update { object, .. } => {
+                    let name = object.metadata.name.clone().unwrap_or_default();
+                    let updated = self
+                        .api()
+                        .replace(&name, &PostParams::default(), &object)
+                        .await
+                        .map_err(|source| SyncError::Write {
+                            verb: "update",
+                            name: name.clone(),
+                            source,
+                        })?;
+                    remember(&self.objects, &updated);
+                    tracing::info!(csistoragecapacity = %name, %pair, capacity = ?updated.capacity.as_ref().map(|q| &q.0), maximum_volume_size = ?updated.maximum_volume_size.as_ref().map(|q| &q.0), "updated CSIStorageCapacity");
+                }
+                Action::Keep { name, .. } => {
+                    tracing::debug!(csistoragecapacity = %name, %pair, "CSIStorageCapacity up to date");
+                }
+                Action::Pending { .. } | Action::Delete { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why one key failed; it is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("GetCapacity for {pair} failed: {source}")]
+    GetCapacity {
+        pair: Pair,
+        #[source]
+        source: crate::csi::CsiError,
+    },
+    #[error("GetCapacity for {pair} answered an unusable value: {reason}")]
+    BadCapacity { pair: Pair, reason: String },
+    #[error("cannot {verb} CSIStorageCapacity {name}: {source}")]
+    Write {
+        verb: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
