@@ -289,10 +289,6 @@ pub const NOT_YET_IMPLEMENTED: &[&str] = &[
     "capacity-threads",
     "capacity-poll-interval",
     "capacity-for-immediate-binding",
-    "node-deployment",
-    "node-deployment-immediate-binding",
-    "node-deployment-base-delay",
-    "node-deployment-max-delay",
     "cloning-protection-threads",
     "snapshot-orphan-sweep-interval",
 ];
@@ -646,6 +642,11 @@ mod tests {
         assert_eq!(o.log_level(), tracing::Level::TRACE);
         assert!(o.set_but_not_implemented().contains(&"enable-capacity"));
         assert!(!o.set_but_not_implemented().contains(&"kube-api-qps"));
+        assert!(!o.set_but_not_implemented().contains(&"node-deployment"));
+        assert!(
+            !o.set_but_not_implemented()
+                .contains(&"node-deployment-max-delay")
+        );
         assert!(!o.set_but_not_implemented().contains(&"worker-threads"));
         assert!(!o.set_but_not_implemented().contains(&"timeout"));
     }

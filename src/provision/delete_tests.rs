@@ -205,6 +205,7 @@ fn node_deployment_deletes_only_its_own_volumes() {
             node_name: "node-1".into(),
             immediate_binding: true,
             accessible_topology: zone.map(|zone| map(&[("zone", zone)])),
+            ..NodeDeployment::default()
         }),
         ..config()
     };
