@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube_testserver::{HttpServer, TestServer};
 use serde_json::json;
@@ -95,6 +95,10 @@ impl Cluster {
 
     /// One sidecar per node, in node mode with short delays, plus `extra`.
     fn start_sidecars(&mut self, extra: &[&str]) {
+        self.start_sidecars_with_delays("100ms", "500ms", extra);
+    }
+
+    fn start_sidecars_with_delays(&mut self, base: &str, max: &str, extra: &[&str]) {
         let kubeconfig = self.http.kubeconfig_path().display().to_string();
         for node in &mut self.nodes {
             let log = std::fs::File::create(&node.log).expect("log file");
@@ -102,8 +106,8 @@ impl Cluster {
                 .arg(format!("--csi-address={}", node.driver.endpoint.display()))
                 .arg(format!("--kubeconfig={kubeconfig}"))
                 .arg("--node-deployment")
-                .arg("--node-deployment-base-delay=100ms")
-                .arg("--node-deployment-max-delay=500ms")
+                .arg(format!("--node-deployment-base-delay={base}"))
+                .arg(format!("--node-deployment-max-delay={max}"))
                 .arg("--retry-interval-start=100ms")
                 .arg("--retry-interval-max=1s")
                 .arg("--timeout=5s")
@@ -342,6 +346,24 @@ async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
     };
     assert!(identity(&pv_b).ends_with("-node-b"), "{}", identity(&pv_b));
     assert!(identity(&pv_a).ends_with("-node-a"), "{}", identity(&pv_a));
+    // One write-ahead journal per node: a restarted node resumes only its
+    // own operations, on its own driver.
+    let config_maps: Vec<String> = Api::<ConfigMap>::namespaced(cluster.client.clone(), "default")
+        .list(&Default::default())
+        .await
+        .expect("config maps")
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|name| name.ends_with("provisioner-journal"))
+        .collect();
+    assert_eq!(
+        config_maps,
+        vec![
+            format!("{DRIVER}-node-a-provisioner-journal"),
+            format!("{DRIVER}-node-b-provisioner-journal"),
+        ]
+    );
 
     // A claim without a selected node waits for the scheduler, on every node.
     cluster
@@ -414,6 +436,43 @@ async fn immediate_claims_are_provisioned_once_by_the_node_that_takes_them() {
         logs.contains("became the owner of the claim"),
         "the winner logs it\n{logs}"
     );
+}
+
+/// Delays of a few milliseconds make both nodes try at nearly the same
+/// time: conflicts decide, and still every claim gets exactly one volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_nodes_still_provision_each_claim_once() {
+    let mut cluster = Cluster::new(&[]).await;
+    cluster.storage_class("shared", "Immediate", json!({}));
+    cluster.start_sidecars_with_delays("1ms", "4ms", &[]);
+    let names: Vec<String> = (0..10).map(|i| format!("race-{i}")).collect();
+    for name in &names {
+        cluster.create_pvc(name, "shared", "1Mi", json!({})).await;
+    }
+    let mut volumes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for name in &names {
+        let (pvc, pv) = cluster.wait_bound(name).await;
+        let winner = selected_node(&pvc).unwrap_or_default();
+        assert_eq!(affinity_nodes(&pv), vec![winner.clone()], "{name}");
+        volumes.entry(winner).or_default().push(pv_name(&pv));
+    }
+    // Let any loser that might still act do so, then compare.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for node in NODES {
+        let mut expected = volumes.get(node).cloned().unwrap_or_default();
+        expected.sort();
+        assert_eq!(
+            cluster.backend(node),
+            expected,
+            "backend of {node}\n{}",
+            cluster.logs()
+        );
+    }
+    assert_eq!(cluster.pvs().await.len(), names.len());
+    for name in &names {
+        cluster.delete_pvc(name).await;
+    }
+    cluster.wait_all_deleted().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

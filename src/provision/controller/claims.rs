@@ -84,6 +84,15 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     match should_provision(&claim, class.as_deref(), &ctx.config) {
         ProvisionDecision::Provision => {}
         ProvisionDecision::BecomeOwner => {
+            if ctx.in_flight(&key.uid).is_some() {
+                // This node started a volume and lost the selected-node
+                // annotation meanwhile: clean that volume up before
+                // competing for the claim again.
+                tracing::info!(claim = %key, "claim no longer assigned to this node while provisioning was in flight; cleaning up");
+                if let Next::Retry = finish_deleted_claim(ctx, key).await {
+                    return Next::Retry;
+                }
+            }
             if let Some(class) = class.as_deref() {
                 return super::owner::become_owner(ctx, key, class).await;
             }

@@ -39,7 +39,9 @@ use crate::csi::Driver;
 use crate::events::Recorder;
 use crate::informer::Change;
 use crate::provision::node_deployment::{LocalTopology, journal_owner};
-use crate::provision::{ProvisionerConfig, SecretRef, annotated_provisioner, is_our_volume};
+use crate::provision::{
+    ProvisionerConfig, SecretRef, annotated_provisioner, is_our_volume, volume_on_this_node,
+};
 use crate::queue::WorkQueue;
 use crate::shared::Shared;
 
@@ -257,7 +259,9 @@ pub async fn new(
         let config = config.clone();
         caches.volumes.on_change(move |change| match change {
             Change::Applied(pv) => {
-                if is_our_volume(pv, &config) {
+                // Node mode: other nodes' PVs are theirs to manage (their
+                // finalizer and deletion), so N nodes do not race on each.
+                if is_our_volume(pv, &config) && volume_on_this_node(pv, &config) {
                     queue.add(pv.name_any());
                 }
             }
