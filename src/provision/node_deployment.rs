@@ -266,6 +266,30 @@ pub fn become_owner_patch(node: &str, resource_version: &str, uid: &str) -> serd
     })
 }
 
+/// What a failed [`become_owner_patch`] means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeFailure {
+    /// 409: another node was faster or the claim changed since it was
+    /// read. Look again after a longer delay.
+    Conflict,
+    /// 404 (deleted) or 422 (uid precondition: replaced by a new claim of
+    /// the same name). Nothing to take.
+    Gone,
+    /// Anything else (API server unreachable, throttled, forbidden): retry
+    /// the claim with backoff.
+    Other,
+}
+
+/// Classifies the failure of the patch by its HTTP status code (`None`
+/// when the request did not get an API answer).
+pub fn take_failure(status_code: Option<u16>) -> TakeFailure {
+    match status_code {
+        Some(409) => TakeFailure::Conflict,
+        Some(404 | 422) => TakeFailure::Gone,
+        _ => TakeFailure::Other,
+    }
+}
+
 /// The journal ConfigMap's driver component: per node in node mode, so one
 /// node never resumes another node's operations on its own driver.
 pub fn journal_owner(driver_name: &str, node: Option<&NodeDeployment>) -> String {

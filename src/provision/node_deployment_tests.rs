@@ -334,3 +334,18 @@ fn the_patch_is_guarded_by_resource_version_and_uid() {
         }})
     );
 }
+
+#[test]
+fn patch_failures() {
+    for (code, want) in [
+        (Some(409), TakeFailure::Conflict),
+        (Some(404), TakeFailure::Gone),
+        (Some(422), TakeFailure::Gone),
+        (Some(403), TakeFailure::Other),
+        (Some(429), TakeFailure::Other),
+        (Some(500), TakeFailure::Other),
+        (None, TakeFailure::Other),
+    ] {
+        assert_eq!(take_failure(code), want, "{code:?}");
+    }
+}

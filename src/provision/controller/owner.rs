@@ -27,8 +27,8 @@ use super::claims::{Next, TopologyObjects, fetch_source};
 use super::{ClaimKey, Context};
 use crate::duration::format_go_duration;
 use crate::provision::node_deployment::{
-    ClaimPoll, LocalTopology, allowed_topologies_admit, become_owner_patch, claim_owned_by,
-    has_capacity, owner_delay, owner_poll_interval, poll_claim,
+    ClaimPoll, LocalTopology, TakeFailure, allowed_topologies_admit, become_owner_patch,
+    claim_owned_by, has_capacity, owner_delay, owner_poll_interval, poll_claim, take_failure,
 };
 use crate::provision::{
     NodeDeployment, ProvisionDecision, ProvisionInputs, data_source_ref, plan_provision,
@@ -95,20 +95,27 @@ pub(super) async fn become_owner(ctx: &Arc<Context>, key: &ClaimKey, class: &Sto
                 // provisioned then, as one scheduled to this node.
                 return Next::Done;
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                // Another node was faster, or the claim changed: the next
-                // attempt waits longer and most likely sees the new owner.
-                tracing::info!(claim = %key, node = %node.node_name, "conflict while taking the claim; will look again");
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 422 => {
-                // Deleted, or replaced by a claim with another uid.
-                tracing::info!(claim = %key, code = status.code, "not taking the claim: it is gone or was replaced");
-                ctx.forget_owner_attempts(&key.uid);
-                return Next::Done;
-            }
             Err(e) => {
-                tracing::warn!(claim = %key, node = %node.node_name, error = %e, "selecting this node for the claim failed; will retry");
-                return Next::Retry;
+                let code = match &e {
+                    kube::Error::Api(status) => Some(status.code),
+                    _ => None,
+                };
+                match take_failure(code) {
+                    TakeFailure::Conflict => {
+                        // The next attempt waits longer and most likely
+                        // sees the new owner.
+                        tracing::info!(claim = %key, node = %node.node_name, "conflict while taking the claim; will look again");
+                    }
+                    TakeFailure::Gone => {
+                        tracing::info!(claim = %key, error = %e, "not taking the claim: it is gone or was replaced");
+                        ctx.forget_owner_attempts(&key.uid);
+                        return Next::Done;
+                    }
+                    TakeFailure::Other => {
+                        tracing::warn!(claim = %key, node = %node.node_name, error = %e, "selecting this node for the claim failed; will retry");
+                        return Next::Retry;
+                    }
+                }
             }
         }
     }
