@@ -60,7 +60,7 @@ pub(super) enum Next {
     Retry,
 }
 
-pub(super) fn cached_claim(ctx: &Context, key: &ClaimKey) -> Option<Arc<PersistentVolumeClaim>> {
+fn cached_claim(ctx: &Context, key: &ClaimKey) -> Option<Arc<PersistentVolumeClaim>> {
     ctx.caches
         .claims
         .store()
