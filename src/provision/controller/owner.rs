@@ -150,6 +150,7 @@ async fn wait(ctx: &Context, key: &ClaimKey, node: &NodeDeployment, delay: Durat
                 return Waited::Stop;
             }
             ClaimPoll::Ours => {
+                tracing::debug!(claim = %key, "the claim already names this node");
                 ctx.forget_owner_attempts(&key.uid);
                 return Waited::Stop;
             }
