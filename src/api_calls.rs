@@ -39,14 +39,17 @@ pub const PROVISIONER: &[ApiCall] = &[
         "persistentvolumes",
         &["get", "list", "watch", "create", "patch", "delete"],
     ),
-    // Watched; patched to drop the selected-node annotation (reschedule) and
-    // for the clone-source finalizer.
+    // Watched; patched to drop the selected-node annotation (reschedule),
+    // for the clone-source finalizer, and (--node-deployment) to set the
+    // selected-node annotation to this node, guarded by resourceVersion
+    // (upstream uses update; a guarded patch needs no extra verb).
     call(
         "",
         "persistentvolumeclaims",
         &["get", "list", "watch", "patch"],
     ),
     call("storage.k8s.io", "storageclasses", WATCH),
+    // Not watched with --node-deployment (the driver's NodeGetInfo instead).
     call("", "nodes", WATCH),
     call("storage.k8s.io", "csinodes", WATCH),
     call("storage.k8s.io", "volumeattributesclasses", WATCH),

@@ -284,10 +284,6 @@ pub enum CliError {
 /// built yet. Each one that is set on the command line is reported once at
 /// start-up, so nobody believes a setting took effect when it did not.
 pub const NOT_YET_IMPLEMENTED: &[&str] = &[
-    "node-deployment",
-    "node-deployment-immediate-binding",
-    "node-deployment-base-delay",
-    "node-deployment-max-delay",
     "cloning-protection-threads",
     "snapshot-orphan-sweep-interval",
 ];
@@ -660,9 +656,14 @@ mod tests {
         assert_eq!(o.capacity_ownerref_level, -1);
         assert_eq!(o.snapshot_orphan_sweep_interval, Duration::ZERO);
         assert_eq!(o.log_level(), tracing::Level::TRACE);
-        assert!(o.set_but_not_implemented().contains(&"node-deployment"));
+        assert!(o.set_but_not_implemented().contains(&"cloning-protection-threads"));
         assert!(!o.set_but_not_implemented().contains(&"enable-capacity"));
         assert!(!o.set_but_not_implemented().contains(&"kube-api-qps"));
+        assert!(!o.set_but_not_implemented().contains(&"node-deployment"));
+        assert!(
+            !o.set_but_not_implemented()
+                .contains(&"node-deployment-max-delay")
+        );
         assert!(!o.set_but_not_implemented().contains(&"worker-threads"));
         assert!(!o.set_but_not_implemented().contains(&"timeout"));
     }

@@ -18,6 +18,9 @@ use crate::http::{self, HttpError};
 use crate::kube_client::{ClientConfigError, build_client, load_config};
 use crate::leader;
 use crate::provision::controller as provisioning;
+use crate::provision::node_deployment::{
+    NodeDeploymentError, NodeDeploymentFlags, node_deployment, node_identity,
+};
 use crate::provision::{DriverCapabilities, ProvisionerConfig};
 use crate::queue::Backoff;
 use crate::shared::Shared;
@@ -39,6 +42,10 @@ pub enum RunError {
     Leader(#[from] leader::LeaderError),
     #[error(transparent)]
     Capacity(#[from] crate::capacity::CapacityError),
+    #[error(transparent)]
+    NodeDeployment(#[from] NodeDeploymentError),
+    #[error("failed to get node info from CSI driver: {0}")]
+    NodeInfo(#[source] crate::csi::CsiError),
 }
 
 /// How the run ended without an error.
@@ -99,15 +106,51 @@ pub async fn run(
             tracing::warn!(gate = %gate, "feature gate enabled but not supported yet by this version; it has no effect");
         }
     }
+    // Checked before anything else, as upstream does.
+    let node_name = if options.node_deployment {
+        let name = crate::provision::node_deployment::node_name(
+            std::env::var("NODE_NAME").ok().as_deref(),
+        )?;
+        if options.leader_election {
+            // Upstream allows it: every node's sidecar then competes for the
+            // one Lease of the driver, and only one node provisions.
+            tracing::warn!(node = %name, "--leader-election with --node-deployment: the sidecars of all nodes compete for one Lease, so only one node is active at a time");
+        }
+        Some(name)
+    } else {
+        None
+    };
     let Some(driver) = connect_driver(&options, shutdown.clone()).await? else {
         tracing::info!("termination signal received before the driver was ready, exiting");
         return Ok(Stopped::Signal);
     };
     let capacity_settings = capacity_settings(&options, &driver)?;
+    let mut config = provisioner_config(&options, &driver);
+    if let Some(node_name) = &node_name {
+        let info = tokio::select! {
+            info = driver.node_info() => info.map_err(RunError::NodeInfo)?,
+            () = shutdown.clone() => {
+                tracing::info!("termination signal received during start-up, exiting");
+                return Ok(Stopped::Signal);
+            }
+        };
+        let node = node_deployment(node_name, node_deployment_flags(&options), &info);
+        tracing::info!(
+            node = %node.node_name,
+            node_id = %node.node_id,
+            topology = ?node.accessible_topology,
+            immediate_binding = node.immediate_binding,
+            base_delay = %crate::duration::format_go_duration(node.base_delay),
+            max_delay = %crate::duration::format_go_duration(node.max_delay),
+            "node deployment: provisioning volumes of node {}",
+            node.node_name
+        );
+        config.provisioner_identity = node_identity(&config.provisioner_identity, Some(&node));
+        config.node_deployment = Some(node);
+    }
     let kube_config = load_config(&options.kubeconfig, &options.master).await?;
     let namespace = own_namespace(&options, &kube_config.default_namespace);
     let client = build_client(kube_config, options.rate_limits())?;
-    let config = provisioner_config(&options, &driver);
     let host = hostname();
     let shared = Shared {
         client: client.clone(),
@@ -396,6 +439,15 @@ pub fn provisioner_config(options: &Options, driver: &Driver) -> ProvisionerConf
         single_node_multi_writer: info.controller.has(ControllerCap::SingleNodeMultiWriter),
     };
     config
+}
+
+/// The node deployment flags.
+fn node_deployment_flags(options: &Options) -> NodeDeploymentFlags {
+    NodeDeploymentFlags {
+        immediate_binding: options.node_deployment_immediate_binding,
+        base_delay: options.node_deployment_base_delay,
+        max_delay: options.node_deployment_max_delay,
+    }
 }
 
 /// Upstream's identity string: recorded in each PV's volume attributes so a

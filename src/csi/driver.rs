@@ -9,13 +9,15 @@ use std::time::Duration;
 use csi_proto::v1::controller_client::ControllerClient;
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
 use csi_proto::v1::identity_client::IdentityClient;
+use csi_proto::v1::node_client::NodeClient;
 use csi_proto::v1::plugin_capability::service::Type as ServiceCap;
 use csi_proto::v1::plugin_capability::volume_expansion::Type as ExpansionCap;
 use csi_proto::v1::{
     ControllerGetCapabilitiesRequest, CreateSnapshotRequest, CreateSnapshotResponse,
     CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteVolumeRequest,
     GetCapacityRequest, GetCapacityResponse, GetPluginCapabilitiesRequest, GetPluginInfoRequest,
-    ListVolumesRequest, ListVolumesResponse, controller_service_capability, plugin_capability,
+    ListVolumesRequest, ListVolumesResponse, NodeGetInfoRequest, NodeGetInfoResponse,
+    controller_service_capability, plugin_capability,
 };
 use tonic::transport::Channel;
 
@@ -140,6 +142,7 @@ pub fn validate_driver_name(name: &str) -> Result<(), StartupError> {
 pub struct Driver {
     identity: IdentityClient<Channel>,
     controller: ControllerClient<Channel>,
+    node: NodeClient<Channel>,
     timeout: Duration,
     info: DriverInfo,
 }
@@ -149,7 +152,8 @@ impl Driver {
     /// `GetPluginCapabilities`, `ControllerGetCapabilities`).
     pub async fn discover(channel: Channel, timeout: Duration) -> Result<Driver, StartupError> {
         let mut identity = IdentityClient::new(channel.clone());
-        let mut controller = ControllerClient::new(channel);
+        let mut controller = ControllerClient::new(channel.clone());
+        let node = NodeClient::new(channel);
 
         let plugin_info = with_deadline(
             "GetPluginInfo",
@@ -214,6 +218,7 @@ impl Driver {
         Ok(Driver {
             identity,
             controller,
+            node,
             timeout,
             info: DriverInfo {
                 name: plugin_info.name,
@@ -242,6 +247,18 @@ impl Driver {
     pub async fn probe(&self, timeout: Duration) -> Result<bool, CsiError> {
         let mut client = self.identity.clone();
         super::connection::probe_once(&mut client, timeout).await
+    }
+
+    /// `NodeGetInfo`: this node's id and accessible topology, for
+    /// `--node-deployment` (the driver runs on the same node).
+    pub async fn node_info(&self) -> Result<NodeGetInfoResponse, CsiError> {
+        let mut client = self.node.clone();
+        with_deadline(
+            "NodeGetInfo",
+            self.timeout,
+            client.node_get_info(request(NodeGetInfoRequest {}, self.timeout)),
+        )
+        .await
     }
 
     pub async fn create_volume(

@@ -2,6 +2,7 @@
 //! every decision in this module reads. The lead's startup code fills it once.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// Capabilities the driver reported at startup that change what we send it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,8 +23,15 @@ pub struct DriverCapabilities {
 pub struct NodeDeployment {
     /// This provisioner's node (`NODE_NAME`).
     pub node_name: String,
+    /// The driver's node id from `NodeGetInfo`.
+    pub node_id: String,
     /// `--node-deployment-immediate-binding`: also try to take Immediate PVCs.
     pub immediate_binding: bool,
+    /// `--node-deployment-base-delay`: the first wait before taking an
+    /// Immediate PVC.
+    pub base_delay: Duration,
+    /// `--node-deployment-max-delay`: the longest such wait.
+    pub max_delay: Duration,
     /// Accessible topology from `NodeGetInfo`; decides which PVs this instance
     /// may delete. `None` means the driver reported none (all PVs accessible).
     pub accessible_topology: Option<BTreeMap<String, String>>,

@@ -63,21 +63,33 @@ pub enum DeleteSkipReason {
     },
 }
 
+/// Node deployment: whether the PV's node affinity admits this node's
+/// accessible topology (from `NodeGetInfo`), i.e. this node's driver holds
+/// the volume. Always true outside node mode, and when the driver reported
+/// no topology (upstream then treats every PV as accessible).
+pub fn volume_on_this_node(pv: &PersistentVolume, config: &ProvisionerConfig) -> bool {
+    let Some(topology) = config
+        .node_deployment
+        .as_ref()
+        .and_then(|node| node.accessible_topology.as_ref())
+    else {
+        return true;
+    };
+    node_affinity_matches(
+        pv.spec
+            .as_ref()
+            .and_then(|spec| spec.node_affinity.as_ref()),
+        topology,
+    )
+}
+
 /// Decides whether the PV's backend volume should be deleted now.
 pub fn should_delete(pv: &PersistentVolume, config: &ProvisionerConfig) -> DeleteDecision {
     use DeleteDecision::Skip;
     if !is_our_volume(pv, config) {
         return Skip(DeleteSkipReason::NotOurs);
     }
-    if let Some(node_deployment) = &config.node_deployment
-        && let Some(topology) = &node_deployment.accessible_topology
-        && !node_affinity_matches(
-            pv.spec
-                .as_ref()
-                .and_then(|spec| spec.node_affinity.as_ref()),
-            topology,
-        )
-    {
+    if !volume_on_this_node(pv, config) {
         return Skip(DeleteSkipReason::NotProvisionedOnThisNode);
     }
     if pv.metadata.deletion_timestamp.is_some() {

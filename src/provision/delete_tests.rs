@@ -205,6 +205,7 @@ fn node_deployment_deletes_only_its_own_volumes() {
             node_name: "node-1".into(),
             immediate_binding: true,
             accessible_topology: zone.map(|zone| map(&[("zone", zone)])),
+            ..NodeDeployment::default()
         }),
         ..config()
     };
@@ -238,6 +239,72 @@ fn node_deployment_deletes_only_its_own_volumes() {
         should_delete(&released_volume(), &node_config(Some("b"))),
         DeleteDecision::Delete
     );
+}
+
+#[test]
+fn which_volumes_are_on_this_node() {
+    let node_config = |topology: Option<&[(&str, &str)]>| ProvisionerConfig {
+        node_deployment: Some(NodeDeployment {
+            node_name: "node-1".into(),
+            accessible_topology: topology.map(map),
+            ..NodeDeployment::default()
+        }),
+        ..config()
+    };
+    let pinned_to = |operator: &str, values: Option<Vec<String>>| {
+        edit(|pv| {
+            pv.spec.as_mut().expect("spec").node_affinity = Some(VolumeNodeAffinity {
+                required: Some(NodeSelector {
+                    node_selector_terms: vec![NodeSelectorTerm {
+                        match_expressions: Some(vec![NodeSelectorRequirement {
+                            key: "node".into(),
+                            operator: operator.into(),
+                            values: values.clone(),
+                        }]),
+                        match_fields: None,
+                    }],
+                }),
+            });
+        })
+    };
+    let on_1 = pinned_to("In", Some(vec!["node-1".into()]));
+    let on_2 = pinned_to("In", Some(vec!["node-2".into()]));
+    let anywhere = released_volume();
+    let has_key = pinned_to("Exists", None);
+    let here: &[(&str, &str)] = &[("node", "node-1")];
+    let elsewhere_key: &[(&str, &str)] = &[("zone", "a")];
+    for (what, pv, config, expected) in [
+        ("not node mode", &on_2, config(), true),
+        ("pinned here", &on_1, node_config(Some(here)), true),
+        (
+            "pinned to another node",
+            &on_2,
+            node_config(Some(here)),
+            false,
+        ),
+        ("no node affinity", &anywhere, node_config(Some(here)), true),
+        (
+            "driver reported no topology",
+            &on_2,
+            node_config(None),
+            true,
+        ),
+        (
+            "topology without the key",
+            &on_1,
+            node_config(Some(elsewhere_key)),
+            false,
+        ),
+        ("Exists on our key", &has_key, node_config(Some(here)), true),
+        (
+            "Exists without our key",
+            &has_key,
+            node_config(Some(elsewhere_key)),
+            false,
+        ),
+    ] {
+        assert_eq!(volume_on_this_node(pv, &config), expected, "{what}");
+    }
 }
 
 fn secret(name: &str, namespace: &str) -> Option<SecretRef> {

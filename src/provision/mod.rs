@@ -47,6 +47,13 @@
 //! ([`deletion_secret_ref`]: PV annotations first, class templates second).
 //! [`attached_node`] says when to wait for a detach instead.
 //!
+//! # Node deployment
+//!
+//! [`node_deployment`] has the decisions of `--node-deployment`: the local
+//! Node/CSINode planned with, the jittered backoff before taking an
+//! Immediate claim, whether the class's allowedTopologies admit this node,
+//! the capacity check and the guarded selected-node patch.
+//!
 //! # Finalizers
 //!
 //! [`pv_finalizer_change`] keeps our PV finalizer in line with the
@@ -68,6 +75,7 @@ pub mod events;
 mod finalizer;
 #[cfg(test)]
 mod fixtures;
+pub mod node_deployment;
 mod outcome;
 mod plan;
 mod pv;
@@ -84,7 +92,7 @@ pub use content_source::{
 };
 pub use delete::{
     DeleteDecision, DeleteError, DeletePlan, DeleteSkipReason, attached_node, deletion_secret_ref,
-    is_our_volume, plan_delete, should_delete, still_attached_message,
+    is_our_volume, plan_delete, should_delete, still_attached_message, volume_on_this_node,
 };
 pub use error::{DataSourceError, ProvisionError};
 pub use finalizer::{

@@ -8,6 +8,7 @@ fn node_config(immediate_binding: bool) -> ProvisionerConfig {
             node_name: "node-1".to_owned(),
             immediate_binding,
             accessible_topology: None,
+            ..NodeDeployment::default()
         }),
         ..config()
     }

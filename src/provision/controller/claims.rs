@@ -55,7 +55,7 @@ pub async fn process(ctx: &Arc<Context>, key: &ClaimKey) {
     }
 }
 
-enum Next {
+pub(super) enum Next {
     Done,
     Retry,
 }
@@ -82,7 +82,23 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     let class = ctx.caches.classes.store().get(&ObjectRef::new(&class_name));
 
     match should_provision(&claim, class.as_deref(), &ctx.config) {
-        ProvisionDecision::Provision | ProvisionDecision::BecomeOwner => {}
+        ProvisionDecision::Provision => {}
+        ProvisionDecision::BecomeOwner => {
+            if ctx.in_flight(&key.uid).is_some() {
+                // This node started a volume and lost the selected-node
+                // annotation meanwhile: clean that volume up before
+                // competing for the claim again.
+                tracing::info!(claim = %key, "claim no longer assigned to this node while provisioning was in flight; cleaning up");
+                if let Next::Retry = finish_deleted_claim(ctx, key).await {
+                    return Next::Retry;
+                }
+            }
+            if let Some(class) = class.as_deref() {
+                return super::owner::become_owner(ctx, key, class).await;
+            }
+            tracing::debug!(claim = %key, class = %class_name, "storage class not in the cache yet");
+            return Next::Retry;
+        }
         ProvisionDecision::Skip(reason) => {
             if ctx.in_flight(&key.uid).is_some() {
                 // It stopped being ours (bound elsewhere, annotation changed)
@@ -142,25 +158,9 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             return Next::Retry;
         }
     };
-    let selected = selected_node_name(&claim).map(str::to_owned);
-    let selected_node = selected
-        .as_deref()
-        .and_then(|n| ctx.caches.nodes.store().get(&ObjectRef::new(n)));
-    let selected_csi_node = selected
-        .as_deref()
-        .and_then(|n| ctx.caches.csi_nodes.store().get(&ObjectRef::new(n)));
-    let all_nodes: Vec<Arc<Node>> = if ctx.config.topology_enabled {
-        ctx.caches.nodes.store().state()
-    } else {
-        Vec::new()
-    };
-    let all_csi_nodes: Vec<Arc<CSINode>> = if ctx.config.topology_enabled {
-        ctx.caches.csi_nodes.store().state()
-    } else {
-        Vec::new()
-    };
-    let node_refs: Vec<&Node> = all_nodes.iter().map(AsRef::as_ref).collect();
-    let csi_node_refs: Vec<&CSINode> = all_csi_nodes.iter().map(AsRef::as_ref).collect();
+    let topology = TopologyObjects::read(ctx, selected_node_name(&claim));
+    let node_refs = topology.nodes();
+    let csi_node_refs = topology.csi_nodes();
     let vac = volume_attributes_class_name(&claim, &ctx.config).and_then(|n| {
         ctx.caches
             .attributes_classes
@@ -170,8 +170,8 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     let inputs = ProvisionInputs {
         claim: &claim,
         class: &class,
-        selected_node: selected_node.as_deref(),
-        selected_csi_node: selected_csi_node.as_deref(),
+        selected_node: topology.selected_node(),
+        selected_csi_node: topology.selected_csi_node(),
         nodes: &node_refs,
         csi_nodes: &csi_node_refs,
         data_source: fetched.objects(),
@@ -328,6 +328,64 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     }
 }
 
+/// The Nodes and CSINodes a plan is made with: the caches' (the selected
+/// node's and, with topology on, all of them), or in node mode only this
+/// node's static objects.
+pub(super) struct TopologyObjects {
+    selected_node: Option<Arc<Node>>,
+    selected_csi_node: Option<Arc<CSINode>>,
+    nodes: Vec<Arc<Node>>,
+    csi_nodes: Vec<Arc<CSINode>>,
+}
+
+impl TopologyObjects {
+    pub(super) fn read(ctx: &Context, selected: Option<&str>) -> Self {
+        if let Some(local) = &ctx.local_topology {
+            let node = Arc::new(local.node.clone());
+            let csi_node = Arc::new(local.csi_node.clone());
+            let is_local = selected == Some(local.name());
+            return TopologyObjects {
+                selected_node: is_local.then(|| Arc::clone(&node)),
+                selected_csi_node: is_local.then(|| Arc::clone(&csi_node)),
+                nodes: vec![node],
+                csi_nodes: vec![csi_node],
+            };
+        }
+        let topology = ctx.config.topology_enabled;
+        TopologyObjects {
+            selected_node: selected.and_then(|n| ctx.caches.nodes.store().get(&ObjectRef::new(n))),
+            selected_csi_node: selected
+                .and_then(|n| ctx.caches.csi_nodes.store().get(&ObjectRef::new(n))),
+            nodes: if topology {
+                ctx.caches.nodes.store().state()
+            } else {
+                Vec::new()
+            },
+            csi_nodes: if topology {
+                ctx.caches.csi_nodes.store().state()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    pub(super) fn selected_node(&self) -> Option<&Node> {
+        self.selected_node.as_deref()
+    }
+
+    pub(super) fn selected_csi_node(&self) -> Option<&CSINode> {
+        self.selected_csi_node.as_deref()
+    }
+
+    pub(super) fn nodes(&self) -> Vec<&Node> {
+        self.nodes.iter().map(AsRef::as_ref).collect()
+    }
+
+    pub(super) fn csi_nodes(&self) -> Vec<&CSINode> {
+        self.csi_nodes.iter().map(AsRef::as_ref).collect()
+    }
+}
+
 /// The `source` label of the provisioning metrics: the kind of the claim's
 /// `dataSource`, empty without one (as the upstream library).
 fn source_kind(claim: &PersistentVolumeClaim) -> &str {
@@ -436,8 +494,9 @@ async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim) {
 /// The claim is gone (or no longer ours). If an operation may have created
 /// a volume, learn its id by repeating the frozen `CreateVolume` and delete
 /// it; otherwise there is nothing to do.
-async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next {
+pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next {
     ctx.recorder.forget(&key.uid);
+    ctx.forget_owner_attempts(&key.uid);
     let Some(op) = ctx.in_flight(&key.uid) else {
         return Next::Done;
     };
@@ -551,7 +610,7 @@ fn same_volume(existing: &PersistentVolume, wanted: &PersistentVolume) -> bool {
 
 /// The data source objects, fetched (claims from the cache, snapshots from
 /// the API: they are rare and their CRDs may not even be installed).
-enum FetchedSource {
+pub(super) enum FetchedSource {
     None,
     Claim(
         Option<Arc<PersistentVolumeClaim>>,
@@ -561,7 +620,7 @@ enum FetchedSource {
 }
 
 impl FetchedSource {
-    fn objects(&self) -> Option<DataSourceObjects<'_>> {
+    pub(super) fn objects(&self) -> Option<DataSourceObjects<'_>> {
         match self {
             FetchedSource::None => None,
             FetchedSource::Claim(claim, volume) => Some(DataSourceObjects::Claim {
@@ -576,7 +635,7 @@ impl FetchedSource {
     }
 }
 
-async fn fetch_source(
+pub(super) async fn fetch_source(
     ctx: &Context,
     source: Option<&crate::provision::DataSourceRef>,
 ) -> Result<FetchedSource, kube::Error> {

@@ -11,12 +11,18 @@
 //!   line with HonorPVReclaimPolicy → when Released with policy Delete,
 //!   `DeleteVolume`, then delete the PV and drop the finalizer.
 //!
+//! With `--node-deployment` ([`owner`]), Immediate claims that no node has
+//! taken yet are first taken by this node (selected-node annotation, after
+//! a jittered delay); topology comes from the driver's `NodeGetInfo`
+//! instead of the Node and CSINode objects, which are not watched.
+//!
 //! Everything is read from the shared watch caches ([`Caches`]); the API is
 //! only written to, except for Secrets and snapshot objects, which are read
 //! when a claim needs them.
 
 pub mod claims;
 pub mod journal;
+mod owner;
 pub mod volumes;
 
 use std::collections::{HashMap, HashSet};
@@ -32,7 +38,10 @@ use crate::caches::{Caches, Kind};
 use crate::csi::Driver;
 use crate::events::Recorder;
 use crate::informer::Change;
-use crate::provision::{ProvisionerConfig, SecretRef, annotated_provisioner, is_our_volume};
+use crate::provision::node_deployment::{LocalTopology, journal_owner};
+use crate::provision::{
+    ProvisionerConfig, SecretRef, annotated_provisioner, is_our_volume, volume_on_this_node,
+};
 use crate::queue::WorkQueue;
 use crate::shared::Shared;
 
@@ -86,6 +95,12 @@ pub struct Context {
     /// PV uids whose backend volume is known deleted, so the update events
     /// that follow do not call `DeleteVolume` again (upstream #1235).
     pub deleted_volumes: Mutex<HashSet<String>>,
+    /// Node deployment: this node's Node and CSINode, planned with instead
+    /// of the cluster's.
+    pub local_topology: Option<Arc<LocalTopology>>,
+    /// Node deployment: claim uid → attempts to take it so far (the
+    /// exponent of the wait before the next one).
+    owner_attempts: Mutex<HashMap<String, u32>>,
     workers: usize,
     /// The journal store, loaded and started by [`Context::run`]: only
     /// then (after winning the leader election) is its content final, as a
@@ -123,6 +138,27 @@ impl Context {
         if removed.is_some() {
             self.journal.forget(uid);
         }
+    }
+
+    /// Counts an attempt to take claim `uid`; returns how many came before.
+    pub fn next_owner_attempt(&self, uid: &str) -> u32 {
+        let mut attempts = self
+            .owner_attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let count = attempts.entry(uid.to_owned()).or_insert(0);
+        let before = *count;
+        *count = count.saturating_add(1);
+        before
+    }
+
+    /// Resets the attempts to take claim `uid` (taken, taken by another
+    /// node, or gone).
+    pub fn forget_owner_attempts(&self, uid: &str) {
+        self.owner_attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
     }
 
     /// Whether an operation in flight clones or restores from `source`.
@@ -175,7 +211,13 @@ pub async fn new(
         Kind::Classes,
         Kind::Attachments,
     ];
-    if config.topology_enabled {
+    // In node mode the topology is this node's own (upstream does not
+    // watch Nodes there either: they generate much traffic).
+    let local_topology = config
+        .node_deployment
+        .as_ref()
+        .map(|node| Arc::new(LocalTopology::new(&config.driver_name, node)));
+    if config.topology_enabled && local_topology.is_none() {
         kinds.extend([Kind::Nodes, Kind::CsiNodes]);
     }
     if config.volume_attributes_class_enabled {
@@ -188,7 +230,7 @@ pub async fn new(
     let store = JournalStore::new(
         shared.client.clone(),
         journal_namespace,
-        &config.driver_name,
+        &journal_owner(&config.driver_name, config.node_deployment.as_ref()),
     );
     let (journal, inbox) = journal::channel();
 
@@ -217,7 +259,9 @@ pub async fn new(
         let config = config.clone();
         caches.volumes.on_change(move |change| match change {
             Change::Applied(pv) => {
-                if is_our_volume(pv, &config) {
+                // Node mode: other nodes' PVs are theirs to manage (their
+                // finalizer and deletion), so N nodes do not race on each.
+                if is_our_volume(pv, &config) && volume_on_this_node(pv, &config) {
                     queue.add(pv.name_any());
                 }
             }
@@ -236,6 +280,8 @@ pub async fn new(
         volumes: volumes.clone(),
         in_flight: Mutex::default(),
         deleted_volumes: Mutex::default(),
+        local_topology,
+        owner_attempts: Mutex::default(),
         workers: shared.workers.max(1),
         unstarted_journal: Mutex::new(Some((store, inbox))),
         stopping: AtomicBool::new(false),

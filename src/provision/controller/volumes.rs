@@ -21,7 +21,7 @@ use super::Context;
 use crate::provision::events as notes;
 use crate::provision::{
     DeleteDecision, FinalizerChange, add_finalizer_patch, attached_node, plan_delete,
-    pv_finalizer_change, remove_finalizer_patch, should_delete,
+    pv_finalizer_change, remove_finalizer_patch, should_delete, volume_on_this_node,
 };
 use crate::wellknown as wk;
 
@@ -43,6 +43,10 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
     let Some(pv) = ctx.caches.volumes.store().get(&ObjectRef::new(name)) else {
         return Ok(());
     };
+    if !volume_on_this_node(&pv, &ctx.config) {
+        tracing::debug!(volume = %name, "not on this node: left to the node that holds it");
+        return Ok(());
+    }
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
 
     if let Some(change) = pv_finalizer_change(&pv, &ctx.config) {

@@ -1,0 +1,598 @@
+//! End-to-end: `--node-deployment`. Two nodes, each with its own hostpath
+//! driver (own socket and state directory, node id = node name, topology
+//! on) and its own sidecar process (`NODE_NAME`), against one API test
+//! server holding both Nodes and CSINodes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube_testserver::{HttpServer, TestServer};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+const DRIVER: &str = csi_hostpath::DEFAULT_DRIVER_NAME;
+const NODES: [&str; 2] = ["node-a", "node-b"];
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+struct NodeSide {
+    name: &'static str,
+    driver: csi_hostpath::Config,
+    driver_stop: Option<oneshot::Sender<()>>,
+    sidecar: Option<Child>,
+    log: PathBuf,
+}
+
+struct Cluster {
+    /// Holds the drivers' sockets and state directories and the logs.
+    _dir: tempfile::TempDir,
+    api: TestServer,
+    http: HttpServer,
+    client: kube::Client,
+    nodes: Vec<NodeSide>,
+}
+
+impl Cluster {
+    /// API server, both Nodes/CSINodes and both drivers; no sidecar yet.
+    /// `capacity` limits a node's driver: (node, kind, bytes).
+    async fn new(capacity: &[(&str, &str, u64)]) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = TestServer::builder()
+            .controller_manager(true)
+            .gc(true)
+            .build();
+        let http = api.serve_http().await.expect("http");
+        let client = api.client();
+        let mut nodes = Vec::new();
+        for name in NODES {
+            api.create_object(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {csi_hostpath::TOPOLOGY_KEY: name}}}))
+                .expect("node");
+            api.create_object(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": name},
+                "spec": {"drivers": [{"name": DRIVER, "nodeID": name,
+                    "topologyKeys": [csi_hostpath::TOPOLOGY_KEY]}]}}))
+                .expect("csinode");
+            let node_dir = dir.path().join(name);
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            let mut driver = csi_hostpath::Config::for_tests(&node_dir);
+            driver.node_id = name.to_owned();
+            driver.capacity = capacity
+                .iter()
+                .filter(|(node, _, _)| *node == name)
+                .map(|(_, kind, bytes)| ((*kind).to_owned(), *bytes))
+                .collect::<BTreeMap<_, _>>();
+            let (tx, rx) = oneshot::channel::<()>();
+            let config = driver.clone();
+            tokio::spawn(async move {
+                if let Err(e) = csi_hostpath::serve(config, async {
+                    let _ = rx.await;
+                })
+                .await
+                {
+                    eprintln!("hostpath driver stopped: {e}");
+                }
+            });
+            nodes.push(NodeSide {
+                name,
+                driver,
+                driver_stop: Some(tx),
+                sidecar: None,
+                log: node_dir.join("sidecar.log"),
+            });
+        }
+        Cluster {
+            _dir: dir,
+            api,
+            http,
+            client,
+            nodes,
+        }
+    }
+
+    /// One sidecar per node, in node mode with short delays, plus `extra`.
+    fn start_sidecars(&mut self, extra: &[&str]) {
+        self.start_sidecars_with_delays("100ms", "500ms", extra);
+    }
+
+    fn start_sidecars_with_delays(&mut self, base: &str, max: &str, extra: &[&str]) {
+        let kubeconfig = self.http.kubeconfig_path().display().to_string();
+        for node in &mut self.nodes {
+            let log = std::fs::File::create(&node.log).expect("log file");
+            let child = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+                .arg(format!("--csi-address={}", node.driver.endpoint.display()))
+                .arg(format!("--kubeconfig={kubeconfig}"))
+                .arg("--node-deployment")
+                .arg(format!("--node-deployment-base-delay={base}"))
+                .arg(format!("--node-deployment-max-delay={max}"))
+                .arg("--retry-interval-start=100ms")
+                .arg("--retry-interval-max=1s")
+                .arg("--timeout=5s")
+                .arg("--v=4")
+                .args(extra)
+                .env_remove("KUBECONFIG")
+                .env_remove("RUST_LOG")
+                .env("NAMESPACE", "default")
+                .env("NODE_NAME", node.name)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(log))
+                .spawn()
+                .expect("spawn csi-provisioner");
+            node.sidecar = Some(child);
+        }
+    }
+
+    fn node(&self, name: &str) -> &NodeSide {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .expect("known node")
+    }
+
+    fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "--- sidecar of {} ---\n{}",
+                    n.name,
+                    std::fs::read_to_string(&n.log).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    /// Names (CreateVolume names = PV names) of the volumes on a node's backend.
+    fn backend(&self, node: &str) -> Vec<String> {
+        let mut names: Vec<String> =
+            csi_hostpath::backend_volumes(&self.node(node).driver.state_dir)
+                .expect("backend volumes")
+                .into_iter()
+                .map(|v| v.name)
+                .collect();
+        names.sort();
+        names
+    }
+
+    fn storage_class(&self, name: &str, binding: &str, extra: serde_json::Value) {
+        let mut class = json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": name},
+            "provisioner": DRIVER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": binding,
+        });
+        if let (Some(class), serde_json::Value::Object(extra)) = (class.as_object_mut(), extra) {
+            class.extend(extra);
+        }
+        self.api.create_object(class).expect("storage class");
+    }
+
+    async fn create_pvc(
+        &self,
+        name: &str,
+        class: &str,
+        size: &str,
+        annotations: serde_json::Value,
+    ) {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": class,
+                "resources": {"requests": {"storage": size}},
+            },
+        }))
+        .expect("pvc json");
+        self.claims()
+            .create(&PostParams::default(), &pvc)
+            .await
+            .expect("create pvc");
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn pvc(&self, name: &str) -> Option<PersistentVolumeClaim> {
+        self.claims().get_opt(name).await.expect("get pvc")
+    }
+
+    async fn pvs(&self) -> Vec<PersistentVolume> {
+        Api::<PersistentVolume>::all(self.client.clone())
+            .list(&Default::default())
+            .await
+            .expect("list pv")
+            .items
+    }
+
+    async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(value) = check().await {
+                return value;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The claim, once bound to its PV.
+    async fn wait_bound(&self, name: &str) -> (PersistentVolumeClaim, PersistentVolume) {
+        self.wait_for(
+            &format!("claim {name} bound"),
+            Duration::from_secs(30),
+            || async {
+                let pvc = self.pvc(name).await?;
+                let volume = pvc.spec.as_ref()?.volume_name.clone()?;
+                if pvc.status.as_ref()?.phase.as_deref() != Some("Bound") {
+                    return None;
+                }
+                let pv = Api::<PersistentVolume>::all(self.client.clone())
+                    .get_opt(&volume)
+                    .await
+                    .expect("get pv")?;
+                Some((pvc, pv))
+            },
+        )
+        .await
+    }
+
+    async fn delete_pvc(&self, name: &str) {
+        self.claims()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete pvc");
+    }
+
+    async fn wait_all_deleted(&self) {
+        self.wait_for(
+            "every PV and backend volume deleted",
+            Duration::from_secs(30),
+            || async {
+                (self.pvs().await.is_empty() && NODES.iter().all(|n| self.backend(n).is_empty()))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.sidecar.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            if let Some(tx) = node.driver_stop.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+fn selected_node(pvc: &PersistentVolumeClaim) -> Option<String> {
+    pvc.metadata
+        .annotations
+        .as_ref()?
+        .get(SELECTED_NODE)
+        .cloned()
+}
+
+/// The node values of the PV's required node affinity.
+fn affinity_nodes(pv: &PersistentVolume) -> Vec<String> {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+        .map(|r| {
+            r.node_selector_terms
+                .iter()
+                .flat_map(|t| t.match_expressions.iter().flatten())
+                .filter(|e| e.key == csi_hostpath::TOPOLOGY_KEY)
+                .flat_map(|e| e.values.iter().flatten().cloned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn pv_name(pv: &PersistentVolume) -> String {
+    pv.metadata.name.clone().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
+    let mut cluster = Cluster::new(&[]).await;
+    cluster.storage_class("local", "WaitForFirstConsumer", json!({}));
+    cluster.start_sidecars(&[]);
+
+    // As the scheduler would: node-b selected (the controller-manager
+    // helper then adds the storage-provisioner annotation).
+    cluster
+        .create_pvc("on-b", "local", "10Mi", json!({SELECTED_NODE: "node-b"}))
+        .await;
+    cluster
+        .create_pvc("on-a", "local", "10Mi", json!({SELECTED_NODE: "node-a"}))
+        .await;
+    let (_, pv_b) = cluster.wait_bound("on-b").await;
+    let (_, pv_a) = cluster.wait_bound("on-a").await;
+    assert_eq!(cluster.backend("node-b"), vec![pv_name(&pv_b)]);
+    assert_eq!(cluster.backend("node-a"), vec![pv_name(&pv_a)]);
+    assert_eq!(affinity_nodes(&pv_b), vec!["node-b".to_owned()]);
+    assert_eq!(affinity_nodes(&pv_a), vec!["node-a".to_owned()]);
+    // Each PV carries its node's provisioner identity.
+    let identity = |pv: &PersistentVolume| {
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .and_then(|c| c.volume_attributes.as_ref())
+            .and_then(|a| a.get("storage.kubernetes.io/csiProvisionerIdentity"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert!(identity(&pv_b).ends_with("-node-b"), "{}", identity(&pv_b));
+    assert!(identity(&pv_a).ends_with("-node-a"), "{}", identity(&pv_a));
+    // One write-ahead journal per node: a restarted node resumes only its
+    // own operations, on its own driver.
+    let config_maps: Vec<String> = Api::<ConfigMap>::namespaced(cluster.client.clone(), "default")
+        .list(&Default::default())
+        .await
+        .expect("config maps")
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|name| name.ends_with("provisioner-journal"))
+        .collect();
+    assert_eq!(
+        config_maps,
+        vec![
+            format!("{DRIVER}-node-a-provisioner-journal"),
+            format!("{DRIVER}-node-b-provisioner-journal"),
+        ]
+    );
+
+    // A claim without a selected node waits for the scheduler, on every node.
+    cluster
+        .create_pvc("unscheduled", "local", "10Mi", json!({}))
+        .await;
+
+    // Deletion: each node deletes its own volume.
+    cluster.delete_pvc("on-b").await;
+    cluster
+        .wait_for(
+            "node-b's volume deleted",
+            Duration::from_secs(30),
+            || async { cluster.backend("node-b").is_empty().then_some(()) },
+        )
+        .await;
+    assert_eq!(
+        cluster.backend("node-a"),
+        vec![pv_name(&pv_a)],
+        "node-a's volume must stay"
+    );
+    cluster.delete_pvc("on-a").await;
+    cluster.wait_all_deleted().await;
+    let unscheduled = cluster.pvc("unscheduled").await.expect("claim");
+    assert_eq!(selected_node(&unscheduled), None);
+    assert!(
+        unscheduled
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immediate_claims_are_provisioned_once_by_the_node_that_takes_them() {
+    let mut cluster = Cluster::new(&[]).await;
+    cluster.storage_class("shared", "Immediate", json!({}));
+    cluster.start_sidecars(&[]);
+
+    let names = ["imm-0", "imm-1", "imm-2", "imm-3"];
+    for name in names {
+        cluster.create_pvc(name, "shared", "5Mi", json!({})).await;
+    }
+    let mut expected: BTreeMap<&str, Vec<String>> = NODES.iter().map(|n| (*n, vec![])).collect();
+    for name in names {
+        let (pvc, pv) = cluster.wait_bound(name).await;
+        let winner = selected_node(&pvc)
+            .unwrap_or_else(|| panic!("{name}: no selected node\n{}", cluster.logs()));
+        assert!(NODES.contains(&winner.as_str()), "{name}: {winner}");
+        assert_eq!(affinity_nodes(&pv), vec![winner.clone()], "{name}");
+        expected
+            .get_mut(winner.as_str())
+            .expect("known node")
+            .push(pv_name(&pv));
+    }
+    // Exactly one volume per claim, on the winner's backend only.
+    for (node, mut volumes) in expected.clone() {
+        volumes.sort();
+        assert_eq!(cluster.backend(node), volumes, "backend of {node}");
+    }
+    assert_eq!(cluster.pvs().await.len(), names.len());
+
+    // Each node deletes the volumes it made.
+    for name in names {
+        cluster.delete_pvc(name).await;
+    }
+    cluster.wait_all_deleted().await;
+    let logs = cluster.logs();
+    assert!(
+        logs.contains("became the owner of the claim"),
+        "the winner logs it\n{logs}"
+    );
+}
+
+/// Delays of a few milliseconds make both nodes try at nearly the same
+/// time: conflicts decide, and still every claim gets exactly one volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_nodes_still_provision_each_claim_once() {
+    let mut cluster = Cluster::new(&[]).await;
+    cluster.storage_class("shared", "Immediate", json!({}));
+    cluster.start_sidecars_with_delays("1ms", "4ms", &[]);
+    let names: Vec<String> = (0..10).map(|i| format!("race-{i}")).collect();
+    for name in &names {
+        cluster.create_pvc(name, "shared", "1Mi", json!({})).await;
+    }
+    let mut volumes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for name in &names {
+        let (pvc, pv) = cluster.wait_bound(name).await;
+        let winner = selected_node(&pvc).unwrap_or_default();
+        assert_eq!(affinity_nodes(&pv), vec![winner.clone()], "{name}");
+        volumes.entry(winner).or_default().push(pv_name(&pv));
+    }
+    // Let any loser that might still act do so, then compare.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for node in NODES {
+        let mut expected = volumes.get(node).cloned().unwrap_or_default();
+        expected.sort();
+        assert_eq!(
+            cluster.backend(node),
+            expected,
+            "backend of {node}\n{}",
+            cluster.logs()
+        );
+    }
+    assert_eq!(cluster.pvs().await.len(), names.len());
+    for name in &names {
+        cluster.delete_pvc(name).await;
+    }
+    cluster.wait_all_deleted().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_topologies_and_capacity_decide_which_node_takes_a_claim() {
+    // Of kind "fast", node-a has 1 MiB, node-b 1 GiB; both have room
+    // elsewhere ("slow").
+    let mut cluster = Cluster::new(&[
+        ("node-a", "fast", 1 << 20),
+        ("node-a", "slow", 1 << 30),
+        ("node-b", "fast", 1 << 30),
+        ("node-b", "slow", 1 << 30),
+    ])
+    .await;
+    cluster.storage_class(
+        "only-a",
+        "Immediate",
+        json!({"allowedTopologies": [{"matchLabelExpressions": [
+            {"key": csi_hostpath::TOPOLOGY_KEY, "values": ["node-a"]}]}]}),
+    );
+    cluster.storage_class("fast", "Immediate", json!({"parameters": {"kind": "fast"}}));
+    cluster.start_sidecars(&[]);
+
+    for i in 0..3 {
+        cluster
+            .create_pvc(&format!("only-a-{i}"), "only-a", "5Mi", json!({}))
+            .await;
+        cluster
+            .create_pvc(&format!("big-{i}"), "fast", "10Mi", json!({}))
+            .await;
+    }
+    for i in 0..3 {
+        let (pvc, _) = cluster.wait_bound(&format!("only-a-{i}")).await;
+        assert_eq!(selected_node(&pvc).as_deref(), Some("node-a"), "only-a-{i}");
+        // node-a cannot hold 10 MiB: only node-b tries.
+        let (pvc, _) = cluster.wait_bound(&format!("big-{i}")).await;
+        assert_eq!(selected_node(&pvc).as_deref(), Some("node-b"), "big-{i}");
+    }
+    assert_eq!(cluster.backend("node-a").len(), 3);
+    assert_eq!(cluster.backend("node-b").len(), 3);
+    // Decided before trying, not by losing races.
+    let log = |node: &str| std::fs::read_to_string(&cluster.node(node).log).unwrap_or_default();
+    assert!(
+        log("node-b").contains("allowedTopologies do not admit this node"),
+        "{}",
+        cluster.logs()
+    );
+    assert!(
+        log("node-a").contains("not enough capacity on this node"),
+        "{}",
+        cluster.logs()
+    );
+    for i in 0..3 {
+        cluster.delete_pvc(&format!("only-a-{i}")).await;
+        cluster.delete_pvc(&format!("big-{i}")).await;
+    }
+    cluster.wait_all_deleted().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_immediate_binding_node_sidecars_leave_immediate_claims_alone() {
+    let mut cluster = Cluster::new(&[]).await;
+    cluster.storage_class("shared", "Immediate", json!({}));
+    cluster.storage_class("local", "WaitForFirstConsumer", json!({}));
+    cluster.start_sidecars(&["--node-deployment-immediate-binding=false"]);
+
+    cluster
+        .create_pvc("immediate", "shared", "5Mi", json!({}))
+        .await;
+    // The sidecars work: a scheduled claim is provisioned...
+    cluster
+        .create_pvc(
+            "scheduled",
+            "local",
+            "5Mi",
+            json!({SELECTED_NODE: "node-a"}),
+        )
+        .await;
+    let (_, pv) = cluster.wait_bound("scheduled").await;
+    assert_eq!(cluster.backend("node-a"), vec![pv_name(&pv)]);
+    // ...while the Immediate claim is never taken: well past the maximum
+    // delay (500ms), nobody selected a node or created a volume.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let immediate = cluster.pvc("immediate").await.expect("claim");
+    assert_eq!(selected_node(&immediate), None, "{}", cluster.logs());
+    assert!(
+        immediate
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .is_none()
+    );
+    assert_eq!(cluster.backend("node-b"), Vec::<String>::new());
+    assert_eq!(cluster.pvs().await.len(), 1);
+
+    cluster.delete_pvc("scheduled").await;
+    cluster.delete_pvc("immediate").await;
+    cluster.wait_all_deleted().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_deployment_needs_node_name() {
+    let cluster = Cluster::new(&[]).await;
+    let node = cluster.node("node-a");
+    let output = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+        .arg(format!("--csi-address={}", node.driver.endpoint.display()))
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.http.kubeconfig_path().display()
+        ))
+        .arg("--node-deployment")
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run csi-provisioner");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("NODE_NAME") && stderr.contains("--node-deployment"),
+        "{stderr}"
+    );
+}
