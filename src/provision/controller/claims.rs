@@ -78,6 +78,15 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     let Some(claim) = cached_claim(ctx, key) else {
         return finish_deleted_claim(ctx, key).await;
     };
+    if claim
+        .finalizers()
+        .iter()
+        .any(|f| f == wk::FINALIZER_CLONE_SOURCE)
+        && let Err(e) = release_clone_source(ctx, &claim).await
+    {
+        tracing::warn!(claim = %key, error = %e, "cannot remove the cloning-protection finalizer; will retry");
+        return Next::Retry;
+    }
     let class_name = crate::provision::claim_class_name(&claim);
     let class = ctx.caches.classes.store().get(&ObjectRef::new(&class_name));
 
@@ -295,6 +304,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             {
                 tracing::warn!(claim = %key, error = %e, "cannot remove the data source finalizer");
             }
+            requeue_clone_source(ctx, &claim);
             Next::Done
         }
         SaveOutcome::Orphan(reason) | SaveOutcome::Failed(reason) => {
@@ -396,6 +406,100 @@ fn source_kind(claim: &PersistentVolumeClaim) -> &str {
         .map_or("", |d| d.kind.as_str())
 }
 
+/// The claim this claim clones from (same namespace), if it is a clone.
+pub fn clone_source_name(claim: &PersistentVolumeClaim) -> Option<String> {
+    let spec = claim.spec.as_ref()?;
+    let is_claim = |kind: &str, group: Option<&String>| {
+        kind == wk::PVC_KIND && group.is_none_or(|g| g.is_empty())
+    };
+    if let Some(source) = &spec.data_source_ref
+        && is_claim(&source.kind, source.api_group.as_ref())
+        && source
+            .namespace
+            .as_deref()
+            .is_none_or(|ns| Some(ns) == claim.metadata.namespace.as_deref())
+    {
+        return Some(source.name.clone());
+    }
+    spec.data_source
+        .as_ref()
+        .filter(|source| is_claim(&source.kind, source.api_group.as_ref()))
+        .map(|source| source.name.clone())
+}
+
+/// A clone's operation is over: its source may drop the cloning-protection
+/// finalizer now, so look at the source again.
+fn requeue_clone_source(ctx: &Context, clone: &PersistentVolumeClaim) {
+    if let Some(source) = clone_source_name(clone)
+        && let Some(namespace) = clone.namespace()
+        && let Some(source) = ctx
+            .caches
+            .claims
+            .store()
+            .get(&ObjectRef::new(&source).within(&namespace))
+        && let Some(key) = ClaimKey::of(&source)
+    {
+        ctx.claims.add(key);
+    }
+}
+
+/// Upstream's clone-protection rule: a source keeps the finalizer while any
+/// claim of its namespace that clones from it is still unbound and not being
+/// deleted, or a clone from it is in flight here; then it is removed.
+async fn release_clone_source(
+    ctx: &Context,
+    source: &PersistentVolumeClaim,
+) -> Result<(), kube::Error> {
+    let namespace = source.namespace().unwrap_or_default();
+    let name = source.name_any();
+    let pending_clone = ctx.caches.claims.store().state().iter().any(|claim| {
+        claim.namespace().as_deref() == Some(namespace.as_str())
+            && clone_source_name(claim).as_deref() == Some(name.as_str())
+            && claim.metadata.deletion_timestamp.is_none()
+            && claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.as_deref())
+                .is_none_or(str::is_empty)
+    });
+    let source_volume = source
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .and_then(|pv| ctx.caches.volumes.store().get(&ObjectRef::new(&pv)))
+        .and_then(|pv| {
+            pv.spec
+                .as_ref()?
+                .csi
+                .as_ref()
+                .map(|c| c.volume_handle.clone())
+        });
+    let in_flight = source_volume.is_some_and(|id| {
+        ctx.content_source_in_use(&Some(csi_proto::v1::VolumeContentSource {
+            r#type: Some(csi_proto::v1::volume_content_source::Type::Volume(
+                csi_proto::v1::volume_content_source::VolumeSource { volume_id: id },
+            )),
+        }))
+    });
+    let claim_name = format!("{namespace}/{name}");
+    if pending_clone || in_flight {
+        tracing::debug!(claim = %claim_name, pending_clone, in_flight, "clone source still protected");
+        return Ok(());
+    }
+    tracing::info!(claim = %claim_name, "no clone of this claim is pending: removing the cloning-protection finalizer");
+    remove_source_finalizer(
+        ctx,
+        &SourceFinalizer {
+            kind: DataSourceKind::Claim,
+            namespace,
+            name,
+            finalizer: wk::FINALIZER_CLONE_SOURCE,
+            remove_after_provisioning: false,
+        },
+    )
+    .await
+}
+
 fn claim_uid_of(pv: &PersistentVolume) -> Option<&str> {
     pv.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref()
 }
@@ -454,6 +558,7 @@ async fn create_failed(
         CreateVolumeOutcome::Final => {
             note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
             ctx.finish(&uid);
+            requeue_clone_source(ctx, claim);
         }
         CreateVolumeOutcome::Infeasible => {
             note(

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use csi_proto::v1::CreateVolumeRequest;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 
 use crate::caches::{Caches, Kind};
@@ -237,20 +238,30 @@ pub async fn new(
     {
         let queue = claims.clone();
         let driver_name = config.driver_name.clone();
-        caches.claims.on_change(move |change| match change {
-            Change::Applied(claim) => {
-                // Cheap filter: only claims annotated for us (or being
-                // finished after deletion, which the Deleted arm covers).
-                if annotated_provisioner(claim) == Some(driver_name.as_str())
-                    && let Some(key) = ClaimKey::of(claim)
-                {
-                    queue.add(key);
+        let claims_store = caches.claims.store();
+        caches.claims.on_change(move |change| {
+            let claim = match change {
+                Change::Applied(claim) => {
+                    // Cheap filter: only claims annotated for us (or being
+                    // finished after deletion, which the Deleted arm covers).
+                    if annotated_provisioner(claim) != Some(driver_name.as_str()) {
+                        return;
+                    }
+                    claim
                 }
+                Change::Deleted(claim) => claim,
+            };
+            if let Some(key) = ClaimKey::of(claim) {
+                queue.add(key);
             }
-            Change::Deleted(claim) => {
-                if let Some(key) = ClaimKey::of(claim) {
-                    queue.add(key);
-                }
+            // A clone that is bound or gone may free its source of the
+            // cloning-protection finalizer: look at the source again.
+            if let Some(source) = claims::clone_source_name(claim)
+                && let Some(namespace) = claim.namespace()
+                && let Some(source) = claims_store.get(&ObjectRef::new(&source).within(&namespace))
+                && let Some(key) = ClaimKey::of(&source)
+            {
+                queue.add(key);
             }
         });
     }

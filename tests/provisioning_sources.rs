@@ -1,0 +1,313 @@
+//! End-to-end: data sources (clone, snapshot restore), a driver that is down
+//! at start, a volume still attached at deletion, and a PV name taken by
+//! another claim (upstream #1469).
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use csi_hostpath::ContentSource;
+use csi_proto::v1::CreateSnapshotRequest;
+use csi_proto::v1::controller_client::ControllerClient;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
+use serde_json::json;
+use support::{DRIVER, Env};
+
+const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
+
+async fn reasons(env: &Env, namespace: &str, name: &str) -> Vec<(String, String)> {
+    Api::<Event>::namespaced(env.client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+fn handle(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.volume_handle.clone())
+        .expect("csi handle")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_copies_its_source_and_protects_it_meanwhile() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "source", "fast", "5Mi", json!({}))
+        .await;
+    let source = env.wait_bound("default", "source").await;
+    let source_handle = handle(&source);
+    std::fs::write(
+        csi_hostpath::volume_path(&env.driver.state_dir, &source_handle).join("data.txt"),
+        "hello",
+    )
+    .expect("write into the source volume");
+
+    // A slow CreateVolume leaves time to see the source protected.
+    env.set_faults(vec![csi_hostpath::faults::Fault::delay(
+        "CreateVolume",
+        Duration::from_secs(1),
+    )]);
+    env.create_pvc(
+        "default",
+        "copy",
+        "fast",
+        "5Mi",
+        json!({"spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "source"}}}),
+    )
+    .await;
+    env.wait_for(
+        "clone source protected",
+        Duration::from_secs(20),
+        || async {
+            let pvc = env.pvc("default", "source").await?;
+            pvc.metadata
+                .finalizers
+                .unwrap_or_default()
+                .iter()
+                .any(|f| f == CLONE_FINALIZER)
+                .then_some(())
+        },
+    )
+    .await;
+    let copy = env.wait_bound("default", "copy").await;
+    env.clear_faults();
+    let copy_handle = handle(&copy);
+    let record = env
+        .backend_volumes()
+        .into_iter()
+        .find(|v| v.id == copy_handle)
+        .expect("clone on the backend");
+    assert_eq!(
+        record.content_source,
+        Some(ContentSource::Volume { id: source_handle })
+    );
+    let copied = std::fs::read_to_string(
+        csi_hostpath::volume_path(&env.driver.state_dir, &copy_handle).join("data.txt"),
+    )
+    .expect("data copied");
+    assert_eq!(copied, "hello");
+    env.wait_for(
+        "source protection removed",
+        Duration::from_secs(20),
+        || async {
+            let pvc = env.pvc("default", "source").await?;
+            (!pvc
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .iter()
+                .any(|f| f == CLONE_FINALIZER))
+            .then_some(())
+        },
+    )
+    .await;
+    env.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_is_restored_through_its_bound_content() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "source", "fast", "5Mi", json!({}))
+        .await;
+    let source = env.wait_bound("default", "source").await;
+
+    // The snapshot controller's part: a CSI snapshot, its content and the
+    // VolumeSnapshot bound to it.
+    let channel = csi_proto::transport::connect_unix(&env.driver.endpoint)
+        .await
+        .expect("connect");
+    let snapshot = ControllerClient::new(channel)
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: handle(&source),
+            name: "snap-1".into(),
+            secrets: HashMap::new(),
+            parameters: HashMap::new(),
+        })
+        .await
+        .expect("snapshot")
+        .into_inner()
+        .snapshot
+        .expect("snapshot");
+    let mut vs = env
+        .api
+        .create_object(
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": "snap", "namespace": "default"},
+            "spec": {"source": {"persistentVolumeClaimName": "source"}}}),
+        )
+        .expect("snapshot object");
+    let vs_uid = vs["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let mut content = env
+        .api
+        .create_object(json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+            "metadata": {"name": "content-1"},
+            "spec": {"driver": DRIVER, "deletionPolicy": "Delete",
+                     "source": {"snapshotHandle": snapshot.snapshot_id},
+                     "volumeSnapshotRef": {"namespace": "default", "name": "snap", "uid": vs_uid}}}))
+        .expect("content");
+    content["status"] = json!({"snapshotHandle": snapshot.snapshot_id, "readyToUse": true,
+        "restoreSize": snapshot.size_bytes});
+    env.api
+        .update_object_status(content)
+        .expect("content status");
+    vs["status"] = json!({"boundVolumeSnapshotContentName": "content-1", "readyToUse": true,
+        "restoreSize": "5Mi"});
+    env.api.update_object_status(vs).expect("snapshot status");
+
+    env.create_pvc(
+        "default",
+        "restored",
+        "fast",
+        "5Mi",
+        json!({"spec": {"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}}}),
+    )
+    .await;
+    let restored = env.wait_bound("default", "restored").await;
+    let record = env
+        .backend_volumes()
+        .into_iter()
+        .find(|v| v.id == handle(&restored))
+        .expect("restored volume");
+    assert_eq!(
+        record.content_source,
+        Some(ContentSource::Snapshot {
+            id: snapshot.snapshot_id
+        })
+    );
+    env.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_down_at_start_is_waited_for() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.stop_driver().await;
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "early", "fast", "5Mi", json!({}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(env.pvs().await.is_empty(), "nothing without a driver");
+    assert!(
+        env.sidecar
+            .as_mut()
+            .expect("sidecar")
+            .try_wait()
+            .expect("poll")
+            .is_none(),
+        "the sidecar waits instead of exiting\n{}",
+        env.logs()
+    );
+    env.start_driver();
+    env.wait_bound("default", "early").await;
+    assert!(
+        env.logs().contains("socket does not exist yet"),
+        "{}",
+        env.logs()
+    );
+    env.assert_consistent().await;
+}
+
+/// Upstream #1574: a Released volume still attached to a node waits quietly
+/// (one Normal event) and is deleted once detached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_still_attached_waits_for_the_detach() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "data", "fast", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound("default", "data").await;
+    let name = pv.metadata.name.clone().expect("name");
+    env.api
+        .create_object(
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+            "metadata": {"name": "attachment-1"},
+            "spec": {"attacher": DRIVER, "nodeName": support::NODE,
+                     "source": {"persistentVolumeName": name}}}),
+        )
+        .expect("attachment");
+    env.delete_pvc("default", "data").await;
+    env.wait_for("detach wait reported", Duration::from_secs(20), || async {
+        reasons(&env, "default", &name)
+            .await
+            .iter()
+            .any(|(_, m)| m.contains("still attached"))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.backend_volumes().len(), 1, "not deleted while attached");
+    let waits = reasons(&env, "default", &name)
+        .await
+        .into_iter()
+        .filter(|(_, m)| m.contains("still attached"))
+        .count();
+    assert_eq!(waits, 1, "one event for the whole wait, not one per retry");
+
+    env.api
+        .delete_object("storage.k8s.io/v1", "VolumeAttachment", "", "attachment-1")
+        .expect("detach");
+    env.wait_for(
+        "deleted after the detach",
+        Duration::from_secs(30),
+        || async {
+            (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Upstream #1469: a PV with our volume's name that records another claim
+/// is not taken as success; the new backend volume is deleted, not leaked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.set_faults(vec![csi_hostpath::faults::Fault::delay(
+        "CreateVolume",
+        Duration::from_secs(1),
+    )]);
+    env.start_sidecar(&[]);
+    let pvc = env
+        .create_pvc("default", "data", "fast", "5Mi", json!({}))
+        .await;
+    let uid = pvc.metadata.uid.clone().expect("uid");
+    // While CreateVolume runs, someone else's PV takes the name.
+    env.api
+        .create_object(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": format!("pvc-{uid}")},
+            "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"},
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "claimRef": {"namespace": "other", "name": "other", "uid": "not-this-claim"},
+                     "csi": {"driver": "other.example.com", "volumeHandle": "foreign"}}}))
+        .expect("foreign PV");
+    env.wait_for("the orphan deleted", Duration::from_secs(20), || async {
+        let events = reasons(&env, "default", "data").await;
+        (events.iter().any(|(r, _)| r == "ProvisioningFailed") && env.backend_volumes().is_empty())
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        env.backend_volumes().is_empty(),
+        "no volume leaked while the name is taken\n{}",
+        env.logs()
+    );
+    let foreign = env
+        .pv(&format!("pvc-{uid}"))
+        .await
+        .expect("foreign PV kept");
+    assert_eq!(handle(&foreign), "foreign", "the other PV is left alone");
+}
