@@ -1,0 +1,177 @@
+//! End-to-end: the sidecar killed in the remaining windows between a
+//! backend change and the API write that records it, and the reschedule of
+//! a WaitForFirstConsumer claim on RESOURCE_EXHAUSTED.
+
+mod support;
+
+use std::time::Duration;
+
+use csi_hostpath::faults::Fault;
+use kube::api::{Api, DeleteParams};
+use kube_testserver::{RequestMatch, Verb};
+use serde_json::json;
+use support::Env;
+
+const JOURNAL: &str = "hostpath.csi.k8s.io-provisioner-journal";
+
+fn journal_entries(env: &Env) -> usize {
+    env.api
+        .get_object("v1", "ConfigMap", "default", JOURNAL)
+        .and_then(|cm| cm["data"].as_object().map(|d| d.len()))
+        .unwrap_or(0)
+}
+
+/// Killed after the PV was saved but before its journal entry was pruned:
+/// the restart prunes the entry and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_the_pv_is_saved_keeps_the_volume() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&[]);
+    // The journal's first write (create) goes through; pruning (an update)
+    // hangs, so the kill lands between the saved PV and the pruned entry.
+    env.api.add_latency(
+        RequestMatch::new(Verb::Update, "configmaps"),
+        Duration::from_secs(60),
+    );
+    env.create_pvc("default", "kept", "fast", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound("default", "kept").await;
+    assert_eq!(journal_entries(&env), 1, "entry written, not yet pruned");
+    env.kill_sidecar();
+    env.api.clear_faults();
+
+    env.start_sidecar(&[]);
+    env.wait_for("journal pruned", Duration::from_secs(20), || async {
+        (journal_entries(&env) == 0).then_some(())
+    })
+    .await;
+    let name = pv.metadata.name.clone().expect("name");
+    assert!(env.pv(&name).await.is_some(), "PV kept");
+    assert_eq!(env.backend_volumes().len(), 1, "volume kept");
+    env.assert_consistent().await;
+}
+
+/// Killed after DeleteVolume but before the PV object was deleted: the
+/// restart repeats the (idempotent) DeleteVolume and finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_delete_volume_finishes_on_restart() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "gone", "fast", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound("default", "gone").await;
+    let name = pv.metadata.name.clone().expect("name");
+    env.api.add_latency(
+        RequestMatch::new(Verb::Delete, "persistentvolumes"),
+        Duration::from_secs(60),
+    );
+    env.delete_pvc("default", "gone").await;
+    env.wait_for(
+        "backend volume deleted",
+        Duration::from_secs(20),
+        || async { env.backend_volumes().is_empty().then_some(()) },
+    )
+    .await;
+    env.kill_sidecar();
+    env.api.clear_faults();
+    assert!(env.pv(&name).await.is_some(), "the PV was not deleted yet");
+
+    env.start_sidecar(&[]);
+    env.wait_for(
+        "PV deleted after restart",
+        Duration::from_secs(20),
+        || async { env.pv(&name).await.is_none().then_some(()) },
+    )
+    .await;
+    env.assert_consistent().await;
+}
+
+/// RESOURCE_EXHAUSTED for a claim with a selected node: the annotation is
+/// removed so the scheduler can pick another node (upstream behaviour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_exhausted_on_the_selected_node_reschedules() {
+    let mut env = Env::new().await;
+    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}));
+    env.set_faults(vec![Fault::error(
+        "CreateVolume",
+        tonic::Code::ResourceExhausted,
+    )]);
+    env.start_sidecar(&[]);
+    env.create_pvc(
+        "default",
+        "late",
+        "late",
+        "5Mi",
+        json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": support::NODE}}}),
+    )
+    .await;
+    env.wait_for("selected node removed", Duration::from_secs(20), || async {
+        let pvc = env.pvc("default", "late").await?;
+        let annotations = pvc.metadata.annotations.unwrap_or_default();
+        (!annotations.contains_key("volume.kubernetes.io/selected-node")).then_some(())
+    })
+    .await;
+    assert!(env.backend_volumes().is_empty());
+    assert!(env.pvs().await.is_empty());
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        env.client.clone(),
+        "default",
+    )
+    .delete("late", &DeleteParams::default())
+    .await
+    .expect("delete");
+}
+
+/// Upstream #1235: once DeleteVolume succeeded, a retry of the PV (here:
+/// deleting the PV object failed) and its update events must not call it
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_volume_is_not_repeated_for_the_following_updates() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "once", "fast", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound("default", "once").await;
+    let name = pv.metadata.name.clone().expect("name");
+    env.api
+        .fail_next(2, RequestMatch::new(Verb::Delete, "persistentvolumes"), 500);
+    env.delete_pvc("default", "once").await;
+    env.wait_for(
+        "backend volume deleted",
+        Duration::from_secs(20),
+        || async { env.backend_volumes().is_empty().then_some(()) },
+    )
+    .await;
+    // Any further DeleteVolume now fails loudly.
+    env.set_faults(vec![Fault::error("DeleteVolume", tonic::Code::Internal)]);
+    // Update events on the PV while it is retried.
+    for i in 0..3 {
+        let patch = json!({"metadata": {"labels": {"touched": format!("{i}")}}});
+        let _ = Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(env.client.clone())
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.wait_for("PV deleted", Duration::from_secs(20), || async {
+        env.pv(&name).await.is_none().then_some(())
+    })
+    .await;
+    let failed =
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), "default")
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("VolumeFailedDelete"))
+            .count();
+    assert_eq!(failed, 0, "DeleteVolume was called again\n{}", env.logs());
+    env.clear_faults();
+}
