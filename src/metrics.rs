@@ -353,29 +353,9 @@ pub fn csi_method_name(method: &str) -> String {
     format!("/csi.v1.{service}/{method}")
 }
 
-/// grpc-go's `codes.Code.String()`: the label values dashboards match on.
-pub fn go_code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code;
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
-    }
-}
+/// grpc-go's `codes.Code.String()`: the label values dashboards match on
+/// (the same names as in event messages).
+pub use crate::provision::go_code_name;
 
 /// One finished CSI call.
 pub fn observe_csi_call(method: &str, code: tonic::Code, took: Duration) {

@@ -50,13 +50,12 @@ pub fn may_reschedule(topology_enabled: bool, selected_node: Option<&str>) -> bo
 /// and keeping the request frozen is the side that cannot leak. (Upstream
 /// treats it as final.)
 pub fn classify_create_volume_error(code: Code, may_reschedule: bool) -> CreateVolumeOutcome {
+    use crate::csi::error::{ErrorClass, classify};
     match code {
         Code::ResourceExhausted if may_reschedule => CreateVolumeOutcome::Reschedule,
-        Code::ResourceExhausted
-        | Code::Cancelled
-        | Code::DeadlineExceeded
-        | Code::Unavailable
-        | Code::Aborted => CreateVolumeOutcome::InBackground,
+        // The non-final codes are the CSI client's (one list for the whole
+        // sidecar).
+        _ if classify(code) == ErrorClass::NonFinal => CreateVolumeOutcome::InBackground,
         Code::InvalidArgument => CreateVolumeOutcome::Infeasible,
         _ => CreateVolumeOutcome::Final,
     }
