@@ -175,3 +175,53 @@ async fn delete_volume_is_not_repeated_for_the_following_updates() {
     assert_eq!(failed, 0, "DeleteVolume was called again\n{}", env.logs());
     env.clear_faults();
 }
+
+/// lib #152 / #1465: a retry sends the request of the first attempt, even
+/// when the cluster's topology changed meanwhile. Here the only node is
+/// relabelled while the first CreateVolume fails slowly; a recomputed
+/// request would ask for the new label, which this driver cannot serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_sends_the_frozen_request() {
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.set_faults(vec![
+        Fault::error("CreateVolume", tonic::Code::Unavailable)
+            .with_delay(Duration::from_millis(1500))
+            .times(1),
+    ]);
+    env.start_sidecar(&[]);
+    env.create_pvc("default", "frozen", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "first CreateVolume under way",
+        Duration::from_secs(20),
+        || async { env.logs().contains("calling CreateVolume").then_some(()) },
+    )
+    .await;
+    let patch = json!({"metadata": {"labels": {csi_hostpath::TOPOLOGY_KEY: "elsewhere"}}});
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .patch(
+            support::NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("relabel node");
+    let pv = env.wait_bound("default", "frozen").await;
+    assert!(
+        !env.logs().contains("ResourceExhausted"),
+        "a retry asked for the new topology\n{}",
+        env.logs()
+    );
+    let terms = pv
+        .spec
+        .and_then(|s| s.node_affinity)
+        .and_then(|a| a.required)
+        .expect("affinity")
+        .node_selector_terms;
+    let values = terms[0].match_expressions.as_ref().expect("expressions")[0]
+        .values
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(values, vec![support::NODE.to_owned()]);
+}
