@@ -6,24 +6,12 @@ mod support;
 use std::time::Duration;
 
 use csi_hostpath::faults::Fault;
-use k8s_openapi::api::core::v1::{Event, PersistentVolume};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use support::{DRIVER, Env, finalizers};
 
 const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
-
-async fn events_for(env: &Env, namespace: &str, name: &str) -> Vec<(String, String)> {
-    Api::<Event>::namespaced(env.client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisions_and_deletes_filesystem_and_block_volumes() {
@@ -104,7 +92,7 @@ async fn provisions_and_deletes_filesystem_and_block_volumes() {
         "Provisioning and ProvisioningSucceeded events",
         Duration::from_secs(10),
         || async {
-            let events = events_for(&env, "default", "fs").await;
+            let events = env.events("default", "fs").await;
             let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
             (reasons.contains(&"Provisioning") && reasons.contains(&"ProvisioningSucceeded"))
                 .then_some(())
@@ -158,10 +146,7 @@ async fn deleting_the_pv_before_the_claim_does_not_leak() {
     let mut env = Env::new().await;
     env.storage_class("fast", "Immediate", "Delete", json!({}));
     env.start_sidecar(&[]);
-    env.create_pvc("default", "data", "fast", "5Mi", json!({}))
-        .await;
-    let pv = env.wait_bound("default", "data").await;
-    let name = pv.metadata.name.clone().expect("name");
+    let (_, name) = env.provision("default", "data", "fast").await;
 
     Api::<PersistentVolume>::all(env.client.clone())
         .delete(&name, &DeleteParams::default())
@@ -190,10 +175,7 @@ async fn existing_pvs_get_the_finalizer_and_a_rollback_removes_it() {
     let mut env = Env::new().await;
     env.storage_class("fast", "Immediate", "Delete", json!({}));
     env.start_sidecar(&["--feature-gates=HonorPVReclaimPolicy=false"]);
-    env.create_pvc("default", "old", "fast", "5Mi", json!({}))
-        .await;
-    let pv = env.wait_bound("default", "old").await;
-    let name = pv.metadata.name.clone().expect("name");
+    let (pv, name) = env.provision("default", "old", "fast").await;
     assert!(
         !finalizers(&pv).contains(&FINALIZER.to_owned()),
         "gate off: no finalizer"
@@ -280,7 +262,7 @@ async fn claim_deleted_during_a_slow_create_leaves_nothing() {
         "CreateVolume under way",
         Duration::from_secs(20),
         || async {
-            events_for(&env, "default", "slow")
+            env.events("default", "slow")
                 .await
                 .iter()
                 .any(|(r, _)| r == "Provisioning")
@@ -357,7 +339,7 @@ async fn sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothin
         "CreateVolume under way",
         Duration::from_secs(20),
         || async {
-            events_for(&env, "default", "doomed")
+            env.events("default", "doomed")
                 .await
                 .iter()
                 .any(|(r, _)| r == "Provisioning")
@@ -415,7 +397,8 @@ async fn final_errors_are_reported_once_and_retried() {
     env.create_pvc("default", "flaky", "fast", "5Mi", json!({}))
         .await;
     env.wait_bound("default", "flaky").await;
-    let failed: Vec<_> = events_for(&env, "default", "flaky")
+    let failed: Vec<_> = env
+        .events("default", "flaky")
         .await
         .into_iter()
         .filter(|(r, _)| r == "ProvisioningFailed")

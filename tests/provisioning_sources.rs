@@ -10,24 +10,10 @@ use std::time::Duration;
 use csi_hostpath::ContentSource;
 use csi_proto::v1::CreateSnapshotRequest;
 use csi_proto::v1::controller_client::ControllerClient;
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, ListParams};
 use serde_json::json;
 use support::{DRIVER, Env};
 
 const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
-
-async fn reasons(env: &Env, namespace: &str, name: &str) -> Vec<(String, String)> {
-    Api::<Event>::namespaced(env.client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
-}
 
 fn handle(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
     pv.spec
@@ -226,10 +212,7 @@ async fn a_volume_still_attached_waits_for_the_detach() {
     let mut env = Env::new().await;
     env.storage_class("fast", "Immediate", "Delete", json!({}));
     env.start_sidecar(&[]);
-    env.create_pvc("default", "data", "fast", "5Mi", json!({}))
-        .await;
-    let pv = env.wait_bound("default", "data").await;
-    let name = pv.metadata.name.clone().expect("name");
+    let (_, name) = env.provision("default", "data", "fast").await;
     env.api
         .create_object(
             json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
@@ -240,7 +223,7 @@ async fn a_volume_still_attached_waits_for_the_detach() {
         .expect("attachment");
     env.delete_pvc("default", "data").await;
     env.wait_for("detach wait reported", Duration::from_secs(20), || async {
-        reasons(&env, "default", &name)
+        env.events("default", &name)
             .await
             .iter()
             .any(|(_, m)| m.contains("still attached"))
@@ -249,7 +232,8 @@ async fn a_volume_still_attached_waits_for_the_detach() {
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(env.backend_volumes().len(), 1, "not deleted while attached");
-    let waits = reasons(&env, "default", &name)
+    let waits = env
+        .events("default", &name)
         .await
         .into_iter()
         .filter(|(_, m)| m.contains("still attached"))
@@ -294,7 +278,7 @@ async fn a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume() {
                      "csi": {"driver": "other.example.com", "volumeHandle": "foreign"}}}))
         .expect("foreign PV");
     env.wait_for("the orphan deleted", Duration::from_secs(20), || async {
-        let events = reasons(&env, "default", "data").await;
+        let events = env.events("default", "data").await;
         (events.iter().any(|(r, _)| r == "ProvisioningFailed") && env.backend_volumes().is_empty())
             .then_some(())
     })

@@ -59,10 +59,7 @@ async fn killed_after_delete_volume_finishes_on_restart() {
     let mut env = Env::new().await;
     env.storage_class("fast", "Immediate", "Delete", json!({}));
     env.start_sidecar(&[]);
-    env.create_pvc("default", "gone", "fast", "5Mi", json!({}))
-        .await;
-    let pv = env.wait_bound("default", "gone").await;
-    let name = pv.metadata.name.clone().expect("name");
+    let (_, name) = env.provision("default", "gone", "fast").await;
     env.api.add_latency(
         RequestMatch::new(Verb::Delete, "persistentvolumes"),
         Duration::from_secs(60),
@@ -132,10 +129,7 @@ async fn delete_volume_is_not_repeated_for_the_following_updates() {
     let mut env = Env::new().await;
     env.storage_class("fast", "Immediate", "Delete", json!({}));
     env.start_sidecar(&[]);
-    env.create_pvc("default", "once", "fast", "5Mi", json!({}))
-        .await;
-    let pv = env.wait_bound("default", "once").await;
-    let name = pv.metadata.name.clone().expect("name");
+    let (_, name) = env.provision("default", "once", "fast").await;
     env.api
         .fail_next(2, RequestMatch::new(Verb::Delete, "persistentvolumes"), 500);
     env.delete_pvc("default", "once").await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube_testserver::{RequestMatch, Verb};
-use loops::{assert_stays, changes_to, events_about};
+use loops::{assert_stays, changes_to};
 use serde_json::json;
 use support::Env;
 
@@ -107,14 +107,14 @@ async fn a_managed_claims_volume_is_released_and_claimable_again() {
     assert_eq!(label(&pv), None, "our label removed on release");
     assert_eq!(env.backend_volumes().len(), 1, "data untouched");
     env.wait_for("Released event", Duration::from_secs(10), || async {
-        let events = events_about(&env, "default", &name).await;
+        let events = env.events("default", &name).await;
         events
             .iter()
             .any(|(reason, message)| reason == "Released" && message.contains("default/data"))
             .then_some(())
     })
     .await;
-    let events = events_about(&env, "default", &name).await;
+    let events = env.events("default", &name).await;
     assert!(
         events
             .iter()
@@ -266,7 +266,7 @@ async fn gate_off_releases_nothing() {
         "no write to the PV's claimRef or labels"
     );
     assert!(
-        events_about(&env, "default", &name)
+        env.events("default", &name)
             .await
             .iter()
             .all(|(reason, _)| reason != "Released" && reason != "ErrReleasePV")

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube_testserver::Verb;
 use serde_json::json;
 
@@ -122,18 +122,4 @@ pub fn changes_to(env: &Env, resource: &str, name: &str) -> usize {
                 && r.name == name
         })
         .count()
-}
-
-/// (reason, message) of the events about the object `name` in `namespace`
-/// (`default` for cluster-scoped objects).
-pub async fn events_about(env: &Env, namespace: &str, name: &str) -> Vec<(String, String)> {
-    Api::<Event>::namespaced(env.client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
 }

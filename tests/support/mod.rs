@@ -293,6 +293,35 @@ impl Env {
             .items
     }
 
+    /// (reason, message) of the events about the object `name` in
+    /// `namespace` (`default` for cluster-scoped objects).
+    pub async fn events(&self, namespace: &str, name: &str) -> Vec<(String, String)> {
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(self.client.clone(), namespace)
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Creates a 5Mi claim of `class` and waits until it is bound; returns
+    /// the PV and its name.
+    pub async fn provision(
+        &self,
+        namespace: &str,
+        claim: &str,
+        class: &str,
+    ) -> (PersistentVolume, String) {
+        self.create_pvc(namespace, claim, class, "5Mi", json!({}))
+            .await;
+        let pv = self.wait_bound(namespace, claim).await;
+        let name = pv.metadata.name.clone().expect("PV name");
+        (pv, name)
+    }
+
     /// The PV bound to a claim, once the sidecar created it and the
     /// controller-manager helper bound them.
     pub async fn wait_bound(&self, namespace: &str, name: &str) -> PersistentVolume {
