@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube_testserver::Verb;
 use serde_json::json;
-use support::{DRIVER, Env, NODE};
+use support::{Backend, Env};
 
 const GI: u64 = 1 << 30;
 const MI: u64 = 1 << 20;
@@ -20,7 +20,7 @@ const RESOURCE: &str = "csistoragecapacities";
 
 /// Driver with 1Gi of kind `fast` (maximum volume size 1Gi too).
 async fn env_with_capacity(topology: bool) -> Env {
-    Env::new_with_driver(|c| {
+    Env::new_with_driver(Backend::TestServer, |c| {
         c.capacity = BTreeMap::from([("fast".to_owned(), GI)]);
         c.max_volume_size = GI;
         c.enable_topology = topology;
@@ -29,7 +29,7 @@ async fn env_with_capacity(topology: bool) -> Env {
 }
 
 fn objects(env: &Env) -> Vec<CSIStorageCapacity> {
-    let mut v: Vec<CSIStorageCapacity> = env.api.list(Some("default"));
+    let mut v: Vec<CSIStorageCapacity> = env.api().list(Some(&env.ns));
     v.sort_by(|a, b| a.storage_class_name.cmp(&b.storage_class_name));
     v
 }
@@ -39,12 +39,12 @@ fn of_class(env: &Env, class: &str) -> Vec<CSIStorageCapacity> {
     objects(env)
         .into_iter()
         .filter(|o| {
-            o.storage_class_name == class
+            o.storage_class_name == env.class(class)
                 && o.metadata
                     .labels
                     .as_ref()
                     .and_then(|l| l.get("csi.storage.k8s.io/drivername"))
-                    .is_some_and(|d| d == DRIVER)
+                    .is_some_and(|d| d == env.driver_name.as_str())
         })
         .collect()
 }
@@ -54,7 +54,7 @@ fn capacity(o: &CSIStorageCapacity) -> Option<&str> {
 }
 
 fn sidecar_capacity_requests(env: &Env) -> Vec<String> {
-    env.api
+    env.api()
         .requests()
         .into_iter()
         .filter(|r| r.resource.starts_with(RESOURCE))
@@ -79,9 +79,11 @@ async fn wait_capacity(env: &Env, class: &str, want: &str) -> CSIStorageCapacity
 async fn publishes_capacity_and_follows_provisioning_and_classes() {
     let mut env = env_with_capacity(true).await;
     let fast = json!({"kind": "fast", "csi.storage.k8s.io/fstype": "ext4"});
-    env.storage_class("wffc", "WaitForFirstConsumer", "Delete", fast.clone());
-    env.storage_class("imm", "Immediate", "Delete", fast.clone());
-    env.api
+    env.storage_class("wffc", "WaitForFirstConsumer", "Delete", fast.clone())
+        .await;
+    env.storage_class("imm", "Immediate", "Delete", fast.clone())
+        .await;
+    env.api()
         .create_object(json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": "foreign"}, "provisioner": "other.csi.k8s.io",
@@ -92,7 +94,8 @@ async fn publishes_capacity_and_follows_provisioning_and_classes() {
         "--enable-capacity",
         "--capacity-poll-interval=1s",
         "--capacity-ownerref-level=-1",
-    ]);
+    ])
+    .await;
 
     let first = wait_capacity(&env, "wffc", "1Gi").await;
     let labels = first.metadata.labels.clone().unwrap_or_default();
@@ -100,7 +103,7 @@ async fn publishes_capacity_and_follows_provisioning_and_classes() {
         labels
             .get("csi.storage.k8s.io/drivername")
             .map(String::as_str),
-        Some(DRIVER)
+        Some(env.driver_name.as_str())
     );
     assert_eq!(
         labels
@@ -124,7 +127,7 @@ async fn publishes_capacity_and_follows_provisioning_and_classes() {
             .and_then(|t| t.match_labels.clone()),
         Some(BTreeMap::from([(
             csi_hostpath::TOPOLOGY_KEY.to_owned(),
-            NODE.to_owned()
+            env.node.as_str().to_owned()
         )]))
     );
     assert_eq!(
@@ -142,7 +145,7 @@ async fn publishes_capacity_and_follows_provisioning_and_classes() {
     let writes = |env: &Env| {
         [Verb::Create, Verb::Update, Verb::Patch, Verb::Delete]
             .into_iter()
-            .map(|v| env.api.request_count(v, RESOURCE))
+            .map(|v| env.api().request_count(v, RESOURCE))
             .sum::<u64>()
     };
     let before = writes(&env);
@@ -156,23 +159,23 @@ async fn publishes_capacity_and_follows_provisioning_and_classes() {
 
     // A 100Mi volume of kind fast lowers the published capacity at the
     // next poll; the object is updated in place.
-    env.create_pvc("default", "c1", "imm", "100Mi", json!({}))
+    env.create_pvc(&env.ns, "c1", "imm", "100Mi", json!({}))
         .await;
-    env.wait_bound("default", "c1").await;
+    env.wait_bound(&env.ns, "c1").await;
     let want = format!("{}Mi", (GI - 100 * MI) / MI);
     let updated = wait_capacity(&env, "wffc", &want).await;
     assert_eq!(updated.metadata.name, first.metadata.name, "same object");
     assert_eq!(
-        env.api.request_count(Verb::Create, RESOURCE),
+        env.api().request_count(Verb::Create, RESOURCE),
         1,
         "{:?}",
         sidecar_capacity_requests(&env)
     );
-    assert!(env.api.request_count(Verb::Update, RESOURCE) >= 1);
+    assert!(env.api().request_count(Verb::Update, RESOURCE) >= 1);
 
     // Deleting the class deletes its object.
-    env.api
-        .delete_object("storage.k8s.io/v1", "StorageClass", "", "wffc")
+    env.api()
+        .delete_object("storage.k8s.io/v1", "StorageClass", "", &env.class("wffc"))
         .expect("delete class");
     env.wait_for(
         "the object of wffc deleted",
@@ -192,14 +195,16 @@ async fn owner_pod_immediate_classes_and_no_topology() {
         "WaitForFirstConsumer",
         "Delete",
         json!({"kind": "fast"}),
-    );
-    env.storage_class("imm", "Immediate", "Delete", json!({"kind": "fast"}));
+    )
+    .await;
+    env.storage_class("imm", "Immediate", "Delete", json!({"kind": "fast"}))
+        .await;
     let pod: Pod = env
-        .api
+        .api()
         .create(
             &serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "csi-provisioner-0", "namespace": "default"},
+                "metadata": {"name": "csi-provisioner-0", "namespace": &env.ns},
                 "spec": {"containers": [{"name": "c", "image": "x"}]},
             }))
             .expect("pod json"),
@@ -208,14 +213,14 @@ async fn owner_pod_immediate_classes_and_no_topology() {
     let uid = pod.metadata.uid.clone().expect("uid");
     // An object of an earlier run without owner references, already right:
     // adopted, and updated only to get the owner.
-    env.api
+    env.api()
         .create_object(json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
-            "metadata": {"name": "csisc-legacy", "namespace": "default", "labels": {
-                "csi.storage.k8s.io/drivername": DRIVER,
+            "metadata": {"name": "csisc-legacy", "namespace": &env.ns, "labels": {
+                "csi.storage.k8s.io/drivername": env.driver_name.as_str(),
                 "csi.storage.k8s.io/managed-by": "external-provisioner",
             }},
-            "storageClassName": "wffc", "nodeTopology": {},
+            "storageClassName": env.class("wffc"), "nodeTopology": {},
             "capacity": "1Gi", "maximumVolumeSize": "1Gi",
         }))
         .expect("legacy object");
@@ -228,7 +233,8 @@ async fn owner_pod_immediate_classes_and_no_topology() {
             "--capacity-threads=2",
         ],
         &[("POD_NAME", "csi-provisioner-0")],
-    );
+    )
+    .await;
     for class in ["imm", "wffc"] {
         let o = env
             .wait_for(
@@ -261,7 +267,7 @@ async fn owner_pod_immediate_classes_and_no_topology() {
         Some("csisc-legacy")
     );
     assert_eq!(
-        env.api.request_count(Verb::Create, RESOURCE),
+        env.api().request_count(Verb::Create, RESOURCE),
         1,
         "only imm's object is new: {:?}",
         sidecar_capacity_requests(&env)
@@ -269,8 +275,8 @@ async fn owner_pod_immediate_classes_and_no_topology() {
     // The garbage collector removes the objects with their owner (the
     // sidecar is stopped first, as it would be with its pod).
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
-    env.api
-        .delete_object("v1", "Pod", "default", "csi-provisioner-0")
+    env.api()
+        .delete_object("v1", "Pod", &env.ns, "csi-provisioner-0")
         .expect("delete pod");
     assert!(objects(&env).is_empty(), "{:?}", objects(&env));
 }
@@ -283,17 +289,18 @@ async fn adopts_and_cleans_up_objects_of_a_previous_run() {
         "WaitForFirstConsumer",
         "Delete",
         json!({"kind": "fast"}),
-    );
+    )
+    .await;
     let labels = json!({
-        "csi.storage.k8s.io/drivername": DRIVER,
+        "csi.storage.k8s.io/drivername": env.driver_name.as_str(),
         "csi.storage.k8s.io/managed-by": "external-provisioner",
     });
-    let topology = json!({"matchLabels": {csi_hostpath::TOPOLOGY_KEY: NODE}});
+    let topology = json!({"matchLabels": {csi_hostpath::TOPOLOGY_KEY: env.node.as_str()}});
     let object = |name: &str, class: &str, capacity: &str, labels: &serde_json::Value| {
         json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
-            "metadata": {"name": name, "namespace": "default", "labels": labels},
-            "storageClassName": class, "nodeTopology": topology, "capacity": capacity,
+            "metadata": {"name": name, "namespace": &env.ns, "labels": labels},
+            "storageClassName": env.class(class), "nodeTopology": topology, "capacity": capacity,
         })
     };
     for o in [
@@ -307,13 +314,14 @@ async fn adopts_and_cleans_up_objects_of_a_previous_run() {
             &json!({"csi.storage.k8s.io/drivername": "other.csi.k8s.io"}),
         ),
     ] {
-        env.api.create_object(o).expect("object");
+        env.api().create_object(o).expect("object");
     }
     env.start_sidecar(&[
         "--enable-capacity",
         "--capacity-poll-interval=1s",
         "--capacity-ownerref-level=-1",
-    ]);
+    ])
+    .await;
     let adopted = wait_capacity(&env, "wffc", "1Gi").await;
     env.wait_for("stale objects deleted", Duration::from_secs(20), || async {
         let names: Vec<String> = objects(&env)
@@ -332,14 +340,14 @@ async fn adopts_and_cleans_up_objects_of_a_previous_run() {
     assert_eq!(adopted.metadata.name.as_deref(), Some("csisc-dup"));
     assert_eq!(names, ["csisc-dup", "someone-else"]);
     assert_eq!(
-        env.api.request_count(Verb::Create, RESOURCE),
+        env.api().request_count(Verb::Create, RESOURCE),
         0,
         "adopted, not created: {:?}",
         sidecar_capacity_requests(&env)
     );
     let foreign: CSIStorageCapacity = env
-        .api
-        .get("default", "someone-else")
+        .api()
+        .get(&env.ns, "someone-else")
         .expect("foreign object");
     assert_eq!(capacity(&foreign), Some("5Gi"), "not ours: untouched");
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
@@ -353,12 +361,14 @@ async fn without_the_flag_no_capacity_request_is_made() {
         "WaitForFirstConsumer",
         "Delete",
         json!({"kind": "fast"}),
-    );
-    env.storage_class("imm", "Immediate", "Delete", json!({"kind": "fast"}));
-    env.start_sidecar(&["--capacity-poll-interval=1s"]);
-    env.create_pvc("default", "c1", "imm", "10Mi", json!({}))
+    )
+    .await;
+    env.storage_class("imm", "Immediate", "Delete", json!({"kind": "fast"}))
         .await;
-    env.wait_bound("default", "c1").await;
+    env.start_sidecar(&["--capacity-poll-interval=1s"]).await;
+    env.create_pvc(&env.ns, "c1", "imm", "10Mi", json!({}))
+        .await;
+    env.wait_bound(&env.ns, "c1").await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(sidecar_capacity_requests(&env), Vec::<String>::new());
     assert!(objects(&env).is_empty());
@@ -369,11 +379,11 @@ async fn without_the_flag_no_capacity_request_is_made() {
 async fn a_missing_pod_name_stops_the_sidecar() {
     let mut env = env_with_capacity(true).await;
     // Default --capacity-ownerref-level=1 needs POD_NAME.
-    env.start_sidecar(&["--enable-capacity"]);
+    env.start_sidecar(&["--enable-capacity"]).await;
     let mut child = env.sidecar.take().expect("sidecar");
     let status = env
         .wait_for("the sidecar to exit", Duration::from_secs(20), || {
-            let exited = child.try_wait().ok().flatten();
+            let exited = child.try_wait();
             async move { exited }
         })
         .await;
@@ -391,18 +401,20 @@ async fn follows_nodes_and_recreates_a_deleted_object() {
         "WaitForFirstConsumer",
         "Delete",
         json!({"kind": "fast"}),
-    );
+    )
+    .await;
     // A long poll interval: what follows must come from watch events.
     env.start_sidecar(&[
         "--enable-capacity",
         "--capacity-poll-interval=1h",
         "--capacity-ownerref-level=-1",
-    ]);
+    ])
+    .await;
     let first = wait_capacity(&env, "wffc", "1Gi").await;
 
     // A second node with the driver: a second segment. The hostpath driver
     // has no storage for another node's topology, so it reports 0.
-    env.add_node("node-2");
+    env.add_node("node-2").await;
     let segment_of = |o: &CSIStorageCapacity| {
         o.node_topology
             .as_ref()
@@ -424,20 +436,20 @@ async fn follows_nodes_and_recreates_a_deleted_object() {
         by_node,
         vec![
             (Some("node-2".to_owned()), Some("0".to_owned())),
-            (Some(NODE.to_owned()), Some("1Gi".to_owned())),
+            (Some(env.node.as_str().to_owned()), Some("1Gi".to_owned())),
         ]
     );
 
     // Someone deletes our object: it is published again.
     let name = first.metadata.name.clone().expect("name");
-    env.api
-        .delete_object("storage.k8s.io/v1", "CSIStorageCapacity", "default", &name)
+    env.api()
+        .delete_object("storage.k8s.io/v1", "CSIStorageCapacity", &env.ns, &name)
         .expect("delete object");
     let again = env
         .wait_for("the object recreated", Duration::from_secs(20), || async {
             of_class(&env, "wffc")
                 .into_iter()
-                .find(|o| segment_of(o).as_deref() == Some(NODE))
+                .find(|o| segment_of(o).as_deref() == Some(env.node.as_str()))
         })
         .await;
     assert_ne!(again.metadata.name.as_deref(), Some(name.as_str()));
@@ -446,28 +458,28 @@ async fn follows_nodes_and_recreates_a_deleted_object() {
     // Someone changes its capacity: it is corrected.
     let again_name = again.metadata.name.clone().expect("name");
     let mut edited = env
-        .api
+        .api()
         .get_object(
             "storage.k8s.io/v1",
             "CSIStorageCapacity",
-            "default",
+            &env.ns,
             &again_name,
         )
         .expect("object");
     edited["capacity"] = json!("7Gi");
-    env.api.update_object(edited).expect("edit object");
+    env.api().update_object(edited).expect("edit object");
     env.wait_for(
         "the capacity corrected",
         Duration::from_secs(20),
         || async {
-            let o: CSIStorageCapacity = env.api.get("default", &again_name)?;
+            let o: CSIStorageCapacity = env.api().get(&env.ns, &again_name)?;
             (capacity(&o) == Some("1Gi")).then_some(())
         },
     )
     .await;
 
     // The node's CSINode loses the driver: its segment goes.
-    env.api
+    env.api()
         .delete_object("storage.k8s.io/v1", "CSINode", "", "node-2")
         .expect("delete csinode");
     env.wait_for(
@@ -475,7 +487,8 @@ async fn follows_nodes_and_recreates_a_deleted_object() {
         Duration::from_secs(20),
         || async {
             let found = of_class(&env, "wffc");
-            (found.len() == 1 && segment_of(&found[0]).as_deref() == Some(NODE)).then_some(())
+            (found.len() == 1 && segment_of(&found[0]).as_deref() == Some(env.node.as_str()))
+                .then_some(())
         },
     )
     .await;
@@ -490,7 +503,8 @@ async fn a_failing_get_capacity_is_retried_and_keeps_the_published_value() {
         "WaitForFirstConsumer",
         "Delete",
         json!({"kind": "fast"}),
-    );
+    )
+    .await;
     // The first two calls fail: the object appears after the retries.
     env.set_faults(vec![
         csi_hostpath::faults::Fault::error("GetCapacity", tonic::Code::Unavailable).times(2),
@@ -499,7 +513,8 @@ async fn a_failing_get_capacity_is_retried_and_keeps_the_published_value() {
         "--enable-capacity",
         "--capacity-poll-interval=1s",
         "--capacity-ownerref-level=-1",
-    ]);
+    ])
+    .await;
     let first = wait_capacity(&env, "wffc", "1Gi").await;
     let logs = env.logs();
     assert!(
@@ -535,12 +550,13 @@ async fn level_one_owner_is_the_pods_statefulset() {
         "WaitForFirstConsumer",
         "Delete",
         json!({"kind": "fast"}),
-    );
+    )
+    .await;
     let set = env
-        .api
+        .api()
         .create_object(json!({
             "apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": {"name": "csi-controller", "namespace": "default"},
+            "metadata": {"name": "csi-controller", "namespace": &env.ns},
             "spec": {
                 "serviceName": "csi", "replicas": 1,
                 "selector": {"matchLabels": {"app": "csi"}},
@@ -550,10 +566,10 @@ async fn level_one_owner_is_the_pods_statefulset() {
         }))
         .expect("statefulset");
     let set_uid = set["metadata"]["uid"].as_str().expect("uid").to_owned();
-    env.api
+    env.api()
         .create_object(json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "csi-controller-0", "namespace": "default",
+            "metadata": {"name": "csi-controller-0", "namespace": &env.ns,
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
                     "name": "csi-controller", "uid": set_uid, "controller": true}]},
             "spec": {"containers": [{"name": "c", "image": "x"}]},
@@ -566,7 +582,8 @@ async fn level_one_owner_is_the_pods_statefulset() {
             "--capacity-ownerref-level=1",
         ],
         &[("POD_NAME", "csi-controller-0")],
-    );
+    )
+    .await;
     let o = wait_capacity(&env, "wffc", "1Gi").await;
     let owners = o.metadata.owner_references.clone().unwrap_or_default();
     assert_eq!(owners.len(), 1, "{owners:?}");
@@ -592,18 +609,20 @@ async fn level_one_owner_is_the_pods_statefulset() {
     env.start_sidecar_with_env(
         &["--enable-capacity", "--capacity-ownerref-level=2"],
         &[("POD_NAME", "csi-controller-0")],
-    );
+    )
+    .await;
     let mut child = env.sidecar.take().expect("sidecar");
     let status = env
         .wait_for("the sidecar to exit", Duration::from_secs(20), || {
-            let exited = child.try_wait().ok().flatten();
+            let exited = child.try_wait();
             async move { exited }
         })
         .await;
     assert!(!status.success());
     let logs = env.logs();
-    assert!(
-        logs.contains("StatefulSet default/csi-controller has no controlling owner"),
-        "{logs}"
+    let expected = format!(
+        "StatefulSet {}/csi-controller has no controlling owner",
+        env.ns
     );
+    assert!(logs.contains(&expected), "{logs}");
 }

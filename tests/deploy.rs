@@ -1418,3 +1418,27 @@ fn loop_names_map_to_components() {
         }
     }
 }
+
+/// The end-to-end harness runs the sidecar on the real cluster with the
+/// RBAC of [`render::base_with_components`]: it must be exactly what each
+/// rendering of `deploy/` ships for the same components.
+#[test]
+fn the_rbac_of_real_cluster_tests_is_the_shipped_rbac() {
+    let rbac = |objects: &[Value]| -> BTreeMap<String, Value> {
+        objects
+            .iter()
+            .filter(|o| matches!(render::kind(o), "ClusterRole" | "Role"))
+            .map(|o| (render::kind(o).to_owned(), o["rules"].clone()))
+            .collect()
+    };
+    for rendering in renderings() {
+        let harness = render::base_with_components(&rendering.components)
+            .unwrap_or_else(|e| panic!("{}: {e}", rendering.name));
+        assert_eq!(
+            rbac(&harness),
+            rbac(&rendering.objects),
+            "{}: the harness's RBAC differs from deploy/",
+            rendering.name
+        );
+    }
+}

@@ -1,20 +1,30 @@
 //! End-to-end tests of operating the sidecar: leader election with two
 //! processes, a killed and a partitioned leader, metrics and health checks
 //! over HTTP, graceful shutdown, and the client-side rate limit — the real
-//! binary against the API test server and the hostpath driver.
+//! binary against the hostpath driver and each API server backend.
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use controlplane::GuardedChild;
 use csi_hostpath::faults::Fault;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube_testserver::Verb;
+use kube::api::Api;
 use serde_json::json;
-use support::{DRIVER, Env};
+use support::{Backend, ClusterConfig, Env};
+
+e2e!(ClusterConfig::standard();
+    only_the_leader_provisions_and_a_killed_leader_is_replaced,
+    metrics_and_health_checks_over_http,
+    sigterm_finishes_the_call_in_flight_releases_the_lease_and_exits_zero,
+    without_the_release_gate_the_lease_is_kept_until_it_expires,
+    client_side_rate_limit_bounds_the_request_rate,
+    a_follower_writes_nothing_and_takes_a_released_lease_at_once,
+);
 
 /// Short timings so a failover takes seconds: lease 2s, renew deadline 1s,
 /// retry period 500ms.
@@ -35,15 +45,15 @@ const CALLING_CREATE: &str = "calling CreateVolume";
 /// with the harness's flags.
 struct Sidecar {
     name: &'static str,
-    child: Option<Child>,
-    log: PathBuf,
+    child: Option<GuardedChild>,
+    log: std::path::PathBuf,
 }
 
 impl Sidecar {
     fn start(env: &Env, name: &'static str, kubeconfig: &Path, extra: &[&str]) -> Sidecar {
         let log = env.dir.path().join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+        command
             .arg(format!("--csi-address={}", env.driver.endpoint.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg("--retry-interval-start=100ms")
@@ -53,12 +63,8 @@ impl Sidecar {
             .args(extra)
             .env_remove("KUBECONFIG")
             .env_remove("RUST_LOG")
-            .env("NAMESPACE", "default")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .spawn()
-            .expect("spawn csi-provisioner");
+            .env("NAMESPACE", &env.ns);
+        let child = GuardedChild::spawn(name, command, &log).expect("spawn csi-provisioner");
         Sidecar {
             name,
             child: Some(child),
@@ -83,25 +89,15 @@ impl Sidecar {
 
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 
     /// The exit code once the process ended, waiting at most `timeout`.
     fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        let child = self.child.as_mut()?;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return Some(status.code().unwrap_or(-1));
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let status = self.child.as_mut()?.wait_timeout(timeout)?;
+        self.child = None;
+        Some(status.code().unwrap_or(-1))
     }
 }
 
@@ -122,9 +118,11 @@ async fn wait_log(sidecars: &[&Sidecar], who: &Sidecar, needles: &[&str], timeou
     }
 }
 
-fn lease(env: &Env) -> Option<Lease> {
-    env.api
-        .get::<Lease>("default", &csi_provisioner::leader::lease_name(DRIVER))
+async fn lease(env: &Env) -> Option<Lease> {
+    Api::<Lease>::namespaced(env.client.clone(), &env.ns)
+        .get_opt(&csi_provisioner::leader::lease_name(&env.driver_name))
+        .await
+        .expect("get lease")
 }
 
 fn free_port() -> u16 {
@@ -158,26 +156,27 @@ async fn http_get(port: u16, path: &str) -> (u16, String) {
     (status, body)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_leader_provisions_and_a_killed_leader_is_replaced() {
-    let env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    let kubeconfig = env.http.kubeconfig_path().to_path_buf();
+async fn only_the_leader_provisions_and_a_killed_leader_is_replaced(backend: Backend) {
+    let env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let kubeconfig = env.sidecar_kubeconfig(ELECTION).await;
     let mut a = Sidecar::start(&env, "a", &kubeconfig, ELECTION);
     wait_log(&[&a], &a, &[BECAME_LEADER], Duration::from_secs(20)).await;
     let b = Sidecar::start(&env, "b", &kubeconfig, ELECTION);
     wait_log(&[&a, &b], &b, &[WAITING], Duration::from_secs(20)).await;
     let holder = lease(&env)
+        .await
         .and_then(|l| l.spec?.holder_identity)
         .expect("lease holder");
     assert!(!holder.is_empty());
 
     for name in ["one", "two", "three"] {
-        env.create_pvc("default", name, "fast", "5Mi", json!({}))
+        env.create_pvc(&env.ns, name, "fast", "5Mi", json!({}))
             .await;
     }
     for name in ["one", "two", "three"] {
-        env.wait_bound("default", name).await;
+        env.wait_bound(&env.ns, name).await;
     }
     assert!(a.logged(&[CALLING_CREATE]), "{}", a.dump());
     assert!(
@@ -189,12 +188,13 @@ async fn only_the_leader_provisions_and_a_killed_leader_is_replaced() {
     // Kill the leader while its CreateVolume is under way (the journal entry
     // is written): the new leader must finish it without a second volume.
     env.set_faults(vec![Fault::delay("CreateVolume", Duration::from_secs(2))]);
-    env.create_pvc("default", "pending", "fast", "5Mi", json!({}))
+    let pending = format!("{}/pending", env.ns);
+    env.create_pvc(&env.ns, "pending", "fast", "5Mi", json!({}))
         .await;
     wait_log(
         &[&a, &b],
         &a,
-        &[CALLING_CREATE, "default/pending"],
+        &[CALLING_CREATE, &pending],
         Duration::from_secs(20),
     )
     .await;
@@ -203,7 +203,7 @@ async fn only_the_leader_provisions_and_a_killed_leader_is_replaced() {
     env.clear_faults();
     wait_log(&[&a, &b], &b, &[BECAME_LEADER], Duration::from_secs(20)).await;
     let failover = killed.elapsed();
-    env.wait_bound("default", "pending").await;
+    env.wait_bound(&env.ns, "pending").await;
     let finished = killed.elapsed();
     println!(
         "failover: new leader after {failover:?} (lease 2s, renew deadline 1s, retry 500ms); \
@@ -224,10 +224,7 @@ async fn only_the_leader_provisions_and_a_killed_leader_is_replaced() {
         b.dump()
     );
     assert!(
-        b.logged(&[
-            "resuming provisioning recorded in the journal",
-            "default/pending"
-        ]),
+        b.logged(&["resuming provisioning recorded in the journal", &pending]),
         "the new leader did not pick up the old leader's journal\n{}",
         b.dump()
     );
@@ -235,6 +232,7 @@ async fn only_the_leader_provisions_and_a_killed_leader_is_replaced() {
     assert_eq!(env.pvs().await.len(), 4);
     env.assert_consistent().await;
     let new_holder = lease(&env)
+        .await
         .and_then(|l| l.spec?.holder_identity)
         .expect("lease holder");
     assert_ne!(new_holder, holder);
@@ -242,14 +240,16 @@ async fn only_the_leader_provisions_and_a_killed_leader_is_replaced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_stops_itself_and_the_other_takes_over() {
-    let env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    // Needs the API test server (fault injection or exact counters).
+    let env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     // The leader talks to the API server through a listener of its own,
     // so dropping that listener partitions only the leader.
-    let leader_listener = env.api.serve_http().await.expect("second listener");
+    let leader_listener = env.api().serve_http().await.expect("second listener");
     let mut a = Sidecar::start(&env, "a", leader_listener.kubeconfig_path(), ELECTION);
     wait_log(&[&a], &a, &[BECAME_LEADER], Duration::from_secs(20)).await;
-    let b = Sidecar::start(&env, "b", env.http.kubeconfig_path(), ELECTION);
+    let b = Sidecar::start(&env, "b", &env.admin_kubeconfig(), ELECTION);
     wait_log(&[&a, &b], &b, &[WAITING], Duration::from_secs(20)).await;
 
     let cut = Instant::now();
@@ -273,16 +273,16 @@ async fn a_partitioned_leader_stops_itself_and_the_other_takes_over() {
     // retry period before the cut), plus the exit.
     assert!(stopped <= Duration::from_secs(3), "{stopped:?}");
     wait_log(&[&a, &b], &b, &[BECAME_LEADER], Duration::from_secs(20)).await;
-    env.create_pvc("default", "after", "fast", "5Mi", json!({}))
+    env.create_pvc(&env.ns, "after", "fast", "5Mi", json!({}))
         .await;
-    env.wait_bound("default", "after").await;
+    env.wait_bound(&env.ns, "after").await;
     env.assert_consistent().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_and_health_checks_over_http() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+async fn metrics_and_health_checks_over_http(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     let port = free_port();
     let endpoint = format!("--http-endpoint=127.0.0.1:{port}");
     let mut flags = vec![endpoint.as_str()];
@@ -290,22 +290,24 @@ async fn metrics_and_health_checks_over_http() {
     env.set_faults(vec![
         Fault::error("CreateVolume", tonic::Code::Internal).times(1),
     ]);
-    env.start_sidecar(&flags);
-    env.create_pvc("default", "m1", "fast", "5Mi", json!({}))
+    env.start_sidecar(&flags).await;
+    env.create_pvc(&env.ns, "m1", "fast", "5Mi", json!({}))
         .await;
-    env.wait_bound("default", "m1").await;
-    env.create_pvc("default", "m2", "fast", "5Mi", json!({}))
+    env.wait_bound(&env.ns, "m1").await;
+    env.create_pvc(&env.ns, "m2", "fast", "5Mi", json!({}))
         .await;
-    env.wait_bound("default", "m2").await;
-    env.delete_pvc("default", "m1").await;
+    env.wait_bound(&env.ns, "m2").await;
+    env.delete_pvc(&env.ns, "m1").await;
     env.wait_for("m1's volume deleted", Duration::from_secs(20), || async {
         (env.backend_volumes().len() == 1).then_some(())
     })
     .await;
 
+    let class = env.class("fast");
     let csi = |method: &str, code: &str| {
         format!(
-            "csi_sidecar_operations_seconds_count{{driver_name=\"{DRIVER}\",method_name=\"{method}\",grpc_status_code=\"{code}\"}}"
+            "csi_sidecar_operations_seconds_count{{driver_name=\"{}\",method_name=\"{method}\",grpc_status_code=\"{code}\"}}",
+            env.driver_name
         )
     };
     let expected = [
@@ -316,12 +318,11 @@ async fn metrics_and_health_checks_over_http() {
         // placeholder name, as upstream.
         "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1".to_owned(),
         "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}".to_owned(),
-        "controller_persistentvolumeclaim_provision_total{class=\"fast\",source=\"\"} 2".to_owned(),
-        "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\",source=\"\"} 1".to_owned(),
-        "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"fast\",source=\"\"} 2"
-            .to_owned(),
-        "controller_persistentvolume_delete_total{class=\"fast\"} 1".to_owned(),
-        "controller_persistentvolume_delete_duration_seconds_count{class=\"fast\"} 1".to_owned(),
+        format!("controller_persistentvolumeclaim_provision_total{{class=\"{class}\",source=\"\"}} 2"),
+        format!("controller_persistentvolumeclaim_provision_failed_total{{class=\"{class}\",source=\"\"}} 1"),
+        format!("controller_persistentvolumeclaim_provision_duration_seconds_count{{class=\"{class}\",source=\"\"}} 2"),
+        format!("controller_persistentvolume_delete_total{{class=\"{class}\"}} 1"),
+        format!("controller_persistentvolume_delete_duration_seconds_count{{class=\"{class}\"}} 1"),
         "workqueue_depth{name=\"claims\"} 0".to_owned(),
         "workqueue_retries_total{name=\"claims\"}".to_owned(),
         "workqueue_adds_total{name=\"volumes\"}".to_owned(),
@@ -363,22 +364,22 @@ async fn metrics_and_health_checks_over_http() {
     assert_eq!(http_get(port, "/healthz/leader-election").await.0, 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_finishes_the_call_in_flight_releases_the_lease_and_exits_zero() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+async fn sigterm_finishes_the_call_in_flight_releases_the_lease_and_exits_zero(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     env.set_faults(vec![Fault::delay(
         "CreateVolume",
         Duration::from_millis(1500),
     )]);
     let mut flags = ELECTION.to_vec();
     flags.push("--feature-gates=ReleaseLeaderElectionOnExit=true");
-    env.start_sidecar(&flags);
+    env.start_sidecar(&flags).await;
     env.wait_for("leadership", Duration::from_secs(20), || async {
         env.logs().contains(BECAME_LEADER).then_some(())
     })
     .await;
-    env.create_pvc("default", "slow", "fast", "5Mi", json!({}))
+    env.create_pvc(&env.ns, "slow", "fast", "5Mi", json!({}))
         .await;
     env.wait_for(
         "CreateVolume under way",
@@ -397,21 +398,20 @@ async fn sigterm_finishes_the_call_in_flight_releases_the_lease_and_exits_zero()
     let pvs = env.pvs().await;
     assert_eq!(pvs.len(), 1, "{}", env.logs());
     env.assert_consistent().await;
-    let spec = lease(&env).and_then(|l| l.spec).expect("lease");
+    let spec = lease(&env).await.and_then(|l| l.spec).expect("lease");
     assert_eq!(spec.holder_identity.as_deref(), Some(""), "released");
     assert_eq!(spec.lease_duration_seconds, Some(1));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_release_gate_the_lease_is_kept_until_it_expires() {
-    let mut env = Env::new().await;
-    env.start_sidecar(ELECTION);
+async fn without_the_release_gate_the_lease_is_kept_until_it_expires(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.start_sidecar(ELECTION).await;
     env.wait_for("leadership", Duration::from_secs(20), || async {
         env.logs().contains(BECAME_LEADER).then_some(())
     })
     .await;
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
-    let spec = lease(&env).and_then(|l| l.spec).expect("lease");
+    let spec = lease(&env).await.and_then(|l| l.spec).expect("lease");
     assert!(
         spec.holder_identity.is_some_and(|h| !h.is_empty()),
         "not released without the gate"
@@ -430,27 +430,31 @@ fn enable_pprof_is_refused_at_start() {
 }
 
 /// N requests at qps Q with burst B take at least (N − B)/Q: measured on
-/// the real binary, counting every non-watch request the API server saw.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_side_rate_limit_bounds_the_request_rate() {
+/// the real binary, counting every non-watch request of the sidecar that the
+/// API server saw.
+async fn client_side_rate_limit_bounds_the_request_rate(backend: Backend) {
     const QPS: f64 = 20.0;
     const BURST: usize = 5;
     const CLAIMS: usize = 16;
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     for i in 0..CLAIMS {
-        env.create_pvc("default", &format!("r{i}"), "fast", "5Mi", json!({}))
+        env.create_pvc(&env.ns, &format!("r{i}"), "fast", "5Mi", json!({}))
             .await;
     }
-    env.api.reset_counters();
+    env.reset_counters();
     let started = Instant::now();
-    env.start_sidecar(&["--kube-api-qps=20", "--kube-api-burst=5"]);
-    // Poll through the server's direct access, which is not counted.
+    env.start_sidecar(&["--kube-api-qps=20", "--kube-api-burst=5"])
+        .await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), &env.ns);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let bound = env
-            .api
-            .list::<PersistentVolumeClaim>(Some("default"))
+        let bound = claims
+            .list(&Default::default())
+            .await
+            .expect("list claims")
+            .items
             .iter()
             .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
             .count();
@@ -461,26 +465,23 @@ async fn client_side_rate_limit_bounds_the_request_rate() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let took = started.elapsed();
-    let requests = env.api.requests();
-    let non_watch = requests.iter().filter(|r| r.verb != Verb::Watch).count();
-    let writes = requests
+    let requests = env.sidecar_requests();
+    let non_watch: usize = requests
         .iter()
-        .filter(|r| {
-            matches!(
-                r.verb,
-                Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
-            )
-        })
-        .count();
+        .filter(|(k, _)| !k.starts_with("watch "))
+        .map(|(_, n)| n)
+        .sum();
+    let writes = env.sidecar_writes();
     let bound = Duration::from_secs_f64(non_watch.saturating_sub(BURST) as f64 / QPS);
     println!(
-        "rate limit qps={QPS} burst={BURST}: {non_watch} non-watch requests ({writes} writes) for {CLAIMS} claims \
+        "rate limit qps={QPS} burst={BURST} ({}): {non_watch} non-watch requests ({writes} writes) for {CLAIMS} claims \
          in {took:?}; lower bound (N - B)/Q = {bound:?}; {:.1} requests/s",
+        env.backend_name(),
         non_watch as f64 / took.as_secs_f64()
     );
     assert!(
         non_watch > BURST * 3,
-        "too few requests to measure: {non_watch}"
+        "too few requests to measure: {requests:?}"
     );
     assert!(
         took >= bound,
@@ -492,44 +493,36 @@ async fn client_side_rate_limit_bounds_the_request_rate() {
 /// A follower writes nothing at all — counted by the API server — and a
 /// lease released by its holder (a Go replica, here played by the test) is
 /// taken at once, without waiting for it to expire.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_follower_writes_nothing_and_takes_a_released_lease_at_once() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    let name = csi_provisioner::leader::lease_name(DRIVER);
+async fn a_follower_writes_nothing_and_takes_a_released_lease_at_once(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let name = csi_provisioner::leader::lease_name(&env.driver_name);
     // Held by another replica for an hour: the follower would wait that long.
     let now = "2026-01-01T00:00:00.000000Z";
-    env.api
-        .create_object(json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"holderIdentity": "go-replica_1", "leaseDurationSeconds": 3600,
-                     "acquireTime": now, "renewTime": now, "leaseTransitions": 4},
-        }))
-        .expect("lease");
-    env.api.reset_counters();
-    env.start_sidecar(ELECTION);
+    env.create(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": name, "namespace": env.ns},
+        "spec": {"holderIdentity": "go-replica_1", "leaseDurationSeconds": 3600,
+                 "acquireTime": now, "renewTime": now, "leaseTransitions": 4},
+    }))
+    .await;
+    env.reset_counters();
+    env.start_sidecar(ELECTION).await;
     env.wait_for("the follower waiting", Duration::from_secs(20), || async {
         env.logs().contains(WAITING).then_some(())
     })
     .await;
-    // Written through the server's direct access, which is not counted.
-    env.api
-        .create_object(json!({
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "queued", "namespace": "default"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
-                     "resources": {"requests": {"storage": "5Mi"}}},
-        }))
-        .expect("pvc");
+    env.create_pvc(&env.ns, "queued", "fast", "5Mi", json!({}))
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let reads = env.api.request_count(Verb::Get, "leases");
+    let reads = env.sidecar_request_count("get", "leases");
     assert!(reads >= 2, "the follower polls the lease: {reads}");
     assert_eq!(
-        env.api.write_count(),
+        env.sidecar_writes(),
         0,
         "a follower made writes: {:?}\n{}",
-        env.api.requests(),
+        env.sidecar_requests(),
         env.logs()
     );
     assert!(env.backend_volumes().is_empty());
@@ -537,13 +530,13 @@ async fn a_follower_writes_nothing_and_takes_a_released_lease_at_once() {
 
     // The Go replica releases the lease as client-go does.
     let mut lease = env
-        .api
-        .get_object("coordination.k8s.io/v1", "Lease", "default", &name)
+        .get("coordination.k8s.io/v1", "Lease", &env.ns, &name)
+        .await
         .expect("lease");
     lease["spec"]["holderIdentity"] = json!("");
     lease["spec"]["leaseDurationSeconds"] = json!(1);
     let released = Instant::now();
-    env.api.update_object(lease).expect("release");
+    env.replace(lease).await;
     env.wait_for("leadership", Duration::from_secs(10), || async {
         env.logs().contains(BECAME_LEADER).then_some(())
     })
@@ -554,14 +547,14 @@ async fn a_follower_writes_nothing_and_takes_a_released_lease_at_once() {
         took <= RETRY_PERIOD.mul_f64(2.2) + Duration::from_millis(500),
         "{took:?}"
     );
-    env.wait_bound("default", "queued").await;
-    let spec = lease_spec(&env);
+    env.wait_bound(&env.ns, "queued").await;
+    let spec = lease_spec(&env).await;
     assert_eq!(spec.lease_transitions, Some(5));
     assert_eq!(spec.lease_duration_seconds, Some(2));
     env.assert_consistent().await;
     assert_eq!(env.stop_sidecar(), Some(0));
 }
 
-fn lease_spec(env: &Env) -> k8s_openapi::api::coordination::v1::LeaseSpec {
-    lease(env).and_then(|l| l.spec).expect("lease spec")
+async fn lease_spec(env: &Env) -> k8s_openapi::api::coordination::v1::LeaseSpec {
+    lease(env).await.and_then(|l| l.spec).expect("lease spec")
 }

@@ -9,43 +9,55 @@ use csi_hostpath::faults::Fault;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use support::{DRIVER, Env, finalizers};
+use support::{Backend, ClusterConfig, Env, FINALIZER, finalizers};
 
-const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+e2e!(ClusterConfig::standard();
+    provisions_and_deletes_filesystem_and_block_volumes,
+    retain_keeps_the_volume_and_the_pv,
+    deleting_the_pv_before_the_claim_does_not_leak,
+    existing_pvs_get_the_finalizer_and_a_rollback_removes_it,
+    wait_for_first_consumer_waits_for_the_selected_node,
+    claim_deleted_during_a_slow_create_leaves_nothing,
+    sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothing,
+    final_errors_are_reported_once_and_retried,
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn provisions_and_deletes_filesystem_and_block_volumes() {
-    let mut env = Env::new().await;
+async fn provisions_and_deletes_filesystem_and_block_volumes(backend: Backend) {
+    let mut env = Env::new(backend).await;
     env.storage_class(
         "fast",
         "Immediate",
         "Delete",
         json!({"csi.storage.k8s.io/fstype": "ext4"}),
-    );
-    env.start_sidecar(&[]);
+    )
+    .await;
+    env.start_sidecar(&[]).await;
 
-    env.create_pvc("default", "fs", "fast", "10Mi", json!({}))
+    env.create_pvc(&env.ns, "fs", "fast", "10Mi", json!({}))
         .await;
     env.create_pvc(
-        "default",
+        &env.ns,
         "raw",
         "fast",
         "20Mi",
         json!({"spec": {"volumeMode": "Block"}}),
     )
     .await;
-    let fs = env.wait_bound("default", "fs").await;
-    let raw = env.wait_bound("default", "raw").await;
+    let fs = env.wait_bound(&env.ns, "fs").await;
+    let raw = env.wait_bound(&env.ns, "raw").await;
 
     let fs_spec = fs.spec.clone().expect("spec");
     let csi = fs_spec.csi.clone().expect("csi source");
-    assert_eq!(csi.driver, DRIVER);
+    assert_eq!(csi.driver, env.driver_name.as_str());
     assert_eq!(csi.fs_type.as_deref(), Some("ext4"));
     assert_eq!(
         fs_spec.persistent_volume_reclaim_policy.as_deref(),
         Some("Delete")
     );
-    assert_eq!(fs_spec.storage_class_name.as_deref(), Some("fast"));
+    assert_eq!(
+        fs_spec.storage_class_name.as_deref(),
+        Some(env.class("fast").as_str())
+    );
     assert!(
         fs.metadata
             .name
@@ -58,7 +70,7 @@ async fn provisions_and_deletes_filesystem_and_block_volumes() {
             .as_ref()
             .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
             .map(String::as_str),
-        Some(DRIVER)
+        Some(env.driver_name.as_str())
     );
     assert!(
         finalizers(&fs).contains(&FINALIZER.to_owned()),
@@ -92,7 +104,7 @@ async fn provisions_and_deletes_filesystem_and_block_volumes() {
         "Provisioning and ProvisioningSucceeded events",
         Duration::from_secs(10),
         || async {
-            let events = env.events("default", "fs").await;
+            let events = env.events(&env.ns, "fs").await;
             let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
             (reasons.contains(&"Provisioning") && reasons.contains(&"ProvisioningSucceeded"))
                 .then_some(())
@@ -100,8 +112,8 @@ async fn provisions_and_deletes_filesystem_and_block_volumes() {
     )
     .await;
 
-    env.delete_pvc("default", "fs").await;
-    env.delete_pvc("default", "raw").await;
+    env.delete_pvc(&env.ns, "fs").await;
+    env.delete_pvc(&env.ns, "raw").await;
     env.wait_for("PVs and volumes gone", Duration::from_secs(30), || async {
         (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
     })
@@ -114,19 +126,19 @@ async fn provisions_and_deletes_filesystem_and_block_volumes() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retain_keeps_the_volume_and_the_pv() {
-    let mut env = Env::new().await;
-    env.storage_class("keep", "Immediate", "Retain", json!({}));
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "data", "keep", "5Mi", json!({}))
+async fn retain_keeps_the_volume_and_the_pv(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("keep", "Immediate", "Retain", json!({}))
         .await;
-    let pv = env.wait_bound("default", "data").await;
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "data", "keep", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "data").await;
     assert!(
         !finalizers(&pv).contains(&FINALIZER.to_owned()),
         "no finalizer for Retain"
     );
-    env.delete_pvc("default", "data").await;
+    env.delete_pvc(&env.ns, "data").await;
     let name = pv.metadata.name.clone().expect("name");
     env.wait_for("PV released", Duration::from_secs(20), || async {
         let pv = env.pv(&name).await?;
@@ -141,12 +153,12 @@ async fn retain_keeps_the_volume_and_the_pv() {
 
 /// KEP-2644: deleting the bound PV first, then the claim, must still delete
 /// the backend volume and end with both objects gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleting_the_pv_before_the_claim_does_not_leak() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
-    let (_, name) = env.provision("default", "data", "fast").await;
+async fn deleting_the_pv_before_the_claim_does_not_leak(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    let (_, name) = env.provision(&env.ns, "data", "fast").await;
 
     Api::<PersistentVolume>::all(env.client.clone())
         .delete(&name, &DeleteParams::default())
@@ -160,29 +172,30 @@ async fn deleting_the_pv_before_the_claim_does_not_leak() {
         "volume still there while bound"
     );
 
-    env.delete_pvc("default", "data").await;
+    env.delete_pvc(&env.ns, "data").await;
     env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
         (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
     })
     .await;
-    assert!(env.pvc("default", "data").await.is_none());
+    assert!(env.pvc(&env.ns, "data").await.is_none());
 }
 
 /// PVs that existed before the sidecar started get the finalizer; with the
 /// gate off it is removed again (rollback).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn existing_pvs_get_the_finalizer_and_a_rollback_removes_it() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&["--feature-gates=HonorPVReclaimPolicy=false"]);
-    let (pv, name) = env.provision("default", "old", "fast").await;
+async fn existing_pvs_get_the_finalizer_and_a_rollback_removes_it(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&["--feature-gates=HonorPVReclaimPolicy=false"])
+        .await;
+    let (pv, name) = env.provision(&env.ns, "old", "fast").await;
     assert!(
         !finalizers(&pv).contains(&FINALIZER.to_owned()),
         "gate off: no finalizer"
     );
     assert_eq!(env.stop_sidecar(), Some(0));
 
-    env.start_sidecar(&[]);
+    env.start_sidecar(&[]).await;
     env.wait_for(
         "finalizer added to the existing PV",
         Duration::from_secs(20),
@@ -196,7 +209,8 @@ async fn existing_pvs_get_the_finalizer_and_a_rollback_removes_it() {
     .await;
     assert_eq!(env.stop_sidecar(), Some(0));
 
-    env.start_sidecar(&["--feature-gates=HonorPVReclaimPolicy=false"]);
+    env.start_sidecar(&["--feature-gates=HonorPVReclaimPolicy=false"])
+        .await;
     env.wait_for(
         "finalizer removed on rollback",
         Duration::from_secs(20),
@@ -209,12 +223,12 @@ async fn existing_pvs_get_the_finalizer_and_a_rollback_removes_it() {
     env.assert_consistent().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_for_first_consumer_waits_for_the_selected_node() {
-    let mut env = Env::new().await;
-    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}));
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "late", "late", "5Mi", json!({}))
+async fn wait_for_first_consumer_waits_for_the_selected_node(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "late", "late", "5Mi", json!({}))
         .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
@@ -225,14 +239,13 @@ async fn wait_for_first_consumer_waits_for_the_selected_node() {
 
     let api = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
         env.client.clone(),
-        "default",
+        &env.ns,
     );
-    let patch =
-        json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": support::NODE}}});
+    let patch = json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": env.node.as_str()}}});
     api.patch("late", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("select node");
-    let pv = env.wait_bound("default", "late").await;
+    let pv = env.wait_bound(&env.ns, "late").await;
     let terms = pv
         .spec
         .and_then(|s| s.node_affinity)
@@ -243,26 +256,26 @@ async fn wait_for_first_consumer_waits_for_the_selected_node() {
     assert_eq!(expr.key, csi_hostpath::TOPOLOGY_KEY);
     assert_eq!(
         expr.values.as_deref(),
-        Some(&[support::NODE.to_owned()][..])
+        Some(&[env.node.as_str().to_owned()][..])
     );
     env.assert_consistent().await;
 }
 
 /// The claim is deleted while a slow CreateVolume runs: the volume that
 /// appears afterwards must be deleted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_deleted_during_a_slow_create_leaves_nothing() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+async fn claim_deleted_during_a_slow_create_leaves_nothing(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     env.set_faults(vec![Fault::delay("CreateVolume", Duration::from_secs(2))]);
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "slow", "fast", "5Mi", json!({}))
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "slow", "fast", "5Mi", json!({}))
         .await;
     env.wait_for(
         "CreateVolume under way",
         Duration::from_secs(20),
         || async {
-            env.events("default", "slow")
+            env.events(&env.ns, "slow")
                 .await
                 .iter()
                 .any(|(r, _)| r == "Provisioning")
@@ -270,7 +283,7 @@ async fn claim_deleted_during_a_slow_create_leaves_nothing() {
         },
     )
     .await;
-    env.delete_pvc("default", "slow").await;
+    env.delete_pvc(&env.ns, "slow").await;
     env.wait_for(
         "the late volume deleted",
         Duration::from_secs(30),
@@ -292,15 +305,17 @@ async fn claim_deleted_during_a_slow_create_leaves_nothing() {
 /// here): after the restart the volume is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecar_killed_before_saving_the_pv_and_claim_deleted_while_down_leaks_nothing() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    // Needs the API test server: saving the PV is made to hang.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     // Saving the PV hangs, so the kill lands between CreateVolume and the PV.
-    env.api.add_latency(
+    env.api().add_latency(
         kube_testserver::RequestMatch::new(kube_testserver::Verb::Create, "persistentvolumes"),
         Duration::from_secs(60),
     );
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "doomed", "fast", "5Mi", json!({}))
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "doomed", "fast", "5Mi", json!({}))
         .await;
     env.wait_for(
         "backend volume created",
@@ -309,11 +324,11 @@ async fn sidecar_killed_before_saving_the_pv_and_claim_deleted_while_down_leaks_
     )
     .await;
     env.kill_sidecar();
-    env.api.clear_faults();
-    env.delete_pvc("default", "doomed").await;
+    env.api().clear_faults();
+    env.delete_pvc(&env.ns, "doomed").await;
     assert!(env.pvs().await.is_empty(), "the PV was never saved");
 
-    env.start_sidecar(&[]);
+    env.start_sidecar(&[]).await;
     env.wait_for(
         "the orphan deleted after restart",
         Duration::from_secs(30),
@@ -327,19 +342,21 @@ async fn sidecar_killed_before_saving_the_pv_and_claim_deleted_while_down_leaks_
 /// Killed while CreateVolume runs, claim deleted while down: the restarted
 /// sidecar resumes the journalled operation and ends with nothing left,
 /// whether or not the driver finished the volume.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothing() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+async fn sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothing(
+    backend: Backend,
+) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     env.set_faults(vec![Fault::delay("CreateVolume", Duration::from_secs(2))]);
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "doomed", "fast", "5Mi", json!({}))
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "doomed", "fast", "5Mi", json!({}))
         .await;
     env.wait_for(
         "CreateVolume under way",
         Duration::from_secs(20),
         || async {
-            env.events("default", "doomed")
+            env.events(&env.ns, "doomed")
                 .await
                 .iter()
                 .any(|(r, _)| r == "Provisioning")
@@ -348,16 +365,12 @@ async fn sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothin
     )
     .await;
     env.kill_sidecar();
-    env.delete_pvc("default", "doomed").await;
+    env.delete_pvc(&env.ns, "doomed").await;
     env.clear_faults();
+    let journal_name = format!("{}-provisioner-journal", env.driver_name);
     let journal = env
-        .api
-        .get_object(
-            "v1",
-            "ConfigMap",
-            "default",
-            "hostpath.csi.k8s.io-provisioner-journal",
-        )
+        .get("v1", "ConfigMap", &env.ns, &journal_name)
+        .await
         .expect("journal written before CreateVolume");
     assert_eq!(
         journal["data"].as_object().map(|d| d.len()),
@@ -365,14 +378,9 @@ async fn sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothin
         "{journal}"
     );
 
-    env.start_sidecar(&[]);
+    env.start_sidecar(&[]).await;
     env.wait_for("journal emptied", Duration::from_secs(30), || async {
-        let journal = env.api.get_object(
-            "v1",
-            "ConfigMap",
-            "default",
-            "hostpath.csi.k8s.io-provisioner-journal",
-        )?;
+        let journal = env.get("v1", "ConfigMap", &env.ns, &journal_name).await?;
         journal["data"]
             .as_object()
             .is_none_or(|d| d.is_empty())
@@ -386,19 +394,19 @@ async fn sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothin
 
 /// A final error is reported once and retried; the claim is provisioned once
 /// the driver recovers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn final_errors_are_reported_once_and_retried() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+async fn final_errors_are_reported_once_and_retried(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     env.set_faults(vec![
         Fault::error("CreateVolume", tonic::Code::Internal).times(5),
     ]);
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "flaky", "fast", "5Mi", json!({}))
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "flaky", "fast", "5Mi", json!({}))
         .await;
-    env.wait_bound("default", "flaky").await;
+    env.wait_bound(&env.ns, "flaky").await;
     let failed: Vec<_> = env
-        .events("default", "flaky")
+        .events(&env.ns, "flaky")
         .await
         .into_iter()
         .filter(|(r, _)| r == "ProvisioningFailed")

@@ -11,7 +11,14 @@ use csi_hostpath::ContentSource;
 use csi_proto::v1::CreateSnapshotRequest;
 use csi_proto::v1::controller_client::ControllerClient;
 use serde_json::json;
-use support::{DRIVER, Env};
+use support::{Backend, ClusterConfig, Env};
+
+e2e!(ClusterConfig::standard();
+    a_clone_copies_its_source_and_protects_it_meanwhile,
+    a_driver_down_at_start_is_waited_for,
+    a_volume_still_attached_waits_for_the_detach,
+    a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume,
+);
 
 const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
 
@@ -23,14 +30,14 @@ fn handle(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
         .expect("csi handle")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_clone_copies_its_source_and_protects_it_meanwhile() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "source", "fast", "5Mi", json!({}))
+async fn a_clone_copies_its_source_and_protects_it_meanwhile(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
-    let source = env.wait_bound("default", "source").await;
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "source", "fast", "5Mi", json!({}))
+        .await;
+    let source = env.wait_bound(&env.ns, "source").await;
     let source_handle = handle(&source);
     std::fs::write(
         csi_hostpath::volume_path(&env.driver.state_dir, &source_handle).join("data.txt"),
@@ -44,7 +51,7 @@ async fn a_clone_copies_its_source_and_protects_it_meanwhile() {
         Duration::from_secs(1),
     )]);
     env.create_pvc(
-        "default",
+        &env.ns,
         "copy",
         "fast",
         "5Mi",
@@ -55,7 +62,7 @@ async fn a_clone_copies_its_source_and_protects_it_meanwhile() {
         "clone source protected",
         Duration::from_secs(20),
         || async {
-            let pvc = env.pvc("default", "source").await?;
+            let pvc = env.pvc(&env.ns, "source").await?;
             pvc.metadata
                 .finalizers
                 .unwrap_or_default()
@@ -65,7 +72,7 @@ async fn a_clone_copies_its_source_and_protects_it_meanwhile() {
         },
     )
     .await;
-    let copy = env.wait_bound("default", "copy").await;
+    let copy = env.wait_bound(&env.ns, "copy").await;
     env.clear_faults();
     let copy_handle = handle(&copy);
     let record = env
@@ -86,7 +93,7 @@ async fn a_clone_copies_its_source_and_protects_it_meanwhile() {
         "source protection removed",
         Duration::from_secs(20),
         || async {
-            let pvc = env.pvc("default", "source").await?;
+            let pvc = env.pvc(&env.ns, "source").await?;
             (!pvc
                 .metadata
                 .finalizers
@@ -102,12 +109,14 @@ async fn a_clone_copies_its_source_and_protects_it_meanwhile() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_is_restored_through_its_bound_content() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "source", "fast", "5Mi", json!({}))
+    // Needs the API test server (fault injection or exact counters).
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
-    let source = env.wait_bound("default", "source").await;
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "source", "fast", "5Mi", json!({}))
+        .await;
+    let source = env.wait_bound(&env.ns, "source").await;
 
     // The snapshot controller's part: a CSI snapshot, its content and the
     // VolumeSnapshot bound to it.
@@ -127,40 +136,42 @@ async fn a_snapshot_is_restored_through_its_bound_content() {
         .snapshot
         .expect("snapshot");
     let mut vs = env
-        .api
+        .api()
         .create_object(
             json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
-            "metadata": {"name": "snap", "namespace": "default"},
+            "metadata": {"name": "snap", "namespace": &env.ns},
             "spec": {"source": {"persistentVolumeClaimName": "source"}}}),
         )
         .expect("snapshot object");
     let vs_uid = vs["metadata"]["uid"].as_str().expect("uid").to_owned();
     let mut content = env
-        .api
-        .create_object(json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+        .api()
+        .create_object(
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
             "metadata": {"name": "content-1"},
-            "spec": {"driver": DRIVER, "deletionPolicy": "Delete",
+            "spec": {"driver": env.driver_name.as_str(), "deletionPolicy": "Delete",
                      "source": {"snapshotHandle": snapshot.snapshot_id},
-                     "volumeSnapshotRef": {"namespace": "default", "name": "snap", "uid": vs_uid}}}))
+                     "volumeSnapshotRef": {"namespace": &env.ns, "name": "snap", "uid": vs_uid}}}),
+        )
         .expect("content");
     content["status"] = json!({"snapshotHandle": snapshot.snapshot_id, "readyToUse": true,
         "restoreSize": snapshot.size_bytes});
-    env.api
+    env.api()
         .update_object_status(content)
         .expect("content status");
     vs["status"] = json!({"boundVolumeSnapshotContentName": "content-1", "readyToUse": true,
         "restoreSize": "5Mi"});
-    env.api.update_object_status(vs).expect("snapshot status");
+    env.api().update_object_status(vs).expect("snapshot status");
 
     env.create_pvc(
-        "default",
+        &env.ns,
         "restored",
         "fast",
         "5Mi",
         json!({"spec": {"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}}}),
     )
     .await;
-    let restored = env.wait_bound("default", "restored").await;
+    let restored = env.wait_bound(&env.ns, "restored").await;
     let record = env
         .backend_volumes()
         .into_iter()
@@ -175,28 +186,23 @@ async fn a_snapshot_is_restored_through_its_bound_content() {
     env.assert_consistent().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_driver_down_at_start_is_waited_for() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+async fn a_driver_down_at_start_is_waited_for(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     env.stop_driver().await;
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "early", "fast", "5Mi", json!({}))
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "early", "fast", "5Mi", json!({}))
         .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(env.pvs().await.is_empty(), "nothing without a driver");
     assert!(
-        env.sidecar
-            .as_mut()
-            .expect("sidecar")
-            .try_wait()
-            .expect("poll")
-            .is_none(),
+        env.sidecar.as_mut().expect("sidecar").is_running(),
         "the sidecar waits instead of exiting\n{}",
         env.logs()
     );
     env.start_driver();
-    env.wait_bound("default", "early").await;
+    env.wait_bound(&env.ns, "early").await;
     assert!(
         env.logs().contains("socket does not exist yet"),
         "{}",
@@ -207,23 +213,22 @@ async fn a_driver_down_at_start_is_waited_for() {
 
 /// Upstream #1574: a Released volume still attached to a node waits quietly
 /// (one Normal event) and is deleted once detached.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_volume_still_attached_waits_for_the_detach() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
-    let (_, name) = env.provision("default", "data", "fast").await;
-    env.api
-        .create_object(
-            json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
-            "metadata": {"name": "attachment-1"},
-            "spec": {"attacher": DRIVER, "nodeName": support::NODE,
-                     "source": {"persistentVolumeName": name}}}),
-        )
-        .expect("attachment");
-    env.delete_pvc("default", "data").await;
+async fn a_volume_still_attached_waits_for_the_detach(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    let (_, name) = env.provision(&env.ns, "data", "fast").await;
+    env.create(
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": format!("attachment-{}", env.id)},
+        "spec": {"attacher": env.driver_name.as_str(), "nodeName": env.node.as_str(),
+                 "source": {"persistentVolumeName": name}}}),
+    )
+    .await;
+    env.delete_pvc(&env.ns, "data").await;
     env.wait_for("detach wait reported", Duration::from_secs(20), || async {
-        env.events("default", &name)
+        env.pv_events(&name)
             .await
             .iter()
             .any(|(_, m)| m.contains("still attached"))
@@ -233,16 +238,20 @@ async fn a_volume_still_attached_waits_for_the_detach() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(env.backend_volumes().len(), 1, "not deleted while attached");
     let waits = env
-        .events("default", &name)
+        .pv_events(&name)
         .await
         .into_iter()
         .filter(|(_, m)| m.contains("still attached"))
         .count();
     assert_eq!(waits, 1, "one event for the whole wait, not one per retry");
 
-    env.api
-        .delete_object("storage.k8s.io/v1", "VolumeAttachment", "", "attachment-1")
-        .expect("detach");
+    env.delete(
+        "storage.k8s.io/v1",
+        "VolumeAttachment",
+        "",
+        &format!("attachment-{}", env.id),
+    )
+    .await;
     env.wait_for(
         "deleted after the detach",
         Duration::from_secs(30),
@@ -255,30 +264,29 @@ async fn a_volume_still_attached_waits_for_the_detach() {
 
 /// Upstream #1469: a PV with our volume's name that records another claim
 /// is not taken as success; the new backend volume is deleted, not leaked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+async fn a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     env.set_faults(vec![csi_hostpath::faults::Fault::delay(
         "CreateVolume",
         Duration::from_secs(1),
     )]);
-    env.start_sidecar(&[]);
+    env.start_sidecar(&[]).await;
     let pvc = env
-        .create_pvc("default", "data", "fast", "5Mi", json!({}))
+        .create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
         .await;
     let uid = pvc.metadata.uid.clone().expect("uid");
     // While CreateVolume runs, someone else's PV takes the name.
-    env.api
-        .create_object(json!({"apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": format!("pvc-{uid}")},
-            "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"},
-                     "persistentVolumeReclaimPolicy": "Retain",
-                     "claimRef": {"namespace": "other", "name": "other", "uid": "not-this-claim"},
-                     "csi": {"driver": "other.example.com", "volumeHandle": "foreign"}}}))
-        .expect("foreign PV");
+    env.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": format!("pvc-{uid}")},
+        "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"},
+                 "persistentVolumeReclaimPolicy": "Retain",
+                 "claimRef": {"namespace": "other", "name": "other", "uid": "not-this-claim"},
+                 "csi": {"driver": "other.example.com", "volumeHandle": "foreign"}}}))
+        .await;
     env.wait_for("the orphan deleted", Duration::from_secs(20), || async {
-        let events = env.events("default", "data").await;
+        let events = env.events(&env.ns, "data").await;
         (events.iter().any(|(r, _)| r == "ProvisioningFailed") && env.backend_volumes().is_empty())
             .then_some(())
     })

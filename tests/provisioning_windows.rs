@@ -10,13 +10,17 @@ use csi_hostpath::faults::Fault;
 use kube::api::{Api, DeleteParams};
 use kube_testserver::{RequestMatch, Verb};
 use serde_json::json;
-use support::Env;
+use support::{Backend, ClusterConfig, Env};
 
-const JOURNAL: &str = "hostpath.csi.k8s.io-provisioner-journal";
+e2e!(ClusterConfig::standard();
+    resource_exhausted_on_the_selected_node_reschedules,
+    a_retry_sends_the_frozen_request,
+);
 
-fn journal_entries(env: &Env) -> usize {
-    env.api
-        .get_object("v1", "ConfigMap", "default", JOURNAL)
+async fn journal_entries(env: &Env) -> usize {
+    let journal = format!("{}-provisioner-journal", env.driver_name);
+    env.get("v1", "ConfigMap", &env.ns, &journal)
+        .await
         .and_then(|cm| cm["data"].as_object().map(|d| d.len()))
         .unwrap_or(0)
 }
@@ -25,25 +29,31 @@ fn journal_entries(env: &Env) -> usize {
 /// the restart prunes the entry and deletes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_the_pv_is_saved_keeps_the_volume() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
+    // Needs the API test server (fault injection or exact counters).
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
     // The journal's first write (create) goes through; pruning (an update)
     // hangs, so the kill lands between the saved PV and the pruned entry.
-    env.api.add_latency(
+    env.api().add_latency(
         RequestMatch::new(Verb::Update, "configmaps"),
         Duration::from_secs(60),
     );
-    env.create_pvc("default", "kept", "fast", "5Mi", json!({}))
+    env.create_pvc(&env.ns, "kept", "fast", "5Mi", json!({}))
         .await;
-    let pv = env.wait_bound("default", "kept").await;
-    assert_eq!(journal_entries(&env), 1, "entry written, not yet pruned");
+    let pv = env.wait_bound(&env.ns, "kept").await;
+    assert_eq!(
+        journal_entries(&env).await,
+        1,
+        "entry written, not yet pruned"
+    );
     env.kill_sidecar();
-    env.api.clear_faults();
+    env.api().clear_faults();
 
-    env.start_sidecar(&[]);
+    env.start_sidecar(&[]).await;
     env.wait_for("journal pruned", Duration::from_secs(20), || async {
-        (journal_entries(&env) == 0).then_some(())
+        (journal_entries(&env).await == 0).then_some(())
     })
     .await;
     let name = pv.metadata.name.clone().expect("name");
@@ -56,15 +66,17 @@ async fn killed_after_the_pv_is_saved_keeps_the_volume() {
 /// restart repeats the (idempotent) DeleteVolume and finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_delete_volume_finishes_on_restart() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
-    let (_, name) = env.provision("default", "gone", "fast").await;
-    env.api.add_latency(
+    // Needs the API test server (fault injection or exact counters).
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    let (_, name) = env.provision(&env.ns, "gone", "fast").await;
+    env.api().add_latency(
         RequestMatch::new(Verb::Delete, "persistentvolumes"),
         Duration::from_secs(60),
     );
-    env.delete_pvc("default", "gone").await;
+    env.delete_pvc(&env.ns, "gone").await;
     env.wait_for(
         "backend volume deleted",
         Duration::from_secs(20),
@@ -72,10 +84,10 @@ async fn killed_after_delete_volume_finishes_on_restart() {
     )
     .await;
     env.kill_sidecar();
-    env.api.clear_faults();
+    env.api().clear_faults();
     assert!(env.pv(&name).await.is_some(), "the PV was not deleted yet");
 
-    env.start_sidecar(&[]);
+    env.start_sidecar(&[]).await;
     env.wait_for(
         "PV deleted after restart",
         Duration::from_secs(20),
@@ -87,25 +99,25 @@ async fn killed_after_delete_volume_finishes_on_restart() {
 
 /// RESOURCE_EXHAUSTED for a claim with a selected node: the annotation is
 /// removed so the scheduler can pick another node (upstream behaviour).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resource_exhausted_on_the_selected_node_reschedules() {
-    let mut env = Env::new().await;
-    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}));
+async fn resource_exhausted_on_the_selected_node_reschedules(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
     env.set_faults(vec![Fault::error(
         "CreateVolume",
         tonic::Code::ResourceExhausted,
     )]);
-    env.start_sidecar(&[]);
+    env.start_sidecar(&[]).await;
     env.create_pvc(
-        "default",
+        &env.ns,
         "late",
         "late",
         "5Mi",
-        json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": support::NODE}}}),
+        json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": env.node.as_str()}}}),
     )
     .await;
     env.wait_for("selected node removed", Duration::from_secs(20), || async {
-        let pvc = env.pvc("default", "late").await?;
+        let pvc = env.pvc(&env.ns, "late").await?;
         let annotations = pvc.metadata.annotations.unwrap_or_default();
         (!annotations.contains_key("volume.kubernetes.io/selected-node")).then_some(())
     })
@@ -114,7 +126,7 @@ async fn resource_exhausted_on_the_selected_node_reschedules() {
     assert!(env.pvs().await.is_empty());
     Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
         env.client.clone(),
-        "default",
+        &env.ns,
     )
     .delete("late", &DeleteParams::default())
     .await
@@ -126,13 +138,15 @@ async fn resource_exhausted_on_the_selected_node_reschedules() {
 /// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_volume_is_not_repeated_for_the_following_updates() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
-    let (_, name) = env.provision("default", "once", "fast").await;
-    env.api
+    // Needs the API test server: deleting the PV object is made to fail.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    let (_, name) = env.provision(&env.ns, "once", "fast").await;
+    env.api()
         .fail_next(2, RequestMatch::new(Verb::Delete, "persistentvolumes"), 500);
-    env.delete_pvc("default", "once").await;
+    env.delete_pvc(&env.ns, "once").await;
     env.wait_for(
         "backend volume deleted",
         Duration::from_secs(20),
@@ -157,15 +171,14 @@ async fn delete_volume_is_not_repeated_for_the_following_updates() {
         env.pv(&name).await.is_none().then_some(())
     })
     .await;
-    let failed =
-        Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), "default")
-            .list(&Default::default())
-            .await
-            .expect("events")
-            .items
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some("VolumeFailedDelete"))
-            .count();
+    let failed = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.ns)
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("VolumeFailedDelete"))
+        .count();
     assert_eq!(failed, 0, "DeleteVolume was called again\n{}", env.logs());
     env.clear_faults();
 }
@@ -174,17 +187,17 @@ async fn delete_volume_is_not_repeated_for_the_following_updates() {
 /// when the cluster's topology changed meanwhile. Here the only node is
 /// relabelled while the first CreateVolume fails slowly; a recomputed
 /// request would ask for the new label, which this driver cannot serve.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_sends_the_frozen_request() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
+async fn a_retry_sends_the_frozen_request(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
     env.set_faults(vec![
         Fault::error("CreateVolume", tonic::Code::Unavailable)
             .with_delay(Duration::from_millis(1500))
             .times(1),
     ]);
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "frozen", "fast", "5Mi", json!({}))
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "frozen", "fast", "5Mi", json!({}))
         .await;
     env.wait_for(
         "first CreateVolume under way",
@@ -195,13 +208,13 @@ async fn a_retry_sends_the_frozen_request() {
     let patch = json!({"metadata": {"labels": {csi_hostpath::TOPOLOGY_KEY: "elsewhere"}}});
     Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
         .patch(
-            support::NODE,
+            env.node.as_str(),
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(&patch),
         )
         .await
         .expect("relabel node");
-    let pv = env.wait_bound("default", "frozen").await;
+    let pv = env.wait_bound(&env.ns, "frozen").await;
     assert!(
         !env.logs().contains("ResourceExhausted"),
         "a retry asked for the new topology\n{}",
@@ -217,5 +230,5 @@ async fn a_retry_sends_the_frozen_request() {
         .values
         .clone()
         .unwrap_or_default();
-    assert_eq!(values, vec![support::NODE.to_owned()]);
+    assert_eq!(values, vec![env.node.as_str().to_owned()]);
 }

@@ -1,7 +1,13 @@
 //! End-to-end: the PVC-protection loop (gate `PVCProtection`) of the real
-//! binary against the API test server (which, like a cluster without the
-//! controller-manager's pvc-protection controller, never adds the finalizer
-//! itself) and the hostpath driver.
+//! binary and the hostpath driver, against
+//! - the API test server, which (like a cluster without the
+//!   controller-manager's pvc-protection controller) never adds or removes
+//!   the finalizer itself;
+//! - a real cluster whose controller-manager runs without `pvc-protection`
+//!   (its admission plugin still adds the finalizer to every new claim; our
+//!   loop is the only one to remove it);
+//! - a real cluster where both run (coexistence: same verdicts, and neither
+//!   undoes the other's writes, counted from the audit log).
 
 #[path = "support/loops.rs"]
 mod loops;
@@ -15,27 +21,35 @@ use loops::{
     wait_protected, wait_watching,
 };
 use serde_json::json;
-use support::Env;
+use support::{Backend, ClusterConfig, Env};
+
+e2e!(ClusterConfig::without_controllers(&["pvc-protection"]),
+    coexisting: ClusterConfig::standard();
+    a_claim_in_use_stays_until_its_pod_is_deleted,
+    unscheduled_pods_do_not_block_and_other_drivers_claims_are_untouched,
+    a_shut_down_pod_frees_its_ephemeral_claim_but_not_its_named_one,
+    gate_off_makes_no_claim_write_and_watches_no_pods,
+);
 
 const GATE_ON: &str = "--feature-gates=PVCProtection=true";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_in_use_stays_until_its_pod_is_deleted() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[GATE_ON]);
-
-    env.create_pvc("default", "data", "fast", "5Mi", json!({}))
+async fn a_claim_in_use_stays_until_its_pod_is_deleted(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
-    let pv = env.wait_bound("default", "data").await;
-    let pv_name = pv.metadata.name.clone().expect("pv name");
-    wait_protected(&env, "default", "data").await;
+    env.start_sidecar(&[GATE_ON]).await;
 
-    create_pod(&env, "default", "web", &["data"], true).await;
-    env.delete_pvc("default", "data").await;
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    let pv_name = pv.metadata.name.clone().expect("pv name");
+    wait_protected(&env, &env.ns, "data").await;
+
+    create_pod(&env, &env.ns, "web", &["data"], true).await;
+    env.delete_pvc(&env.ns, "data").await;
 
     let terminating = || async {
-        env.pvc("default", "data").await.is_some_and(|pvc| {
+        env.pvc(&env.ns, "data").await.is_some_and(|pvc| {
             pvc.metadata.deletion_timestamp.is_some()
                 && claim_finalizers(&pvc).contains(&PVC_PROTECTION.to_owned())
         })
@@ -49,7 +63,7 @@ async fn a_claim_in_use_stays_until_its_pod_is_deleted() {
 
     // A terminated pod that is still scheduled may still have the volume
     // mounted: the claim waits for the pod object to go.
-    set_pod_phase(&env, "default", "web", "Succeeded");
+    set_pod_phase(&env, &env.ns, "web", "Succeeded").await;
     assert_stays(
         "claim used by a Succeeded pod stays Terminating",
         Duration::from_secs(2),
@@ -59,12 +73,12 @@ async fn a_claim_in_use_stays_until_its_pod_is_deleted() {
     assert!(env.pv(&pv_name).await.is_some(), "PV kept while in use");
     assert_eq!(env.backend_volumes().len(), 1);
 
-    delete_pod(&env, "default", "web").await;
+    delete_pod(&env, &env.ns, "web").await;
     env.wait_for(
         "claim, PV and backend volume gone",
         Duration::from_secs(30),
         || async {
-            let claim_gone = env.pvc("default", "data").await.is_none();
+            let claim_gone = env.pvc(&env.ns, "data").await.is_none();
             let pv_gone = env.pv(&pv_name).await.is_none();
             (claim_gone && pv_gone && env.backend_volumes().is_empty()).then_some(())
         },
@@ -74,42 +88,45 @@ async fn a_claim_in_use_stays_until_its_pod_is_deleted() {
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unscheduled_pods_do_not_block_and_other_drivers_claims_are_untouched() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.api
-        .create_object(json!({
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {"name": "foreign"},
-            "provisioner": "other.csi.example.com",
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-        }))
-        .expect("foreign class");
-    env.create_pvc("default", "theirs", "foreign", "5Mi", json!({}))
+async fn unscheduled_pods_do_not_block_and_other_drivers_claims_are_untouched(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
-    env.start_sidecar(&[GATE_ON]);
+    env.create(json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": env.class("foreign")},
+        "provisioner": "other.csi.example.com",
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+    }))
+    .await;
+    env.create_pvc(&env.ns, "theirs", "foreign", "5Mi", json!({}))
+        .await;
+    env.start_sidecar(&[GATE_ON]).await;
 
-    env.create_pvc("default", "data", "fast", "5Mi", json!({}))
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
         .await;
-    env.wait_bound("default", "data").await;
-    wait_protected(&env, "default", "data").await;
+    env.wait_bound(&env.ns, "data").await;
+    wait_protected(&env, &env.ns, "data").await;
     // A pod that was never scheduled cannot have mounted the volume.
-    create_pod(&env, "default", "pending", &["data", "theirs"], false).await;
-    env.delete_pvc("default", "data").await;
+    create_pod(&env, &env.ns, "pending", &["data", "theirs"], false).await;
+    env.delete_pvc(&env.ns, "data").await;
     env.wait_for("claim gone", Duration::from_secs(20), || async {
-        env.pvc("default", "data").await.is_none().then_some(())
+        env.pvc(&env.ns, "data").await.is_none().then_some(())
     })
     .await;
 
-    let theirs = env.pvc("default", "theirs").await.expect("foreign claim");
-    assert!(
-        claim_finalizers(&theirs).is_empty(),
-        "another driver's claim got {:?}",
-        claim_finalizers(&theirs)
-    );
+    let theirs = env.pvc(&env.ns, "theirs").await.expect("foreign claim");
+    if !env.is_real() {
+        // (A real API server's admission plugin adds the finalizer to
+        // every claim; what counts there is that we wrote nothing.)
+        assert!(
+            claim_finalizers(&theirs).is_empty(),
+            "another driver's claim got {:?}",
+            claim_finalizers(&theirs)
+        );
+    }
     assert_eq!(
         loops::changes_to(&env, "persistentvolumeclaims", "theirs"),
         0,
@@ -125,41 +142,44 @@ async fn unscheduled_pods_do_not_block_and_other_drivers_claims_are_untouched() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_that_existed_before_the_start_are_protected_through_conflicts_and_a_live_list_confirms()
  {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
-    env.create_pvc("default", "old", "fast", "5Mi", json!({}))
+    // Needs the API test server: conflicts are injected.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
-    env.wait_bound("default", "old").await;
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "old", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound(&env.ns, "old").await;
     env.stop_sidecar();
 
-    env.api.reset_counters();
+    env.api().reset_counters();
     // Conflicts on both finalizer writes: each is retried with backoff.
+    let ns = env.ns.clone();
     let claim_patches = || {
         RequestMatch::new(Verb::Patch, "persistentvolumeclaims")
-            .namespace("default")
+            .namespace(&ns)
             .name("old")
     };
-    env.api.fail_next(2, claim_patches(), 409);
-    env.start_sidecar(&[GATE_ON]);
-    wait_protected(&env, "default", "old").await;
-    env.api.fail_next(1, claim_patches(), 409);
-    env.delete_pvc("default", "old").await;
+    env.api().fail_next(2, claim_patches(), 409);
+    env.start_sidecar(&[GATE_ON]).await;
+    wait_protected(&env, &env.ns, "old").await;
+    env.api().fail_next(1, claim_patches(), 409);
+    env.delete_pvc(&env.ns, "old").await;
     env.wait_for("claim gone", Duration::from_secs(20), || async {
-        env.pvc("default", "old").await.is_none().then_some(())
+        env.pvc(&env.ns, "old").await.is_none().then_some(())
     })
     .await;
     // The cache lists pods cluster-wide; the confirmation lists the claim's
     // namespace.
     let live_lists = env
-        .api
+        .api()
         .requests()
         .iter()
-        .filter(|r| r.verb == Verb::List && r.resource == "pods" && r.namespace == "default")
+        .filter(|r| r.verb == Verb::List && r.resource == "pods" && r.namespace == env.ns)
         .count();
     assert!(live_lists >= 1, "a live list confirmed the cache");
     let conflicts = env
-        .api
+        .api()
         .requests()
         .iter()
         .filter(|r| r.verb == Verb::Patch && r.name == "old" && r.status == 409)
@@ -172,72 +192,73 @@ async fn claims_that_existed_before_the_start_are_protected_through_conflicts_an
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gate_off_makes_no_claim_write_and_watches_no_pods() {
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[]);
+async fn gate_off_makes_no_claim_write_and_watches_no_pods(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
     wait_watching(&env, "persistentvolumeclaims").await;
 
-    env.create_pvc("default", "data", "fast", "5Mi", json!({}))
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
         .await;
-    env.wait_bound("default", "data").await;
-    create_pod(&env, "default", "web", &["data"], true).await;
+    env.wait_bound(&env.ns, "data").await;
+    create_pod(&env, &env.ns, "web", &["data"], true).await;
     // Give a (wrongly) running loop time to act.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let pvc = env.pvc("default", "data").await.expect("claim");
-    assert!(
-        claim_finalizers(&pvc).is_empty(),
-        "{:?}",
-        claim_finalizers(&pvc)
-    );
-
-    env.delete_pvc("default", "data").await;
-    assert!(
-        env.pvc("default", "data").await.is_none(),
-        "without the finalizer the claim goes at once"
-    );
-    env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
-        (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
-    })
-    .await;
-    assert_eq!(
-        env.api.request_count(Verb::Patch, "persistentvolumeclaims"),
-        0
-    );
-    assert_eq!(
-        env.api
-            .request_count(Verb::Update, "persistentvolumeclaims"),
-        0
-    );
-    assert_eq!(env.api.request_count(Verb::List, "pods"), 0);
-    assert_eq!(env.api.request_count(Verb::Watch, "pods"), 0);
+    let pvc = env.pvc(&env.ns, "data").await.expect("claim");
+    if !env.is_real() {
+        // (A real API server's admission plugin adds it to every claim.)
+        assert!(
+            claim_finalizers(&pvc).is_empty(),
+            "{:?}",
+            claim_finalizers(&pvc)
+        );
+    }
+    delete_pod(&env, &env.ns, "web").await;
+    env.delete_pvc(&env.ns, "data").await;
+    if !env.is_real() || env.runs_controller("pvc-protection") {
+        env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
+            (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
+        })
+        .await;
+    }
+    for verb in ["patch", "update"] {
+        assert_eq!(
+            env.sidecar_request_count(verb, "persistentvolumeclaims"),
+            0,
+            "{verb} of claims with the gate off: {:?}",
+            env.sidecar_requests()
+        );
+    }
+    assert_eq!(env.sidecar_request_count("list", "pods"), 0);
+    assert_eq!(env.sidecar_request_count("watch", "pods"), 0);
+    env.assert_nothing_forbidden();
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shut_down_pod_frees_its_ephemeral_claim_but_not_its_named_one() {
+async fn a_shut_down_pod_frees_its_ephemeral_claim_but_not_its_named_one(backend: Backend) {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
-    let mut env = Env::new().await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}));
-    env.start_sidecar(&[GATE_ON]);
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[GATE_ON]).await;
 
     // A scheduled pod with a generic ephemeral volume and a named claim,
     // held by a finalizer so that deleting it leaves it shut down
     // (deletion timestamp, grace period 0) rather than gone.
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "web", "namespace": "default", "finalizers": ["example.com/hold"]},
+        "metadata": {"name": "web", "namespace": &env.ns, "finalizers": ["example.com/hold"]},
         "spec": {
-            "nodeName": support::NODE,
+            "nodeName": env.node.as_str(),
             "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
             "volumes": [
                 {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
-                    "accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                    "accessModes": ["ReadWriteOnce"], "storageClassName": env.class("fast"),
                     "resources": {"requests": {"storage": "5Mi"}}}}}},
                 {"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}},
             ],
@@ -249,29 +270,32 @@ async fn a_shut_down_pod_frees_its_ephemeral_claim_but_not_its_named_one() {
         .await
         .expect("create pod");
     let pod_uid = pod.metadata.uid.clone().expect("pod uid");
-    // The claim the ephemeral-volume controller would create for it.
-    env.create_pvc(
-        "default",
-        "web-scratch",
-        "fast",
-        "5Mi",
-        json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "web",
-            "uid": pod_uid, "controller": true, "blockOwnerDeletion": true}]}}),
-    )
-    .await;
-    env.create_pvc("default", "shared", "fast", "5Mi", json!({}))
+    if !env.is_real() {
+        // The claim the ephemeral-volume controller creates for it (the
+        // real controller-manager does it itself).
+        env.create_pvc(
+            &env.ns,
+            "web-scratch",
+            "fast",
+            "5Mi",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "web",
+                "uid": pod_uid, "controller": true, "blockOwnerDeletion": true}]}}),
+        )
         .await;
-    env.wait_bound("default", "web-scratch").await;
-    env.wait_bound("default", "shared").await;
-    wait_protected(&env, "default", "web-scratch").await;
-    wait_protected(&env, "default", "shared").await;
+    }
+    env.create_pvc(&env.ns, "shared", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound(&env.ns, "web-scratch").await;
+    env.wait_bound(&env.ns, "shared").await;
+    wait_protected(&env, &env.ns, "web-scratch").await;
+    wait_protected(&env, &env.ns, "shared").await;
 
-    env.delete_pvc("default", "web-scratch").await;
-    env.delete_pvc("default", "shared").await;
+    env.delete_pvc(&env.ns, "web-scratch").await;
+    env.delete_pvc(&env.ns, "shared").await;
     let terminating = |name: &'static str| {
         let env = &env;
         move || async move {
-            env.pvc("default", name).await.is_some_and(|pvc| {
+            env.pvc(&env.ns, name).await.is_some_and(|pvc| {
                 pvc.metadata.deletion_timestamp.is_some()
                     && claim_finalizers(&pvc).contains(&PVC_PROTECTION.to_owned())
             })
@@ -285,14 +309,14 @@ async fn a_shut_down_pod_frees_its_ephemeral_claim_but_not_its_named_one() {
     .await;
     assert!(terminating("shared")().await, "named claim stays");
 
-    pods.delete("web", &DeleteParams::default())
+    pods.delete("web", &DeleteParams::default().grace_period(0))
         .await
         .expect("delete pod");
     env.wait_for(
         "ephemeral claim of the shut-down pod gone",
         Duration::from_secs(20),
         || async {
-            env.pvc("default", "web-scratch")
+            env.pvc(&env.ns, "web-scratch")
                 .await
                 .is_none()
                 .then_some(())
@@ -321,7 +345,7 @@ async fn a_shut_down_pod_frees_its_ephemeral_claim_but_not_its_named_one() {
         "named claim, PVs and volumes gone",
         Duration::from_secs(30),
         || async {
-            let claim_gone = env.pvc("default", "shared").await.is_none();
+            let claim_gone = env.pvc(&env.ns, "shared").await.is_none();
             (claim_gone && env.pvs().await.is_empty() && env.backend_volumes().is_empty())
                 .then_some(())
         },

@@ -12,11 +12,19 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
-use kube_testserver::Verb;
 use serde_json::json;
-use support::{Env, NODE};
+use support::{Backend, ClusterConfig, Env};
 
-const NS: &str = "default";
+e2e!(ClusterConfig::without_controllers(&["statefulset"]);
+    scale_down_deletes_the_condemned_claim_only_with_when_scaled_delete,
+    condemned_claim_whose_pod_is_already_gone_is_deleted_directly,
+    deleting_the_set_deletes_claims_only_with_when_deleted_delete,
+    orphan_deletion_keeps_the_claims,
+    manual_pod_deletion_never_deletes_a_claim,
+    policy_flips_update_references,
+    gate_off_makes_no_api_writes,
+);
+
 const GATE: &str = "--feature-gates=StatefulSetAutoDeletePVC=true";
 const CLASS: &str = "fast";
 const WAIT: Duration = Duration::from_secs(30);
@@ -33,9 +41,10 @@ fn pod_ref(name: &str) -> Ref {
     ("Pod".into(), name.into(), true)
 }
 
-async fn env_with_class() -> Env {
-    let env = Env::new().await;
-    env.storage_class(CLASS, "Immediate", "Delete", json!({}));
+async fn env_with_class(backend: Backend) -> Env {
+    let env = Env::new(backend).await;
+    env.storage_class(CLASS, "Immediate", "Delete", json!({}))
+        .await;
     env
 }
 
@@ -50,7 +59,7 @@ async fn create_set(
     let set: StatefulSet = serde_json::from_value(json!({
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": env.ns},
         "spec": {
             "replicas": replicas,
             "serviceName": name,
@@ -63,7 +72,7 @@ async fn create_set(
                 "metadata": {"name": "data"},
                 "spec": {
                     "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": CLASS,
+                    "storageClassName": env.class(CLASS),
                     "resources": {"requests": {"storage": "1Mi"}},
                 },
             }],
@@ -71,7 +80,7 @@ async fn create_set(
         },
     }))
     .expect("set json");
-    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+    Api::<StatefulSet>::namespaced(env.client.clone(), &env.ns)
         .create(&PostParams::default(), &set)
         .await
         .expect("create set")
@@ -83,9 +92,9 @@ async fn create_member(env: &Env, set: &StatefulSet, ordinal: i32) {
     let name = set.metadata.name.clone().expect("set name");
     let uid = set.metadata.uid.clone().expect("set uid");
     let claim = format!("data-{name}-{ordinal}");
-    if env.pvc(NS, &claim).await.is_none() {
+    if env.pvc(&env.ns, &claim).await.is_none() {
         env.create_pvc(
-            NS,
+            &env.ns,
             &claim,
             CLASS,
             "1Mi",
@@ -98,7 +107,7 @@ async fn create_member(env: &Env, set: &StatefulSet, ordinal: i32) {
         "kind": "Pod",
         "metadata": {
             "name": format!("{name}-{ordinal}"),
-            "namespace": NS,
+            "namespace": env.ns,
             "labels": {"app": name},
             "ownerReferences": [{
                 "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "uid": uid,
@@ -106,13 +115,13 @@ async fn create_member(env: &Env, set: &StatefulSet, ordinal: i32) {
             }],
         },
         "spec": {
-            "nodeName": NODE,
+            "nodeName": env.node.as_str(),
             "containers": [{"name": "app", "image": "busybox"}],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
         },
     }))
     .expect("pod json");
-    Api::<Pod>::namespaced(env.client.clone(), NS)
+    Api::<Pod>::namespaced(env.client.clone(), &env.ns)
         .create(&PostParams::default(), &pod)
         .await
         .expect("create pod");
@@ -122,12 +131,13 @@ async fn create_members(env: &Env, set: &StatefulSet, ordinals: std::ops::Range<
     let name = set.metadata.name.clone().expect("set name");
     for ordinal in ordinals {
         create_member(env, set, ordinal).await;
-        env.wait_bound(NS, &format!("data-{name}-{ordinal}")).await;
+        env.wait_bound(&env.ns, &format!("data-{name}-{ordinal}"))
+            .await;
     }
 }
 
 async fn patch_set(env: &Env, name: &str, spec: serde_json::Value) {
-    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+    Api::<StatefulSet>::namespaced(env.client.clone(), &env.ns)
         .patch(
             name,
             &PatchParams::default(),
@@ -151,8 +161,8 @@ async fn set_policy(env: &Env, name: &str, scaled: &str, deleted: &str) {
 }
 
 async fn delete_pod(env: &Env, name: &str) {
-    Api::<Pod>::namespaced(env.client.clone(), NS)
-        .delete(name, &DeleteParams::default())
+    Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+        .delete(name, &DeleteParams::default().grace_period(0))
         .await
         .expect("delete pod");
 }
@@ -162,7 +172,7 @@ async fn delete_set(env: &Env, name: &str, policy: PropagationPolicy) {
         propagation_policy: Some(policy),
         ..DeleteParams::default()
     };
-    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+    Api::<StatefulSet>::namespaced(env.client.clone(), &env.ns)
         .delete(name, &params)
         .await
         .expect("delete set");
@@ -170,7 +180,7 @@ async fn delete_set(env: &Env, name: &str, policy: PropagationPolicy) {
 
 /// The claim's owner references, `None` when the claim is gone.
 async fn refs(env: &Env, claim: &str) -> Option<Vec<Ref>> {
-    let pvc = env.pvc(NS, claim).await?;
+    let pvc = env.pvc(&env.ns, claim).await?;
     Some(
         pvc.metadata
             .owner_references
@@ -195,7 +205,7 @@ async fn wait_refs(env: &Env, claim: &str, want: &[Ref]) {
 async fn wait_gone(env: &Env, claim: &str) {
     let what = format!("claim {claim} deleted");
     env.wait_for(&what, WAIT, || async {
-        env.pvc(NS, claim).await.is_none().then_some(())
+        env.pvc(&env.ns, claim).await.is_none().then_some(())
     })
     .await;
 }
@@ -215,10 +225,9 @@ async fn wait_backend_matches_claims(env: &Env, claims: usize) {
 
 /// KEP-1847: scaling down deletes the condemned claim only with
 /// whenScaled=Delete; the claims in range are never touched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scale_down_deletes_the_condemned_claim_only_with_when_scaled_delete() {
-    let mut env = env_with_class().await;
-    env.start_sidecar(&[GATE]);
+async fn scale_down_deletes_the_condemned_claim_only_with_when_scaled_delete(backend: Backend) {
+    let mut env = env_with_class(backend).await;
+    env.start_sidecar(&[GATE]).await;
     // (set, whenScaled, whenDeleted)
     let sets = [
         ("del", "Delete", "Retain"),
@@ -269,10 +278,9 @@ async fn scale_down_deletes_the_condemned_claim_only_with_when_scaled_delete() {
 /// A condemned claim whose pod went away before it could own the claim
 /// (here: the sidecar was down during the scale-down) is deleted directly,
 /// once the live set confirms the scale-down; never with whenScaled=Retain.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn condemned_claim_whose_pod_is_already_gone_is_deleted_directly() {
-    let mut env = env_with_class().await;
-    env.start_sidecar(&[GATE]);
+async fn condemned_claim_whose_pod_is_already_gone_is_deleted_directly(backend: Backend) {
+    let mut env = env_with_class(backend).await;
+    env.start_sidecar(&[GATE]).await;
     let del = create_set(&env, "del", 3, "Delete", "Retain").await;
     let keep = create_set(&env, "keep", 3, "Retain", "Delete").await;
     create_members(&env, &del, 0..3).await;
@@ -286,10 +294,10 @@ async fn condemned_claim_whose_pod_is_already_gone_is_deleted_directly() {
         delete_pod(&env, &format!("{name}-2")).await;
     }
     assert!(
-        env.pvc(NS, "data-del-1").await.is_some(),
+        env.pvc(&env.ns, "data-del-1").await.is_some(),
         "nobody owned it yet"
     );
-    env.start_sidecar(&[GATE]);
+    env.start_sidecar(&[GATE]).await;
     wait_gone(&env, "data-del-1").await;
     wait_gone(&env, "data-del-2").await;
     // whenScaled=Retain: kept, still owned by the set only.
@@ -299,7 +307,7 @@ async fn condemned_claim_whose_pod_is_already_gone_is_deleted_directly() {
             Some(vec![set_ref("keep")])
         );
     }
-    assert!(env.pvc(NS, "data-del-0").await.is_some());
+    assert!(env.pvc(&env.ns, "data-del-0").await.is_some());
     assert!(
         env.logs().contains("deleting the claim"),
         "the direct deletion is logged\n{}",
@@ -310,10 +318,9 @@ async fn condemned_claim_whose_pod_is_already_gone_is_deleted_directly() {
 
 /// KEP-1847: deleting the set deletes its claims (through the garbage
 /// collector and our owner references) only with whenDeleted=Delete.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleting_the_set_deletes_claims_only_with_when_deleted_delete() {
-    let mut env = env_with_class().await;
-    env.start_sidecar(&[GATE]);
+async fn deleting_the_set_deletes_claims_only_with_when_deleted_delete(backend: Backend) {
+    let mut env = env_with_class(backend).await;
+    env.start_sidecar(&[GATE]).await;
     let sets = [
         ("own", "Retain", "Delete"),
         ("both", "Delete", "Delete"),
@@ -339,7 +346,7 @@ async fn deleting_the_set_deletes_claims_only_with_when_deleted_delete() {
     }
     // The pods went with their sets (garbage collector); the retained
     // claims stay, unowned.
-    let pods = Api::<Pod>::namespaced(env.client.clone(), NS)
+    let pods = Api::<Pod>::namespaced(env.client.clone(), &env.ns)
         .list(&Default::default())
         .await
         .expect("pods");
@@ -357,10 +364,9 @@ async fn deleting_the_set_deletes_claims_only_with_when_deleted_delete() {
 
 /// A set deleted with orphan propagation leaves its claims (and pods)
 /// behind, and the sidecar does not take them over.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orphan_deletion_keeps_the_claims() {
-    let mut env = env_with_class().await;
-    env.start_sidecar(&[GATE]);
+async fn orphan_deletion_keeps_the_claims(backend: Backend) {
+    let mut env = env_with_class(backend).await;
+    env.start_sidecar(&[GATE]).await;
     let set = create_set(&env, "web", 2, "Delete", "Delete").await;
     create_members(&env, &set, 0..2).await;
     wait_refs(&env, "data-web-0", &[set_ref("web")]).await;
@@ -368,7 +374,7 @@ async fn orphan_deletion_keeps_the_claims() {
 
     delete_set(&env, "web", PropagationPolicy::Orphan).await;
     env.wait_for("set gone", WAIT, || async {
-        Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+        Api::<StatefulSet>::namespaced(env.client.clone(), &env.ns)
             .get_opt("web")
             .await
             .expect("get set")
@@ -390,7 +396,7 @@ async fn orphan_deletion_keeps_the_claims() {
             env.logs()
         );
         assert!(
-            Api::<Pod>::namespaced(env.client.clone(), NS)
+            Api::<Pod>::namespaced(env.client.clone(), &env.ns)
                 .get_opt(&format!("web-{ordinal}"))
                 .await
                 .expect("get pod")
@@ -403,10 +409,9 @@ async fn orphan_deletion_keeps_the_claims() {
 
 /// Deleting a pod by hand (it is not a scale-down: its ordinal is in range)
 /// never deletes its claim, whatever the policy.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn manual_pod_deletion_never_deletes_a_claim() {
-    let mut env = env_with_class().await;
-    env.start_sidecar(&[GATE]);
+async fn manual_pod_deletion_never_deletes_a_claim(backend: Backend) {
+    let mut env = env_with_class(backend).await;
+    env.start_sidecar(&[GATE]).await;
     let both = create_set(&env, "both", 2, "Delete", "Delete").await;
     let del = create_set(&env, "del", 2, "Delete", "Retain").await;
     create_members(&env, &both, 0..2).await;
@@ -438,10 +443,9 @@ async fn manual_pod_deletion_never_deletes_a_claim() {
 
 /// A policy change is applied to every existing claim, in both directions
 /// and both fields.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn policy_flips_update_references() {
-    let mut env = env_with_class().await;
-    env.start_sidecar(&[GATE]);
+async fn policy_flips_update_references(backend: Backend) {
+    let mut env = env_with_class(backend).await;
+    env.start_sidecar(&[GATE]).await;
     let set = create_set(&env, "web", 3, "Retain", "Retain").await;
     create_members(&env, &set, 0..3).await;
     // The set scaled to 1 with pods 1 and 2 still terminating: both
@@ -482,42 +486,34 @@ async fn policy_flips_update_references() {
 
 /// Gate off: the loop does not exist; not a single write to claims, not
 /// even a watch of StatefulSets or pods.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gate_off_makes_no_api_writes() {
-    let mut env = env_with_class().await;
-    env.start_sidecar(&[]);
+async fn gate_off_makes_no_api_writes(backend: Backend) {
+    let mut env = env_with_class(backend).await;
+    env.start_sidecar(&[]).await;
     let set = create_set(&env, "web", 2, "Delete", "Delete").await;
     create_members(&env, &set, 0..2).await;
-    // The counters cover the whole run; this test itself never lists or
-    // watches sets or pods, nor patches, updates or deletes claims.
     scale(&env, "web", 1).await;
     delete_pod(&env, "web-1").await;
     // The provisioner keeps working meanwhile: a new claim gets a volume.
-    env.create_pvc(NS, "after", CLASS, "1Mi", json!({})).await;
-    env.wait_bound(NS, "after").await;
+    env.create_pvc(&env.ns, "after", CLASS, "1Mi", json!({}))
+        .await;
+    env.wait_bound(&env.ns, "after").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    for verb in [
-        Verb::Patch,
-        Verb::Update,
-        Verb::Delete,
-        Verb::DeleteCollection,
-    ] {
+    for verb in ["patch", "update", "delete", "deletecollection"] {
         assert_eq!(
-            env.api.request_count(verb, "persistentvolumeclaims"),
+            env.sidecar_request_count(verb, "persistentvolumeclaims"),
             0,
-            "{verb} of claims with the gate off"
+            "{verb} of claims with the gate off: {:?}",
+            env.sidecar_requests()
         );
     }
     for resource in ["statefulsets", "pods"] {
-        for verb in [Verb::List, Verb::Watch] {
-            let sidecar_requests = env
-                .api
-                .requests()
-                .into_iter()
-                .filter(|r| r.verb == verb && r.resource == resource)
-                .count();
-            assert_eq!(sidecar_requests, 0, "{verb} {resource} with the gate off");
+        for verb in ["list", "watch"] {
+            assert_eq!(
+                env.sidecar_request_count(verb, resource),
+                0,
+                "{verb} {resource} with the gate off"
+            );
         }
     }
     for ordinal in 0..2 {
@@ -530,4 +526,5 @@ async fn gate_off_makes_no_api_writes() {
         !env.logs()
             .contains("StatefulSet PVC retention loop running")
     );
+    env.assert_nothing_forbidden();
 }

@@ -467,3 +467,29 @@ fn apply_transformers(kz: &Value, objects: &mut [Value], dir: &Path) -> Result<(
     }
     Ok(())
 }
+
+/// The base with `components` (directory names under
+/// `deploy/kubernetes/components`) applied, rendered by [`mini_kustomize`]:
+/// e.g. the RBAC rules of the gates a test turns on.
+pub fn base_with_components(components: &[&str]) -> Result<Vec<Value>, String> {
+    let k = kubernetes_dir();
+    let scratch = tempfile::Builder::new()
+        .prefix("deploy-components")
+        .tempdir()
+        .map_err(|e| format!("temporary directory: {e}"))?;
+    let list: Vec<String> = components
+        .iter()
+        .map(|c| format!("{:?}", k.join("components").join(c).display().to_string()))
+        .collect();
+    std::fs::write(
+        scratch.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources: [{:?}]\ncomponents: [{}]\n",
+            k.join("base").display().to_string(),
+            list.join(", ")
+        ),
+    )
+    .map_err(|e| format!("write kustomization: {e}"))?;
+    mini_kustomize(scratch.path())
+}

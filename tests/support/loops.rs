@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
-use kube_testserver::Verb;
 use serde_json::json;
 
-use crate::support::{Env, NODE};
+use crate::support::Env;
 
 pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
 
@@ -33,7 +32,7 @@ pub async fn create_pod(
         "volumes": volumes,
     });
     if scheduled {
-        spec["nodeName"] = json!(NODE);
+        spec["nodeName"] = json!(env.node);
     }
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1",
@@ -49,18 +48,20 @@ pub async fn create_pod(
 }
 
 /// Sets a pod's `status.phase` as the kubelet would.
-pub fn set_pod_phase(env: &Env, namespace: &str, name: &str, phase: &str) {
+pub async fn set_pod_phase(env: &Env, namespace: &str, name: &str, phase: &str) {
     let mut pod = env
-        .api
-        .get_object("v1", "Pod", namespace, name)
+        .get("v1", "Pod", namespace, name)
+        .await
         .expect("pod exists");
     pod["status"] = json!({"phase": phase});
-    env.api.update_object_status(pod).expect("pod status");
+    env.replace_status(pod).await;
 }
 
+/// Deletes a pod at once (grace period 0): without a kubelet a graceful
+/// deletion of a scheduled pod never completes on a real cluster.
 pub async fn delete_pod(env: &Env, namespace: &str, name: &str) {
     Api::<Pod>::namespaced(env.client.clone(), namespace)
-        .delete(name, &DeleteParams::default())
+        .delete(name, &DeleteParams::default().grace_period(0))
         .await
         .expect("delete pod");
 }
@@ -104,7 +105,7 @@ pub async fn wait_watching(env: &Env, resource: &str) {
     env.wait_for(
         &format!("sidecar watching {resource}"),
         Duration::from_secs(20),
-        || async { (env.api.request_count(Verb::Watch, resource) > 0).then_some(()) },
+        || async { (env.sidecar_request_count("watch", resource) > 0).then_some(()) },
     )
     .await;
 }
@@ -113,13 +114,12 @@ pub async fn wait_watching(env: &Env, resource: &str) {
 /// tests never patch or update the objects they count, so these are the
 /// sidecar's.
 pub fn changes_to(env: &Env, resource: &str, name: &str) -> usize {
-    env.api
-        .requests()
+    env.sidecar_request_log()
         .into_iter()
-        .filter(|r| {
-            matches!(r.verb, Verb::Patch | Verb::Update)
-                && r.resource.split('/').next() == Some(resource)
-                && r.name == name
+        .filter(|(verb, res, obj)| {
+            (verb == "patch" || verb == "update")
+                && res.split('/').next() == Some(resource)
+                && obj == name
         })
         .count()
 }

@@ -1,89 +1,413 @@
-//! End-to-end harness: the real `csi-provisioner` binary as a child process,
-//! the Kubernetes API test server over HTTP (controller-manager helpers and
-//! garbage collector on), and the hostpath CSI driver in-process.
+//! End-to-end harness: the real `csi-provisioner` binary as a child process
+//! and the hostpath CSI driver in-process, against one of two API servers:
+//!
+//! - [`Backend::TestServer`]: our in-memory API test server over HTTP, one per
+//!   test, with its controller-manager helpers and garbage collector on; the
+//!   only backend for injected API faults and exact request counts.
+//! - [`Backend::Real`]: a real kube-apiserver + etcd + kube-controller-manager
+//!   (crate `controlplane`), shared by the tests of a test binary. The
+//!   sidecar runs as a user bound to exactly the RBAC rules of `deploy/` for
+//!   the gates it runs with, and the real PV binder, garbage collector and
+//!   protection controllers do their parts.
+//!
+//! Every test gets its own namespace, CSI driver name, node and StorageClass
+//! names (see [`Env::class`]), so tests sharing a real cluster cannot see
+//! each other's objects; the same names are used on both backends.
+//! [`e2e!`] declares a scenario once and runs it on each backend.
 
 #![allow(dead_code)]
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use controlplane::{ControlPlane, GuardedChild};
 use csi_hostpath::faults::{self, Fault, Faults};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use kube_testserver::{HttpServer, TestServer};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-pub const DRIVER: &str = csi_hostpath::DEFAULT_DRIVER_NAME;
-pub const NODE: &str = "test-node";
+#[path = "../deploy/render.rs"]
+#[allow(dead_code)]
+mod render;
+
+pub use controlplane::Config as ClusterConfig;
+
+/// The annotation of a pod's selected node on its WaitForFirstConsumer claim.
+pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+pub const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+/// Which API server a test runs against.
+#[derive(Clone, Copy)]
+pub enum Backend {
+    TestServer,
+    Real(&'static ControlPlane),
+}
+
+impl Backend {
+    /// The real control plane of this test binary for `config`, or `None`
+    /// (after printing why) when the binaries are not available.
+    pub fn real(config: &ClusterConfig, test: &str) -> Option<Backend> {
+        ControlPlane::shared(config, test).map(Backend::Real)
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::TestServer => "test server",
+            Backend::Real(_) => "real cluster",
+        }
+    }
+}
+
+/// Declares scenarios `async fn name(backend: Backend)` once and generates,
+/// per scenario, a module with one test per backend: `name::test_server` and
+/// `name::real_cluster` (on a control plane of `config`). With
+/// `coexisting: other`, also `name::real_cluster_coexisting` on a control
+/// plane of `other` (the embedded loops' tests: the controller-manager's own
+/// controller off in `config`, on in `other`).
+#[macro_export]
+macro_rules! e2e {
+    ($config:expr, coexisting: $coexisting:expr; $($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn test_server() {
+                    super::$name($crate::support::Backend::TestServer).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn real_cluster() {
+                    let test = concat!(module_path!(), "::real_cluster");
+                    if let Some(backend) = $crate::support::Backend::real(&$config, test) {
+                        super::$name(backend).await
+                    }
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn real_cluster_coexisting() {
+                    let test = concat!(module_path!(), "::real_cluster_coexisting");
+                    if let Some(backend) = $crate::support::Backend::real(&$coexisting, test) {
+                        super::$name(backend).await
+                    }
+                }
+            }
+        )+
+    };
+    ($config:expr; $($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn test_server() {
+                    super::$name($crate::support::Backend::TestServer).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn real_cluster() {
+                    let test = concat!(module_path!(), "::real_cluster");
+                    if let Some(backend) = $crate::support::Backend::real(&$config, test) {
+                        super::$name(backend).await
+                    }
+                }
+            }
+        )+
+    };
+}
+
+/// As [`e2e!`], only on the real control plane (the test server lacks what
+/// the scenario needs, e.g. a controller the test server does not emulate).
+#[macro_export]
+macro_rules! e2e_real {
+    ($config:expr; $($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn real_cluster() {
+                    let test = concat!(module_path!(), "::real_cluster");
+                    if let Some(backend) = $crate::support::Backend::real(&$config, test) {
+                        super::$name(backend).await
+                    }
+                }
+            }
+        )+
+    };
+}
+
+enum Server {
+    Test { api: TestServer, http: HttpServer },
+    Real(&'static ControlPlane),
+}
 
 pub struct Env {
     pub dir: tempfile::TempDir,
-    pub api: TestServer,
-    pub http: HttpServer,
+    server: Server,
+    /// An admin client (cluster-admin on the real cluster).
     pub client: kube::Client,
+    /// Short, unique per test: the suffix of every name below.
+    pub id: String,
+    /// The test's namespace: its claims, and the sidecar's `NAMESPACE`
+    /// (journal, Lease, capacity objects).
+    pub ns: String,
+    /// The CSI driver name of this test (the provisioner of its classes).
+    pub driver_name: String,
+    /// The node of this test (Node, CSINode, topology segment).
+    pub node: String,
     pub driver: csi_hostpath::Config,
     driver_stop: Option<oneshot::Sender<()>>,
     driver_task: Option<tokio::task::JoinHandle<()>>,
-    pub sidecar: Option<Child>,
+    pub sidecar: Option<GuardedChild>,
     sidecar_runs: u32,
+    /// Real cluster: the number of audit records before the last
+    /// [`Env::reset_counters`].
+    audit_mark: Mutex<usize>,
+    /// Real cluster: plays the kubelet's part in pod deletion.
+    kubelet: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Six random hex digits: unique among the tests sharing a cluster (with
+/// high probability) and short enough for every name derived from it.
+fn unique_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..6].to_owned()
 }
 
 impl Env {
     /// API server and driver up; no sidecar yet.
-    pub async fn new() -> Env {
-        Env::new_with_driver(|_| {}).await
+    pub async fn new(backend: Backend) -> Env {
+        Env::new_with_driver(backend, |_| {}).await
     }
 
     /// As [`Env::new`], with the driver's configuration adjusted first
     /// (capacity per kind, topology off, ...).
-    pub async fn new_with_driver(configure: impl FnOnce(&mut csi_hostpath::Config)) -> Env {
+    pub async fn new_with_driver(
+        backend: Backend,
+        configure: impl FnOnce(&mut csi_hostpath::Config),
+    ) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
-        let api = TestServer::builder()
-            .controller_manager(true)
-            .gc(true)
-            .build();
-        let http = api.serve_http().await.expect("http");
-        let client = api.client();
+        let id = unique_id();
+        let (server, client) = match backend {
+            Backend::TestServer => {
+                let api = TestServer::builder()
+                    .controller_manager(true)
+                    .gc(true)
+                    .build();
+                let http = api.serve_http().await.expect("http");
+                let client = api.client();
+                (Server::Test { api, http }, client)
+            }
+            Backend::Real(plane) => {
+                let client = plane.admin_client().await.expect("admin client");
+                (Server::Real(plane), client)
+            }
+        };
         let mut driver = csi_hostpath::Config::for_tests(dir.path());
-        driver.node_id = NODE.to_owned();
+        driver.driver_name = format!("{id}.hostpath.csi.k8s.io");
+        driver.node_id = format!("node-{id}");
         configure(&mut driver);
         let mut env = Env {
             dir,
-            api,
-            http,
+            server,
             client,
+            ns: format!("e2e-{id}"),
+            driver_name: driver.driver_name.clone(),
+            node: driver.node_id.clone(),
+            id,
             driver,
             driver_stop: None,
             driver_task: None,
             sidecar: None,
             sidecar_runs: 0,
+            audit_mark: Mutex::new(0),
+            kubelet: None,
         };
-        env.create_namespace("default");
-        env.add_node(NODE);
+        env.create_namespace(&env.ns.clone()).await;
+        let node = env.node.clone();
+        env.add_node(&node).await;
         env.start_driver();
+        if env.is_real() {
+            env.kubelet = Some(tokio::spawn(play_kubelet(
+                env.client.clone(),
+                env.ns.clone(),
+            )));
+        }
         env
     }
 
-    pub fn create_namespace(&self, name: &str) {
-        let _ = self.api.create_object(
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
-        );
+    /// Whether the real controller-manager runs `controller` here (never on
+    /// the test server).
+    pub fn runs_controller(&self, controller: &str) -> bool {
+        let Some(plane) = self.plane() else {
+            return false;
+        };
+        let Some(list) = &plane.config().controllers else {
+            return false;
+        };
+        !list.split(',').any(|c| c == format!("-{controller}"))
+    }
+
+    pub fn is_real(&self) -> bool {
+        matches!(self.server, Server::Real(_))
+    }
+
+    /// The API test server, for fault injection and request counters.
+    /// Panics on the real cluster: call it only in test-server scenarios.
+    pub fn api(&self) -> &TestServer {
+        match &self.server {
+            Server::Test { api, .. } => api,
+            Server::Real(_) => {
+                panic!("this step needs the API test server (fault injection or exact counters)")
+            }
+        }
+    }
+
+    /// The real control plane, on that backend.
+    pub fn plane(&self) -> Option<&'static ControlPlane> {
+        match &self.server {
+            Server::Real(plane) => Some(plane),
+            Server::Test { .. } => None,
+        }
+    }
+
+    /// A kubeconfig with cluster-admin rights (kubectl, extra clients).
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        match &self.server {
+            Server::Test { http, .. } => http.kubeconfig_path().to_owned(),
+            Server::Real(plane) => plane.admin_kubeconfig().to_owned(),
+        }
+    }
+
+    /// The user the sidecar runs as on the real cluster.
+    pub fn sidecar_user(&self) -> String {
+        format!("sidecar-{}", self.id)
+    }
+
+    /// The cluster-scoped name of this test's StorageClass `short` (classes
+    /// are shared by every test of a real cluster).
+    pub fn class(&self, short: &str) -> String {
+        format!("{short}-{}", self.id)
+    }
+
+    pub async fn create_namespace(&self, name: &str) {
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        // The controller-manager creates the `default` service account a
+        // moment after the namespace; pods are refused until it exists, so
+        // do not wait for it: create it (whoever is second gets a 409). The
+        // test server has neither service accounts nor that admission.
+        let mut objects = vec![ns];
+        if self.is_real() {
+            objects.push(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "default", "namespace": name}}));
+        }
+        for object in objects {
+            match self.try_create(object).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => panic!("create namespace {name}: {e}"),
+            }
+        }
     }
 
     /// A Node with the driver's topology label and its CSINode, as the
     /// kubelet and the node-driver-registrar would create them.
-    pub fn add_node(&self, name: &str) {
-        self.api
-            .create_object(json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {csi_hostpath::TOPOLOGY_KEY: name}}}))
-            .expect("node");
-        self.api
-            .create_object(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": name},
-                "spec": {"drivers": [{"name": DRIVER, "nodeID": name, "topologyKeys": [csi_hostpath::TOPOLOGY_KEY]}]}}))
-            .expect("csinode");
+    pub async fn add_node(&self, name: &str) {
+        self.create(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {csi_hostpath::TOPOLOGY_KEY: name}}}))
+            .await;
+        self.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": name},
+            "spec": {"drivers": [{"name": self.driver_name, "nodeID": name, "topologyKeys": [csi_hostpath::TOPOLOGY_KEY]}]}}))
+            .await;
+    }
+
+    /// Creates any object given as JSON (`apiVersion`, `kind`, `metadata`).
+    pub async fn create(&self, object: Value) -> Value {
+        let what = describe(&object);
+        self.try_create(object)
+            .await
+            .unwrap_or_else(|e| panic!("create {what}: {e}"))
+    }
+
+    pub async fn try_create(&self, object: Value) -> Result<Value, kube::Error> {
+        let (api, _) = self.dynamic_api(&object);
+        let obj: DynamicObject = serde_json::from_value(object).expect("object JSON");
+        let created = api.create(&PostParams::default(), &obj).await?;
+        Ok(serde_json::to_value(created).expect("object JSON"))
+    }
+
+    /// Replaces an object (its `metadata.resourceVersion` guards the write).
+    pub async fn replace(&self, object: Value) -> Value {
+        let (api, name) = self.dynamic_api(&object);
+        let what = describe(&object);
+        let obj: DynamicObject = serde_json::from_value(object).expect("object JSON");
+        let done = api
+            .replace(&name, &PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("replace {what}: {e}"));
+        serde_json::to_value(done).expect("object JSON")
+    }
+
+    /// Replaces an object's status (e.g. a pod's phase, as the kubelet
+    /// would write it).
+    pub async fn replace_status(&self, object: Value) -> Value {
+        let (api, name) = self.dynamic_api(&object);
+        let what = describe(&object);
+        let obj: DynamicObject = serde_json::from_value(object).expect("object JSON");
+        let done = api
+            .replace_status(&name, &PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("replace status of {what}: {e}"));
+        serde_json::to_value(done).expect("object JSON")
+    }
+
+    /// Reads an object by apiVersion, kind, namespace ("" when cluster
+    /// scoped) and name.
+    pub async fn get(&self, api_version: &str, kind: &str, ns: &str, name: &str) -> Option<Value> {
+        let probe = json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": ns}});
+        let (api, _) = self.dynamic_api(&probe);
+        api.get_opt(name)
+            .await
+            .unwrap_or_else(|e| panic!("get {kind} {ns}/{name}: {e}"))
+            .map(|o| serde_json::to_value(o).expect("object JSON"))
+    }
+
+    /// Deletes an object (NotFound is fine).
+    pub async fn delete(&self, api_version: &str, kind: &str, ns: &str, name: &str) {
+        let probe = json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": ns}});
+        let (api, _) = self.dynamic_api(&probe);
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("delete {kind} {ns}/{name}: {e}"),
+        }
+    }
+
+    fn dynamic_api(&self, object: &Value) -> (Api<DynamicObject>, String) {
+        let api_version = object["apiVersion"].as_str().expect("apiVersion");
+        let kind = object["kind"].as_str().expect("kind");
+        let (group, version) = match api_version.split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", api_version),
+        };
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let api = match object["metadata"]["namespace"].as_str() {
+            Some(ns) if !ns.is_empty() => Api::namespaced_with(self.client.clone(), ns, &resource),
+            _ => Api::all_with(self.client.clone(), &resource),
+        };
+        (api, name)
     }
 
     pub fn start_driver(&mut self) {
@@ -115,22 +439,20 @@ impl Env {
     }
 
     /// Starts the sidecar with our standard flags plus `extra`.
-    pub fn start_sidecar(&mut self, extra: &[&str]) {
-        self.start_sidecar_with_env(extra, &[]);
+    pub async fn start_sidecar(&mut self, extra: &[&str]) {
+        self.start_sidecar_with_env(extra, &[]).await;
     }
 
     /// As [`Env::start_sidecar`], with extra environment variables (e.g.
     /// `POD_NAME`).
-    pub fn start_sidecar_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) {
+    pub async fn start_sidecar_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) {
         assert!(self.sidecar.is_none(), "sidecar already running");
+        let kubeconfig = self.sidecar_kubeconfig(extra).await;
         self.sidecar_runs += 1;
-        let log = std::fs::File::create(self.log_path(self.sidecar_runs)).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+        command
             .arg(format!("--csi-address={}", self.driver.endpoint.display()))
-            .arg(format!(
-                "--kubeconfig={}",
-                self.http.kubeconfig_path().display()
-            ))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg("--retry-interval-start=100ms")
             .arg("--retry-interval-max=1s")
             .arg("--timeout=5s")
@@ -138,60 +460,271 @@ impl Env {
             .args(extra)
             .env_remove("KUBECONFIG")
             .env_remove("RUST_LOG")
-            .env("NAMESPACE", "default")
+            .env("NAMESPACE", &self.ns)
             .env_remove("POD_NAME")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn csi-provisioner");
+            .envs(env.iter().copied());
+        let child = GuardedChild::spawn(
+            "csi-provisioner",
+            command,
+            &self.log_path(self.sidecar_runs),
+        )
+        .expect("spawn csi-provisioner");
         self.sidecar = Some(child);
+    }
+
+    /// The kubeconfig the sidecar runs with. On the real cluster: a user
+    /// bound to exactly the RBAC rules of `deploy/` for the gates in
+    /// `args` (the base, plus the component of each gated loop turned on).
+    pub async fn sidecar_kubeconfig(&self, args: &[&str]) -> PathBuf {
+        match &self.server {
+            Server::Test { http, .. } => http.kubeconfig_path().to_owned(),
+            Server::Real(plane) => {
+                let user = self.sidecar_user();
+                self.grant_deploy_rbac(&user, &components_for(args)).await;
+                plane
+                    .kubeconfig_for(&user, None)
+                    .expect("sidecar kubeconfig")
+            }
+        }
+    }
+
+    /// Binds `user` to the RBAC objects of `deploy/` with `components`,
+    /// renamed for this test (ClusterRole and binding suffixed with the
+    /// test id; the Role in the test's namespace). Idempotent: a later call
+    /// replaces the rules, so a restart with other gates gets exactly theirs.
+    pub async fn grant_deploy_rbac(&self, user: &str, components: &[&str]) {
+        let objects = render::base_with_components(components).expect("render deploy/");
+        let rules_of = |kind: &str| -> Value {
+            objects
+                .iter()
+                .find(|o| o["kind"] == kind)
+                .map(|o| o["rules"].clone())
+                .unwrap_or_else(|| panic!("deploy/ has no {kind}"))
+        };
+        self.grant_rules(user, rules_of("ClusterRole"), rules_of("Role"))
+            .await;
+    }
+
+    /// Binds `user` to a ClusterRole with `cluster_rules` and a Role in the
+    /// test's namespace with `namespace_rules`.
+    pub async fn grant_rules(&self, user: &str, cluster_rules: Value, namespace_rules: Value) {
+        let name = format!("{user}-{}", self.id);
+        let subject =
+            json!([{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]);
+        let objects = [
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": name}, "rules": cluster_rules}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name}, "subjects": subject,
+                "roleRef": {"kind": "ClusterRole", "name": name, "apiGroup": "rbac.authorization.k8s.io"}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": name, "namespace": self.ns}, "rules": namespace_rules}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": name, "namespace": self.ns}, "subjects": subject,
+                "roleRef": {"kind": "Role", "name": name, "apiGroup": "rbac.authorization.k8s.io"}}),
+        ];
+        for object in objects {
+            self.create_or_replace(object).await;
+        }
+    }
+
+    async fn create_or_replace(&self, object: Value) {
+        match self.try_create(object.clone()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let current = self
+                    .get(
+                        object["apiVersion"].as_str().unwrap_or_default(),
+                        object["kind"].as_str().unwrap_or_default(),
+                        object["metadata"]["namespace"].as_str().unwrap_or_default(),
+                        object["metadata"]["name"].as_str().unwrap_or_default(),
+                    )
+                    .await
+                    .expect("object exists after a conflict");
+                let mut object = object;
+                object["metadata"]["resourceVersion"] =
+                    current["metadata"]["resourceVersion"].clone();
+                self.replace(object).await;
+            }
+            Err(e) => panic!("create {}: {e}", describe(&object)),
+        }
     }
 
     /// SIGKILL: no chance to clean up, as in a node crash.
     pub fn kill_sidecar(&mut self) {
         if let Some(mut child) = self.sidecar.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 
     /// SIGTERM and wait; returns the exit code.
     pub fn stop_sidecar(&mut self) -> Option<i32> {
         let mut child = self.sidecar.take()?;
-        let pid = nix_pid(&child);
-        // SAFETY-free: plain kill(2) through the `kill` command keeps the
-        // harness free of unsafe code.
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(pid.to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.code();
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
+        child.signal("TERM");
+        match child.wait_timeout(Duration::from_secs(20)) {
+            Some(status) => status.code(),
+            None => {
+                child.kill();
                 panic!(
                     "sidecar did not stop on SIGTERM within 20s\n{}",
                     self.logs()
                 );
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    /// All sidecar logs so far, for failure messages.
+    /// All sidecar logs so far (and, on the real cluster, the end of the
+    /// controller-manager's), for failure messages.
     pub fn logs(&self) -> String {
-        (1..=self.sidecar_runs)
+        let mut out: String = (1..=self.sidecar_runs)
             .map(|run| {
                 let text = std::fs::read_to_string(self.log_path(run)).unwrap_or_default();
                 format!("--- sidecar run {run} ---\n{text}")
             })
+            .collect();
+        if let Some(plane) = self.plane() {
+            out.push_str("--- kube-controller-manager (last 30 lines) ---\n");
+            out.push_str(&plane.log_tail("kube-controller-manager", 30));
+        }
+        out
+    }
+
+    /// The sidecar's log lines (all runs) that say a request was forbidden.
+    pub fn forbidden_in_logs(&self) -> Vec<String> {
+        (1..=self.sidecar_runs)
+            .flat_map(|run| {
+                std::fs::read_to_string(self.log_path(run))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
             .collect()
+    }
+
+    /// Real cluster: the sidecar's requests that the API server refused
+    /// with 403, from the audit log. Empty on the test server.
+    pub fn forbidden_requests(&self) -> Vec<String> {
+        let Some(plane) = self.plane() else {
+            return Vec::new();
+        };
+        let user = self.sidecar_user();
+        plane
+            .audit()
+            .into_iter()
+            .filter(|r| r.user.username == user && r.code() == 403)
+            .map(|r| format!("{} {}", r.verb, r.request_uri))
+            .collect()
+    }
+
+    /// On the real cluster, fails when the sidecar was refused anything:
+    /// the rules of `deploy/` must cover every request it makes.
+    pub fn assert_nothing_forbidden(&self) {
+        let refused = self.forbidden_requests();
+        assert!(
+            refused.is_empty(),
+            "the sidecar was refused requests with the RBAC of deploy/: {refused:#?}\n{}",
+            self.logs()
+        );
+    }
+
+    /// Requests of the sidecar since the last [`Env::reset_counters`], by
+    /// verb and resource (`"create persistentvolumes"`): by user from the
+    /// audit log of the real cluster, by listener on the test server (the
+    /// test's own client is in-process and not counted).
+    pub fn sidecar_requests(&self) -> std::collections::BTreeMap<String, usize> {
+        match &self.server {
+            Server::Test { api, http } => {
+                let mut counts = std::collections::BTreeMap::new();
+                let sidecar = kube_testserver::Origin::Http(http.port());
+                for r in api.requests().into_iter().filter(|r| r.origin == sidecar) {
+                    *counts
+                        .entry(format!("{} {}", r.verb.as_str(), r.resource))
+                        .or_insert(0) += 1;
+                }
+                counts
+            }
+            Server::Real(plane) => {
+                let mark = *self.audit_mark.lock().unwrap_or_else(|p| p.into_inner());
+                let all = plane.audit();
+                controlplane::audit::count_by_verb_and_resource(
+                    &all[mark.min(all.len())..],
+                    &self.sidecar_user(),
+                )
+            }
+        }
+    }
+
+    /// The sidecar's requests since the last [`Env::reset_counters`], one
+    /// (verb, resource, name) per request, in order.
+    pub fn sidecar_request_log(&self) -> Vec<(String, String, String)> {
+        match &self.server {
+            Server::Test { api, http } => {
+                let sidecar = kube_testserver::Origin::Http(http.port());
+                api.requests()
+                    .into_iter()
+                    .filter(|r| r.origin == sidecar)
+                    .map(|r| (r.verb.as_str().to_owned(), r.resource, r.name))
+                    .collect()
+            }
+            Server::Real(plane) => {
+                let mark = *self.audit_mark.lock().unwrap_or_else(|p| p.into_inner());
+                let user = self.sidecar_user();
+                let all = plane.audit();
+                all[mark.min(all.len())..]
+                    .iter()
+                    .filter(|r| r.user.username == user)
+                    .map(|r| {
+                        let name = r
+                            .object_ref
+                            .as_ref()
+                            .map(|o| o.name.clone())
+                            .unwrap_or_default();
+                        (r.verb.clone(), r.resource(), name)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// How many requests of the sidecar [`Env::sidecar_requests`] counted
+    /// for `verb` (`get`, `list`, `create`, ...) on `resource`.
+    pub fn sidecar_request_count(&self, verb: &str, resource: &str) -> usize {
+        self.sidecar_requests()
+            .get(&format!("{verb} {resource}"))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The sidecar's writes (create, update, patch, delete) counted by
+    /// [`Env::sidecar_requests`].
+    pub fn sidecar_writes(&self) -> usize {
+        self.sidecar_requests()
+            .iter()
+            .filter(|(k, _)| {
+                [
+                    "create ",
+                    "update ",
+                    "patch ",
+                    "delete ",
+                    "deletecollection ",
+                ]
+                .iter()
+                .any(|v| k.starts_with(v))
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Starts counting requests anew.
+    pub fn reset_counters(&self) {
+        match &self.server {
+            Server::Test { api, .. } => api.reset_counters(),
+            Server::Real(plane) => {
+                *self.audit_mark.lock().unwrap_or_else(|p| p.into_inner()) = plane.audit().len();
+            }
+        }
     }
 
     pub fn set_faults(&self, rules: Vec<Fault>) {
@@ -218,33 +751,45 @@ impl Env {
         panic!("cannot read the backend volumes: {last_error:?}");
     }
 
-    pub fn storage_class(
-        &self,
-        name: &str,
-        binding: &str,
-        reclaim: &str,
-        params: serde_json::Value,
-    ) {
-        self.api
-            .create_object(json!({
-                "apiVersion": "storage.k8s.io/v1",
-                "kind": "StorageClass",
-                "metadata": {"name": name},
-                "provisioner": DRIVER,
-                "reclaimPolicy": reclaim,
-                "volumeBindingMode": binding,
-                "parameters": params,
-            }))
-            .expect("storage class");
+    /// Creates this test's StorageClass `short` (named [`Env::class`]) of
+    /// this test's driver.
+    pub async fn storage_class(&self, short: &str, binding: &str, reclaim: &str, params: Value) {
+        self.storage_class_with(short, binding, reclaim, params, json!({}))
+            .await;
     }
 
+    /// As [`Env::storage_class`], with `extra` merged into the object
+    /// (allowedTopologies, mountOptions, annotations, ...).
+    pub async fn storage_class_with(
+        &self,
+        short: &str,
+        binding: &str,
+        reclaim: &str,
+        params: Value,
+        extra: Value,
+    ) {
+        let mut class = json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": self.class(short)},
+            "provisioner": self.driver_name,
+            "reclaimPolicy": reclaim,
+            "volumeBindingMode": binding,
+            "parameters": params,
+        });
+        merge(&mut class, extra);
+        self.create(class).await;
+    }
+
+    /// A claim of this test's class `class` (short name, see
+    /// [`Env::class`]; `""` for none).
     pub async fn create_pvc(
         &self,
         namespace: &str,
         name: &str,
         class: &str,
         size: &str,
-        extra: serde_json::Value,
+        extra: Value,
     ) -> PersistentVolumeClaim {
         let mut pvc = json!({
             "apiVersion": "v1",
@@ -252,10 +797,12 @@ impl Env {
             "metadata": {"name": name, "namespace": namespace},
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
-                "storageClassName": class,
                 "resources": {"requests": {"storage": size}},
             },
         });
+        if !class.is_empty() {
+            pvc["spec"]["storageClassName"] = json!(self.class(class));
+        }
         merge(&mut pvc, extra);
         let pvc: PersistentVolumeClaim = serde_json::from_value(pvc).expect("pvc json");
         Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
@@ -285,12 +832,33 @@ impl Env {
             .expect("get pv")
     }
 
+    /// The PVs of this test: of its driver (CSI source or provisioned-by)
+    /// or bound to a claim in its namespace.
     pub async fn pvs(&self) -> Vec<PersistentVolume> {
         Api::<PersistentVolume>::all(self.client.clone())
             .list(&Default::default())
             .await
             .expect("list pv")
             .items
+            .into_iter()
+            .filter(|pv| self.is_ours(pv))
+            .collect()
+    }
+
+    fn is_ours(&self, pv: &PersistentVolume) -> bool {
+        let spec = pv.spec.as_ref();
+        spec.and_then(|s| s.csi.as_ref())
+            .is_some_and(|c| c.driver == self.driver_name)
+            || pv
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+                .is_some_and(|p| *p == self.driver_name)
+            || spec
+                .and_then(|s| s.claim_ref.as_ref())
+                .and_then(|c| c.namespace.as_deref())
+                .is_some_and(|ns| ns == self.ns)
     }
 
     /// (reason, message) of the events about the object `name` in
@@ -305,6 +873,28 @@ impl Env {
             .filter(|e| e.involved_object.name.as_deref() == Some(name))
             .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
             .collect()
+    }
+
+    /// (reason, message) of the events about the PV `name` (events of
+    /// cluster-scoped objects are in `default`).
+    pub async fn pv_events(&self, name: &str) -> Vec<(String, String)> {
+        self.events("default", name).await
+    }
+
+    /// Waits for an event of `reason` about `name`; returns its message.
+    pub async fn wait_event(&self, namespace: &str, name: &str, reason: &str) -> String {
+        self.wait_for(
+            &format!("event {reason} on {namespace}/{name}"),
+            Duration::from_secs(30),
+            || async {
+                self.events(namespace, name)
+                    .await
+                    .into_iter()
+                    .find(|(r, _)| r == reason)
+                    .map(|(_, m)| m)
+            },
+        )
+        .await
     }
 
     /// Creates a 5Mi claim of `class` and waits until it is bound; returns
@@ -323,7 +913,7 @@ impl Env {
     }
 
     /// The PV bound to a claim, once the sidecar created it and the
-    /// controller-manager helper bound them.
+    /// controller-manager (or its helper) bound them.
     pub async fn wait_bound(&self, namespace: &str, name: &str) -> PersistentVolume {
         let what = format!("claim {namespace}/{name} bound");
         self.wait_for(&what, Duration::from_secs(30), || async {
@@ -351,9 +941,20 @@ impl Env {
                 return value;
             }
             if Instant::now() > deadline {
-                panic!("timed out waiting for {what}\n{}", self.logs());
+                panic!(
+                    "timed out waiting for {what} ({})\n{}",
+                    self.backend_name(),
+                    self.logs()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self.server {
+            Server::Test { .. } => "test server",
+            Server::Real(_) => "real cluster",
         }
     }
 
@@ -364,7 +965,7 @@ impl Env {
         let handles: Vec<String> = pvs
             .iter()
             .filter_map(|pv| pv.spec.as_ref()?.csi.as_ref())
-            .filter(|csi| csi.driver == DRIVER)
+            .filter(|csi| csi.driver == self.driver_name)
             .map(|csi| csi.volume_handle.clone())
             .collect();
         let backend: Vec<String> = self.backend_volumes().into_iter().map(|v| v.id).collect();
@@ -382,11 +983,40 @@ impl Env {
                 self.logs()
             );
         }
+        self.assert_nothing_forbidden();
+    }
+}
+
+/// What a kubelet does when a pod it runs is deleted gracefully: stop the
+/// containers and confirm with a deletion of grace period 0. There is no
+/// kubelet on the test's real cluster, so without this every deleted pod
+/// that was scheduled would stay Terminating for ever. Pods held by a
+/// finalizer stay, as they would.
+async fn play_kubelet(client: kube::Client, namespace: String) {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    loop {
+        if let Ok(list) = pods.list(&Default::default()).await {
+            for pod in list.items {
+                let terminating = pod.metadata.deletion_timestamp.is_some()
+                    && pod.metadata.deletion_grace_period_seconds != Some(0)
+                    && pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+                if terminating && let Some(name) = pod.metadata.name.as_deref() {
+                    let _ = pods
+                        .delete(name, &DeleteParams::default().grace_period(0))
+                        .await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
+        if let Some(kubelet) = self.kubelet.take() {
+            kubelet.abort();
+        }
         self.kill_sidecar();
         if let Some(tx) = self.driver_stop.take() {
             let _ = tx.send(());
@@ -394,16 +1024,48 @@ impl Drop for Env {
     }
 }
 
-fn nix_pid(child: &Child) -> u32 {
-    child.id()
+/// The kustomize components of `deploy/` the sidecar needs with `args`.
+pub fn components_for(args: &[&str]) -> Vec<&'static str> {
+    let gates: Vec<&str> = args
+        .iter()
+        .filter_map(|a| a.strip_prefix("--feature-gates="))
+        .flat_map(|list| list.split(','))
+        .filter_map(|kv| kv.strip_suffix("=true"))
+        .collect();
+    let mut components = Vec::new();
+    for (gate, component) in [
+        ("PVCProtection", "pvc-protection"),
+        ("StatefulSetAutoDeletePVC", "statefulset-auto-delete-pvc"),
+        ("PVReleaser", "pv-releaser"),
+    ] {
+        if gates.contains(&gate) {
+            components.push(component);
+        }
+    }
+    if args
+        .iter()
+        .any(|a| *a == "--enable-capacity" || *a == "--enable-capacity=true")
+    {
+        components.push("capacity");
+    }
+    components
+}
+
+fn describe(object: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        object["kind"].as_str().unwrap_or("?"),
+        object["metadata"]["namespace"].as_str().unwrap_or(""),
+        object["metadata"]["name"].as_str().unwrap_or("?")
+    )
 }
 
 /// JSON merge of `extra` into `base` (objects merged, the rest replaced).
-pub fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+pub fn merge(base: &mut Value, extra: Value) {
     match (base, extra) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
+        (Value::Object(b), Value::Object(e)) => {
             for (k, v) in e {
-                merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+                merge(b.entry(k).or_insert(Value::Null), v);
             }
         }
         (b, e) => {

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::discovery;
 use crate::error::ApiError;
-use crate::observe::{RequestRecord, Verb};
+use crate::observe::{Origin, RequestRecord, Verb};
 use crate::openapi;
 use crate::ops::{DeleteOptions, DeleteOutcome, Propagation};
 use crate::patch::PatchType;
@@ -182,7 +182,12 @@ fn non_resource(inner: &Inner, path: &str) -> Response<ResponseBody> {
 }
 
 /// Handles one request: the single code path for both transports.
-pub async fn handle(inner: Arc<Inner>, parts: http::request::Parts, body: Bytes) -> Outcome {
+pub async fn handle(
+    inner: Arc<Inner>,
+    origin: Origin,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Outcome {
     let path = parts.uri.path().to_string();
     let query = parse_query(parts.uri.query());
     let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
@@ -205,6 +210,7 @@ pub async fn handle(inner: Arc<Inner>, parts: http::request::Parts, body: Bytes)
         ),
     };
     let record = |status: u16| RequestRecord {
+        origin,
         verb,
         resource: resource.clone(),
         namespace: namespace.clone(),

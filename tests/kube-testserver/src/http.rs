@@ -73,7 +73,7 @@ pub(crate) async fn serve(inner: Arc<Inner>, opts: HttpOptions) -> Result<HttpSe
     };
     write_kubeconfig(&kubeconfig, &url)?;
     let (shutdown, rx) = tokio::sync::watch::channel(false);
-    let service = TestService::from_inner(inner);
+    let service = TestService::for_listener(inner, addr.port());
     tokio::spawn(accept_loop(listener, service, rx));
     Ok(HttpServer {
         addr,

@@ -45,7 +45,7 @@ pub use controller::{
 pub use error::{ApiError, Error};
 pub use faults::RequestMatch;
 pub use http::kubeconfig_yaml;
-pub use observe::{RequestRecord, Verb};
+pub use observe::{Origin, RequestRecord, Verb};
 pub use resources::{ResourceInfo, builtin_resources};
 pub use server::{
     HttpOptions, HttpServer, ServiceError, TestServer, TestServerBuilder, TestService,

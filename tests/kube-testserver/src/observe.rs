@@ -57,9 +57,21 @@ impl fmt::Display for Verb {
     }
 }
 
+/// Where a request came from: the in-process client (a test's own reads
+/// and writes) or one of the HTTP listeners (a process under test), so a
+/// test can count only the requests of the process it watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Origin {
+    InProcess,
+    /// The listener's port.
+    Http(u16),
+}
+
 /// One handled request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestRecord {
+    /// Which client sent it.
+    pub origin: Origin,
     /// The verb.
     pub verb: Verb,
     /// Plural resource, with `/subresource` appended for subresources

@@ -21,7 +21,7 @@ use crate::api::{self, Outcome, ResponseBody};
 use crate::error::{ApiError, Error};
 use crate::faults::{Faults, RequestMatch};
 use crate::meta;
-use crate::observe::{Observations, RequestRecord, Verb};
+use crate::observe::{Observations, Origin, RequestRecord, Verb};
 use crate::ops::{DeleteOptions, DeleteOutcome};
 use crate::resources::{Registry, ResourceInfo, builtin_resources};
 use crate::store::State;
@@ -196,6 +196,7 @@ impl TestServer {
     pub fn service(&self) -> TestService {
         TestService {
             inner: self.inner.clone(),
+            origin: Origin::InProcess,
         }
     }
 
@@ -531,6 +532,7 @@ pub enum ServiceError {
 #[derive(Clone)]
 pub struct TestService {
     inner: Arc<Inner>,
+    origin: Origin,
 }
 
 impl<B> tower::Service<Request<B>> for TestService
@@ -548,6 +550,7 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
+        let origin = self.origin;
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let bytes = body
@@ -555,7 +558,7 @@ where
                 .await
                 .map_err(|e| ServiceError::Body(e.to_string()))?
                 .to_bytes();
-            match api::handle(inner, parts, bytes).await {
+            match api::handle(inner, origin, parts, bytes).await {
                 Outcome::Respond(r) => Ok(r),
                 Outcome::Drop => Err(ServiceError::Partitioned),
             }
@@ -620,7 +623,11 @@ impl Drop for HttpServer {
 }
 
 impl TestService {
-    pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
-        Self { inner }
+    /// The service behind the HTTP listener on `port`.
+    pub(crate) fn for_listener(inner: Arc<Inner>, port: u16) -> Self {
+        Self {
+            inner,
+            origin: Origin::Http(port),
+        }
     }
 }
