@@ -28,8 +28,8 @@ mod store;
 
 pub use state::{Driver, SHUTDOWN_GRACE};
 pub use store::{
-    AccessType, ContentSource, SnapshotRecord, Timestamp, VolumeRecord, backend_snapshots,
-    backend_volumes, snapshot_path, volume_path,
+    AccessMode, AccessType, ContentSource, Publication, SnapshotRecord, Timestamp, VolumeRecord,
+    backend_snapshots, backend_volumes, snapshot_path, volume_path,
 };
 
 /// Topology segment key reported for this node (when topology is enabled).
