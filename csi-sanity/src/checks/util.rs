@@ -216,6 +216,29 @@ impl T {
         }
     }
 
+    /// [`T::volume_request`] that also asks for the node's topology (from
+    /// NodeGetInfo) as requisite and preferred when the driver advertises
+    /// VOLUME_ACCESSIBILITY_CONSTRAINTS, so the volume can be used on this
+    /// node.
+    pub fn volume_request_on_node(&self, name: &str) -> csi::CreateVolumeRequest {
+        let mut req = self.volume_request(name);
+        if plugin_has(&self.cx, PluginService::VolumeAccessibilityConstraints)
+            && let Some(topo) = self
+                .cx
+                .discovery
+                .node_info
+                .as_ref()
+                .ok()
+                .and_then(|i| i.accessible_topology.clone())
+        {
+            req.accessibility_requirements = Some(csi::TopologyRequirement {
+                requisite: vec![topo.clone()],
+                preferred: vec![topo],
+            });
+        }
+        req
+    }
+
     /// Calls CreateVolume, registers the volume for cleanup and checks the
     /// response carries a volume with an id.
     pub async fn create_volume(
