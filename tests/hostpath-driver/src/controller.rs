@@ -16,7 +16,7 @@ use crate::store::{
     self, AccessMode, AccessType, BLOCK_FILE, ContentSource, SnapshotRecord, Timestamp,
     VolumeRecord,
 };
-use crate::{DEFAULT_VOLUME_SIZE, KIND_PARAMETER, TOPOLOGY_KEY, fsops};
+use crate::{DEFAULT_VOLUME_SIZE, KIND_PARAMETER, fsops};
 
 /// Checks one capability: it must have an access type and a known access
 /// mode. Returns them (the mode may still be unsupported).
@@ -279,11 +279,13 @@ impl Drop for Reservation<'_> {
 
 impl Driver {
     fn node_topology(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([(TOPOLOGY_KEY.to_owned(), self.inner.config.node_id.clone())])
+        let config = &self.inner.config;
+        BTreeMap::from([(config.topology_key.clone(), config.node_id.clone())])
     }
 
     pub(crate) fn topology_matches(&self, topology: &Topology) -> bool {
-        topology.segments.get(TOPOLOGY_KEY) == Some(&self.inner.config.node_id)
+        let config = &self.inner.config;
+        topology.segments.get(&config.topology_key) == Some(&config.node_id)
     }
 
     /// Reserves `bytes` in the pool for a request with kind `wanted` (empty:

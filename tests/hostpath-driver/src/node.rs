@@ -14,10 +14,10 @@ use csi_proto::v1::{self as csi, node_server::Node, node_service_capability, vol
 use tonic::{Request, Response, Status};
 
 use crate::controller::{parse_capability, range_bounds, single_node_mode};
+use crate::fsops;
 use crate::locks::volume_key;
 use crate::state::{Driver, blocking};
 use crate::store::{self, AccessMode, AccessType, BLOCK_FILE, Publication, VolumeRecord};
-use crate::{TOPOLOGY_KEY, fsops};
 
 fn internal(what: &str, path: &Path, e: std::io::Error) -> Status {
     Status::internal(format!("{what} {}: {e}", path.display()))
@@ -628,7 +628,7 @@ impl Node for Driver {
                 node_id: config.node_id.clone(),
                 max_volumes_per_node: 0,
                 accessible_topology: config.enable_topology.then(|| csi::Topology {
-                    segments: [(TOPOLOGY_KEY.to_owned(), config.node_id.clone())]
+                    segments: [(config.topology_key.clone(), config.node_id.clone())]
                         .into_iter()
                         .collect(),
                 }),
