@@ -17,65 +17,21 @@ pub enum QuantityError {
 }
 
 /// Parses a byte count: a plain non-negative integer (the upstream tool's
-/// `--csi.testvolumesize` takes bytes) or a Kubernetes-style quantity with a
-/// binary (`Ki`, `Mi`, `Gi`, `Ti`, `Pi`, `Ei`) or decimal (`k`, `K`, `M`, `G`,
-/// `T`, `P`, `E`) suffix. Fractions are accepted when the result is a whole
-/// number of bytes (`1.5Gi`).
+/// `--csi.testvolumesize` takes bytes) or a Kubernetes quantity
+/// ([`csi_proto::quantity`]: `10Mi`, `1Gi`, `500M`, `1e9`). A fraction is
+/// accepted when the result is a whole number of bytes (`1.5Gi`).
 pub fn parse_size(input: &str) -> Result<i64, QuantityError> {
-    let s = input.trim();
-    if s.is_empty() {
-        return Err(QuantityError::Empty);
-    }
-    let bad = || QuantityError::BadSize(input.to_owned());
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(split);
-    let multiplier: u128 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        "Ei" => 1 << 60,
-        "k" | "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "P" => 1_000_000_000_000_000,
-        "E" => 1_000_000_000_000_000_000,
-        _ => return Err(bad()),
-    };
-    let (whole, frac) = match number.split_once('.') {
-        Some((w, f)) => (w, f),
-        None => (number, ""),
-    };
-    if whole.is_empty() && frac.is_empty() {
-        return Err(bad());
-    }
-    if frac.contains('.') || frac.len() > 18 {
-        return Err(bad());
-    }
+    use csi_proto::quantity::{QuantityErrorKind as Kind, Rounding, parse_quantity_with};
     let overflow = || QuantityError::Overflow(input.to_owned());
-    let whole_v: u128 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().map_err(|_| overflow())?
-    };
-    let mut total = whole_v.checked_mul(multiplier).ok_or_else(overflow)?;
-    if !frac.is_empty() {
-        let frac_v: u128 = frac.parse().map_err(|_| bad())?;
-        let scale = 10u128.pow(u32::try_from(frac.len()).map_err(|_| bad())?);
-        let scaled = frac_v.checked_mul(multiplier).ok_or_else(overflow)?;
-        if scaled % scale != 0 {
-            return Err(QuantityError::BadSize(format!(
-                "{input} (not a whole number of bytes)"
-            )));
+    let bytes = parse_quantity_with(input, Rounding::Exact).map_err(|e| match e.reason {
+        Kind::Empty => QuantityError::Empty,
+        Kind::TooLarge => overflow(),
+        Kind::Fractional => {
+            QuantityError::BadSize(format!("{input} (not a whole number of bytes)"))
         }
-        total = total.checked_add(scaled / scale).ok_or_else(overflow)?;
-    }
-    i64::try_from(total).map_err(|_| overflow())
+        Kind::Negative | Kind::Malformed => QuantityError::BadSize(input.to_owned()),
+    })?;
+    i64::try_from(bytes).map_err(|_| overflow())
 }
 
 /// Parses a duration: plain seconds (`90`) or a number followed by `ms`, `s`,
@@ -104,20 +60,10 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuantityError> {
 
 /// Formats a byte count the way a person writes it (`10Mi`, `1536Ki`, `7`).
 pub fn format_size(bytes: i64) -> String {
-    const UNITS: [(&str, i64); 6] = [
-        ("Ei", 1 << 60),
-        ("Pi", 1 << 50),
-        ("Ti", 1 << 40),
-        ("Gi", 1 << 30),
-        ("Mi", 1 << 20),
-        ("Ki", 1 << 10),
-    ];
-    for (suffix, unit) in UNITS {
-        if bytes != 0 && bytes % unit == 0 {
-            return format!("{}{suffix}", bytes / unit);
-        }
+    match u64::try_from(bytes) {
+        Ok(n) => csi_proto::quantity::format_quantity(n),
+        Err(_) => bytes.to_string(),
     }
-    bytes.to_string()
 }
 
 #[cfg(test)]
@@ -131,6 +77,9 @@ mod tests {
         assert_eq!(parse_size(" 1Gi "), Ok(1 << 30));
         assert_eq!(parse_size("500M"), Ok(500_000_000));
         assert_eq!(parse_size("2k"), Ok(2_000));
+        assert_eq!(parse_size("1e9"), Ok(1_000_000_000));
+        assert!(matches!(parse_size("2K"), Err(QuantityError::BadSize(_))));
+        assert!(matches!(parse_size("9Ei"), Err(QuantityError::Overflow(_))));
         assert_eq!(parse_size("1.5Gi"), Ok(3 << 29));
         assert_eq!(parse_size("0"), Ok(0));
         assert!(matches!(parse_size("10MB"), Err(QuantityError::BadSize(_))));
@@ -170,5 +119,6 @@ mod tests {
         assert_eq!(format_size(1536 << 10), "1536Ki");
         assert_eq!(format_size(7), "7");
         assert_eq!(format_size(0), "0");
+        assert_eq!(format_size(-3), "-3");
     }
 }

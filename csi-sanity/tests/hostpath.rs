@@ -64,15 +64,14 @@ async fn hostpath_skips_only_what_it_does_not_advertise() {
             | n::STAGE_NO_CAP
             | n::UNSTAGE_NO_ID
             | n::UNSTAGE_NO_PATH => "STAGE_UNSTAGE_VOLUME node capability",
-            n::EXPAND_NO_ID | n::EXPAND_NO_PATH => "EXPAND_VOLUME node capability",
             other => panic!("unexpected skip of {other}"),
         }
     };
     for (name, reason) in &skipped {
         assert!(reason.contains(lacking(name)), "{name}: {reason}");
     }
-    assert_eq!(skipped.len(), 15, "{skipped:#?}");
-    assert_eq!(report.passed(), csi_sanity::checks::names().len() - 15);
+    assert_eq!(skipped.len(), 13, "{skipped:#?}");
+    assert_eq!(report.passed(), csi_sanity::checks::names().len() - 13);
     driver.stop().await;
 }
 

@@ -50,6 +50,11 @@ async fn detects(bug: Bug, expected: &[&str]) {
         "{bug:?}: unexpected set of failed checks"
     );
     let (volumes, snapshots) = driver.backend();
+    assert_eq!(
+        common::mounts_under(driver.dir.path()),
+        Vec::<String>::new(),
+        "{bug:?}: mounts left behind"
+    );
     assert!(
         volumes.is_empty(),
         "{bug:?}: volumes left behind: {volumes:?}"
@@ -371,6 +376,54 @@ async fn publish_and_stage_checks_pass_on_a_correct_driver() {
         n::WORKS,
         n::IDEMPOTENT,
         n::STATS_WORKS,
+    ] {
+        assert_eq!(out.status(check), "PASS", "{check}");
+    }
+    assert_eq!(driver.backend(), (vec![], vec![]));
+    driver.stop().await;
+}
+
+/// The rule upstream csi-sanity found broken in the hostpath driver: the
+/// second publication is reported, and the suite's cleanup unpublishes it
+/// (no volume and no mount left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detects_single_writer_published_twice() {
+    detects(
+        Bug::SingleWriterNotEnforced,
+        &[n::PUBLISH_SINGLE_WRITER_ELSEWHERE],
+    )
+    .await;
+}
+
+/// A driver that looks at state before arguments (NOT_FOUND for an unknown
+/// volume or node, FAILED_PRECONDITION for a volume not ControllerPublished
+/// or not staged, whatever else is wrong) is as right as one that checks
+/// arguments first: every negative check must break exactly one rule, so
+/// every check passes here too. (A check that sent an unknown volume id
+/// and no volume path to NodeExpandVolume, expecting INVALID_ARGUMENT,
+/// failed against the upstream hostpath driver, which answers NOT_FOUND.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_check_passes_on_a_driver_that_checks_state_first() {
+    let driver = Hostpath::start_broken(Bug::AttachStateFirst).await;
+    let (code, out, _) = run_cli(driver.cli_args(driver.socket())).await;
+    assert_consistent(code, &out);
+    assert_eq!(out.failed(), Vec::<&str>::new(), "{}", out.text);
+    assert_eq!(code, 0, "{}", out.text);
+    for check in [
+        c::PUBLISH_NO_ID,
+        c::PUBLISH_NO_NODE,
+        c::PUBLISH_NO_CAP,
+        n::PUBLISH_NO_ID,
+        n::PUBLISH_NO_TARGET,
+        n::PUBLISH_NO_CAP,
+        n::UNPUBLISH_NO_TARGET,
+        n::STAGE_NO_PATH,
+        n::STAGE_NO_CAP,
+        n::UNSTAGE_NO_PATH,
+        n::STATS_NO_PATH,
+        n::EXPAND_NO_PATH,
+        n::EXPAND_MISSING,
+        n::EXPAND_WORKS,
     ] {
         assert_eq!(out.status(check), "PASS", "{check}");
     }

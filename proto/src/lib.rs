@@ -31,6 +31,8 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/csi.v1.redact.rs"));
 }
 
+pub mod codes;
+pub mod quantity;
 pub mod transport;
 
 pub use v1::*;

@@ -905,11 +905,17 @@ fn publish_request(t: &T, volume_id: &str, node_id: &str) -> csi::ControllerPubl
     }
 }
 
+// Each negative check below breaks one rule of an otherwise valid request:
+// an existing volume (created for this node) and this node's id, because
+// for an unknown volume or node NOT_FOUND is as right an answer as
+// INVALID_ARGUMENT (the spec does not order a plugin's checks).
+
 async fn publish_no_id(t: T) -> CheckOutcome {
     t.require_controller_cap(Rpc::PublishUnpublishVolume)?;
+    let node_id = t.node_id()?;
     let res = t
         .ctrl()
-        .controller_publish_volume(publish_request(&t, "", &missing_node_id(&t)))
+        .controller_publish_volume(publish_request(&t, "", &node_id))
         .await;
     expect_code(
         res,
@@ -918,12 +924,19 @@ async fn publish_no_id(t: T) -> CheckOutcome {
     )
 }
 
+/// A volume this node can use, for the ControllerPublishVolume checks.
+async fn volume_for_node(t: &T, purpose: &str) -> Result<csi::Volume, Verdict> {
+    t.require_controller_cap(Rpc::CreateDeleteVolume)?;
+    t.create_volume(t.volume_request_on_node(&t.unique_name(purpose)))
+        .await
+}
+
 async fn publish_no_node(t: T) -> CheckOutcome {
     t.require_controller_cap(Rpc::PublishUnpublishVolume)?;
-    let res = t
-        .ctrl()
-        .controller_publish_volume(publish_request(&t, &missing_volume_id(&t), ""))
-        .await;
+    let vol = volume_for_node(&t, "publish-nonode").await?;
+    let mut req = publish_request(&t, &vol.volume_id, "");
+    req.volume_context = vol.volume_context.clone();
+    let res = t.ctrl().controller_publish_volume(req).await;
     expect_code(
         res,
         "ControllerPublishVolume without a node id",
@@ -933,9 +946,18 @@ async fn publish_no_node(t: T) -> CheckOutcome {
 
 async fn publish_no_cap(t: T) -> CheckOutcome {
     t.require_controller_cap(Rpc::PublishUnpublishVolume)?;
-    let mut req = publish_request(&t, &missing_volume_id(&t), &missing_node_id(&t));
+    let node_id = t.node_id()?;
+    let vol = volume_for_node(&t, "publish-nocap").await?;
+    let mut req = publish_request(&t, &vol.volume_id, &node_id);
+    req.volume_context = vol.volume_context.clone();
     req.volume_capability = None;
     let res = t.ctrl().controller_publish_volume(req).await;
+    if res.is_ok() {
+        t.register(Resource::ControllerPublish {
+            volume_id: vol.volume_id.clone(),
+            node_id,
+        });
+    }
     expect_code(
         res,
         "ControllerPublishVolume without a volume capability",

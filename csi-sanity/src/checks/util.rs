@@ -31,27 +31,7 @@ macro_rules! ensure {
 pub(crate) use ensure;
 
 /// The gRPC code name as written in the CSI spec (`INVALID_ARGUMENT`).
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+pub use csi_proto::codes::code_name;
 
 /// `CODE: message` for a status.
 pub fn status_text(status: &Status) -> String {
@@ -214,6 +194,29 @@ impl T {
             secrets: self.config().secrets.create_volume_secret.clone(),
             ..Default::default()
         }
+    }
+
+    /// [`T::volume_request`] that also asks for the node's topology (from
+    /// NodeGetInfo) as requisite and preferred when the driver advertises
+    /// VOLUME_ACCESSIBILITY_CONSTRAINTS, so the volume can be used on this
+    /// node.
+    pub fn volume_request_on_node(&self, name: &str) -> csi::CreateVolumeRequest {
+        let mut req = self.volume_request(name);
+        if plugin_has(&self.cx, PluginService::VolumeAccessibilityConstraints)
+            && let Some(topo) = self
+                .cx
+                .discovery
+                .node_info
+                .as_ref()
+                .ok()
+                .and_then(|i| i.accessible_topology.clone())
+        {
+            req.accessibility_requirements = Some(csi::TopologyRequirement {
+                requisite: vec![topo.clone()],
+                preferred: vec![topo],
+            });
+        }
+        req
     }
 
     /// Calls CreateVolume, registers the volume for cleanup and checks the

@@ -10,6 +10,7 @@ use csi::controller_server::{Controller, ControllerServer};
 use csi::controller_service_capability::rpc::Type as Rpc;
 use csi::identity_server::{Identity, IdentityServer};
 use csi::node_server::{Node, NodeServer};
+use csi::volume_capability::access_mode::Mode;
 use csi_hostpath::Driver;
 use csi_proto::v1 as csi;
 use tokio::sync::oneshot;
@@ -47,14 +48,34 @@ pub enum Bug {
     /// [`Bug::Attach`], but a repeated ControllerPublishVolume fails with
     /// ALREADY_EXISTS instead of being idempotent.
     AttachPublishNotIdempotent,
+    /// Not a bug: [`Bug::Attach`], checking state before arguments. Every
+    /// call naming a volume answers NOT_FOUND for an unknown one (and
+    /// ControllerPublishVolume for an unknown node), NodeStageVolume
+    /// FAILED_PRECONDITION for a volume not ControllerPublished to this
+    /// node and NodePublishVolume for one not staged at its
+    /// staging_target_path, before any other argument is looked at. The
+    /// spec does not order a plugin's checks, so a check that breaks two
+    /// rules at once (an unknown volume and a missing path) fails here.
+    AttachStateFirst,
+    /// NodePublishVolume treats SINGLE_NODE_SINGLE_WRITER as
+    /// SINGLE_NODE_MULTI_WRITER, so the volume can be published at a
+    /// second target path.
+    SingleWriterNotEnforced,
 }
 
 impl Bug {
     fn attaches(self) -> bool {
         matches!(
             self,
-            Bug::Attach | Bug::AttachStageAcceptsMissingId | Bug::AttachPublishNotIdempotent
+            Bug::Attach
+                | Bug::AttachStageAcceptsMissingId
+                | Bug::AttachPublishNotIdempotent
+                | Bug::AttachStateFirst
         )
+    }
+
+    fn state_first(self) -> bool {
+        self == Bug::AttachStateFirst
     }
 }
 
@@ -90,6 +111,15 @@ impl Broken {
         Controller::controller_get_volume(&self.inner, Request::new(req))
             .await
             .map(drop)
+    }
+
+    /// With [`Bug::AttachStateFirst`]: NOT_FOUND for a named volume the
+    /// inner driver does not know, before anything else is checked.
+    async fn state_first_volume(&self, volume_id: &str) -> Result<(), Status> {
+        if self.bug.state_first() && !volume_id.is_empty() {
+            self.volume_exists(volume_id).await?;
+        }
+        Ok(())
     }
 
     fn next(&self) -> u64 {
@@ -215,6 +245,16 @@ impl Controller for Broken {
             return Controller::controller_publish_volume(&self.inner, req).await;
         }
         let req = req.into_inner();
+        self.state_first_volume(&req.volume_id).await?;
+        if self.bug.state_first()
+            && !req.node_id.is_empty()
+            && req.node_id != self.inner.config().node_id
+        {
+            return Err(Status::not_found(format!(
+                "node {:?} does not exist",
+                req.node_id
+            )));
+        }
         if req.volume_id.is_empty() || req.node_id.is_empty() || req.volume_capability.is_none() {
             return Err(Status::invalid_argument(
                 "volume id, node id and capability are required",
@@ -264,6 +304,7 @@ impl Controller for Broken {
         &self,
         req: Request<csi::ValidateVolumeCapabilitiesRequest>,
     ) -> R<csi::ValidateVolumeCapabilitiesResponse> {
+        self.state_first_volume(&req.get_ref().volume_id).await?;
         Controller::validate_volume_capabilities(&self.inner, req).await
     }
 
@@ -319,6 +360,8 @@ impl Controller for Broken {
         &self,
         req: Request<csi::CreateSnapshotRequest>,
     ) -> R<csi::CreateSnapshotResponse> {
+        self.state_first_volume(&req.get_ref().source_volume_id)
+            .await?;
         Controller::create_snapshot(&self.inner, req).await
     }
 
@@ -347,6 +390,7 @@ impl Controller for Broken {
         &self,
         req: Request<csi::ControllerExpandVolumeRequest>,
     ) -> R<csi::ControllerExpandVolumeResponse> {
+        self.state_first_volume(&req.get_ref().volume_id).await?;
         Controller::controller_expand_volume(&self.inner, req).await
     }
 
@@ -375,6 +419,19 @@ impl Node for Broken {
             return Node::node_stage_volume(&self.inner, req).await;
         }
         let req = req.into_inner();
+        self.state_first_volume(&req.volume_id).await?;
+        if self.bug.state_first() && !req.volume_id.is_empty() {
+            let attached = self
+                .attached
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&(req.volume_id.clone(), self.inner.config().node_id.clone()));
+            if !attached {
+                return Err(Status::failed_precondition(
+                    "the volume is not ControllerPublished to this node",
+                ));
+            }
+        }
         let missing_id = req.volume_id.is_empty() && self.bug != Bug::AttachStageAcceptsMissingId;
         if missing_id || req.staging_target_path.is_empty() || req.volume_capability.is_none() {
             return Err(Status::invalid_argument(
@@ -399,6 +456,7 @@ impl Node for Broken {
             return Node::node_unstage_volume(&self.inner, req).await;
         }
         let req = req.into_inner();
+        self.state_first_volume(&req.volume_id).await?;
         if req.volume_id.is_empty() || req.staging_target_path.is_empty() {
             return Err(Status::invalid_argument(
                 "volume id and staging target path are required",
@@ -415,6 +473,18 @@ impl Node for Broken {
         &self,
         req: Request<csi::NodePublishVolumeRequest>,
     ) -> R<csi::NodePublishVolumeResponse> {
+        self.state_first_volume(&req.get_ref().volume_id).await?;
+        let mut req = req;
+        if self.bug == Bug::SingleWriterNotEnforced
+            && let Some(mode) = req
+                .get_mut()
+                .volume_capability
+                .as_mut()
+                .and_then(|c| c.access_mode.as_mut())
+            && mode.mode == Mode::SingleNodeSingleWriter as i32
+        {
+            mode.mode = Mode::SingleNodeMultiWriter as i32;
+        }
         if self.bug.attaches() && !req.get_ref().volume_id.is_empty() {
             let r = req.get_ref();
             let staged = self
@@ -422,7 +492,8 @@ impl Node for Broken {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .contains(&(r.volume_id.clone(), r.staging_target_path.clone()));
-            if !staged && !r.target_path.is_empty() && r.volume_capability.is_some() {
+            let arguments_given = !r.target_path.is_empty() && r.volume_capability.is_some();
+            if !staged && (arguments_given || self.bug.state_first()) {
                 return Err(Status::failed_precondition("the volume is not staged"));
             }
         }
@@ -433,6 +504,7 @@ impl Node for Broken {
         &self,
         req: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> R<csi::NodeUnpublishVolumeResponse> {
+        self.state_first_volume(&req.get_ref().volume_id).await?;
         Node::node_unpublish_volume(&self.inner, req).await
     }
 
@@ -440,6 +512,7 @@ impl Node for Broken {
         &self,
         req: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> R<csi::NodeGetVolumeStatsResponse> {
+        self.state_first_volume(&req.get_ref().volume_id).await?;
         Node::node_get_volume_stats(&self.inner, req).await
     }
 
@@ -447,6 +520,7 @@ impl Node for Broken {
         &self,
         req: Request<csi::NodeExpandVolumeRequest>,
     ) -> R<csi::NodeExpandVolumeResponse> {
+        self.state_first_volume(&req.get_ref().volume_id).await?;
         Node::node_expand_volume(&self.inner, req).await
     }
 

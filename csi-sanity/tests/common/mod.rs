@@ -232,3 +232,14 @@ pub async fn run_cli(args: Vec<String>) -> (i32, Output, String) {
     let names = csi_sanity::checks::names();
     (code, Output::parse(text, &names), err)
 }
+
+/// Mount points at or below `dir` (a run must leave none behind).
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    info.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|mp| mp.replace("\\040", " "))
+        .filter(|mp| Path::new(mp).starts_with(&dir))
+        .collect()
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{ArgAction, Parser};
 
 use crate::quantity::parse_quantity;
-use crate::{Config, DEFAULT_DRIVER_NAME, Error};
+use crate::{Config, DEFAULT_DRIVER_NAME, Error, TOPOLOGY_KEY};
 
 /// Hostpath CSI driver: volumes are directories under --statedir.
 #[derive(Debug, Clone, PartialEq, Eq, Parser)]
@@ -52,6 +52,11 @@ pub struct Cli {
     )]
     pub enable_topology: bool,
 
+    /// Topology segment key whose value is the node id (a Kubernetes label
+    /// key, e.g. topology.ebs.csi.aws.com/zone).
+    #[arg(long, value_name = "KEY", default_value = TOPOLOGY_KEY)]
+    pub topology_key: String,
+
     /// Fault injection file (JSON, re-read at every call); unset: none.
     #[arg(long, value_name = "PATH")]
     pub faults_file: Option<PathBuf>,
@@ -84,6 +89,7 @@ const LONG_FLAGS: &[&str] = &[
     "capacity",
     "max-volume-size",
     "enable-topology",
+    "topology-key",
     "faults-file",
     "version",
     "help",
@@ -173,6 +179,8 @@ impl Cli {
                 )));
             }
         }
+        crate::state::check_label_key(&self.topology_key)
+            .map_err(|e| Error::Config(format!("--topology-key {:?}: {e}", self.topology_key)))?;
         Ok(Config {
             endpoint,
             driver_name: self.drivername,
@@ -181,6 +189,7 @@ impl Cli {
             capacity,
             max_volume_size: self.max_volume_size,
             enable_topology: self.enable_topology,
+            topology_key: self.topology_key,
             faults_file: self.faults_file.unwrap_or_default(),
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
         })
@@ -216,6 +225,7 @@ mod tests {
         assert!(cli.capacity.is_empty());
         assert_eq!(cli.max_volume_size, 1 << 40);
         assert!(cli.enable_topology);
+        assert_eq!(cli.topology_key, "topology.hostpath.csi/node");
         assert_eq!(cli.faults_file, None);
         assert_eq!(cli.v, 0);
         assert!(!cli.version);
@@ -244,6 +254,7 @@ mod tests {
                 "fast=100Mi",
                 "--max-volume-size=2Gi",
                 "--enable-topology=false",
+                "--topology-key=topology.ebs.csi.aws.com/zone",
                 "--faults-file=/tmp/f.json",
                 "--v=5",
             ],
@@ -258,6 +269,8 @@ mod tests {
                 "-capacity=fast=100Mi",
                 "-max-volume-size=2Gi",
                 "-enable-topology=0",
+                "-topology-key",
+                "topology.ebs.csi.aws.com/zone",
                 "-faults-file=/tmp/f.json",
                 "-v=5",
             ],
@@ -278,6 +291,7 @@ mod tests {
             );
             assert_eq!(config.max_volume_size, 2 << 30);
             assert!(!config.enable_topology);
+            assert_eq!(config.topology_key, "topology.ebs.csi.aws.com/zone");
             assert_eq!(config.faults_file, PathBuf::from("/tmp/f.json"));
         }
     }
@@ -335,6 +349,11 @@ mod tests {
             &["--endpoint=relative.sock", "--nodeid=n"],
             &["--nodeid="],
             &["--nodeid=n", "--capacity=a=1Gi", "--capacity=a=2Gi"],
+            &["--nodeid=n", "--topology-key="],
+            &["--nodeid=n", "--topology-key=a/b/c"],
+            &["--nodeid=n", "--topology-key=zone with spaces"],
+            &["--nodeid=n", "--topology-key=Upper.Case/zone"],
+            &["--nodeid=n", "--topology-key=example.com/"],
         ] {
             let cli = parse(args).expect("parses");
             assert!(cli.into_config().is_err(), "{args:?} should be rejected");

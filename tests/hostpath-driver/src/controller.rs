@@ -13,9 +13,10 @@ use tonic::{Request, Response, Status};
 use crate::locks::{snapshot_key, volume_key};
 use crate::state::{Driver, blocking};
 use crate::store::{
-    self, AccessType, BLOCK_FILE, ContentSource, SnapshotRecord, Timestamp, VolumeRecord,
+    self, AccessMode, AccessType, BLOCK_FILE, ContentSource, SnapshotRecord, Timestamp,
+    VolumeRecord,
 };
-use crate::{DEFAULT_VOLUME_SIZE, KIND_PARAMETER, TOPOLOGY_KEY, fsops};
+use crate::{DEFAULT_VOLUME_SIZE, KIND_PARAMETER, fsops};
 
 /// Checks one capability: it must have an access type and a known access
 /// mode. Returns them (the mode may still be unsupported).
@@ -38,15 +39,21 @@ pub(crate) fn parse_capability(cap: &VolumeCapability) -> Result<(AccessType, Mo
     Ok((access_type, mode))
 }
 
-/// This is a single-node driver.
+/// This is a single-node driver: the single-node modes, `None` for the
+/// others.
+pub(crate) fn single_node_mode(mode: Mode) -> Option<AccessMode> {
+    match mode {
+        Mode::SingleNodeWriter => Some(AccessMode::SingleNodeWriter),
+        Mode::SingleNodeReaderOnly => Some(AccessMode::SingleNodeReaderOnly),
+        Mode::SingleNodeSingleWriter => Some(AccessMode::SingleNodeSingleWriter),
+        Mode::SingleNodeMultiWriter => Some(AccessMode::SingleNodeMultiWriter),
+        _ => None,
+    }
+}
+
+/// Whether this single-node driver offers `mode`.
 pub(crate) fn mode_supported(mode: Mode) -> bool {
-    matches!(
-        mode,
-        Mode::SingleNodeWriter
-            | Mode::SingleNodeReaderOnly
-            | Mode::SingleNodeSingleWriter
-            | Mode::SingleNodeMultiWriter
-    )
+    single_node_mode(mode).is_some()
 }
 
 /// The access type of a CreateVolume request: every capability well formed
@@ -79,7 +86,7 @@ fn requested_access_type(caps: &[VolumeCapability]) -> Result<AccessType, Status
 
 /// (required, limit) in bytes; negative values are invalid, a limit below
 /// the required bytes is out of range.
-fn range_bounds(range: Option<&CapacityRange>) -> Result<(u64, u64), Status> {
+pub(crate) fn range_bounds(range: Option<&CapacityRange>) -> Result<(u64, u64), Status> {
     let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
     let required = u64::try_from(required)
         .map_err(|_| Status::invalid_argument("capacity_range.required_bytes is negative"))?;
@@ -272,11 +279,13 @@ impl Drop for Reservation<'_> {
 
 impl Driver {
     fn node_topology(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([(TOPOLOGY_KEY.to_owned(), self.inner.config.node_id.clone())])
+        let config = &self.inner.config;
+        BTreeMap::from([(config.topology_key.clone(), config.node_id.clone())])
     }
 
     pub(crate) fn topology_matches(&self, topology: &Topology) -> bool {
-        topology.segments.get(TOPOLOGY_KEY) == Some(&self.inner.config.node_id)
+        let config = &self.inner.config;
+        topology.segments.get(&config.topology_key) == Some(&config.node_id)
     }
 
     /// Reserves `bytes` in the pool for a request with kind `wanted` (empty:
@@ -466,6 +475,7 @@ impl Driver {
             },
             kind: reservation.kind.clone(),
             creation_time: Timestamp::now(),
+            published: BTreeMap::new(),
         };
         let data_dir = store::volume_path(&config.state_dir, &record.id);
         let record_path = store::record_path(&self.inner.volumes_dir, &record.id);
@@ -514,8 +524,22 @@ impl Driver {
             return Ok(csi::DeleteVolumeResponse {});
         };
         let _guard = self.inner.locks.lock(vec![volume_key(&name)]).await;
-        if !self.state().volumes.contains_key(&req.volume_id) {
+        let Some(record) = self.state().volumes.get(&req.volume_id).cloned() else {
             return Ok(csi::DeleteVolumeResponse {});
+        };
+        // Deleting the data under a live publication would leave a mount of
+        // a deleted directory behind: "Volume in use" (FAILED_PRECONDITION).
+        if !record.published.is_empty() {
+            let source = self.volume_source(&record.id, record.access_type);
+            let published = record.published.clone();
+            let live =
+                blocking(move || Ok(crate::node::live_publications(&source, &published))).await?;
+            if let Some(target) = live.keys().next() {
+                return Err(Status::failed_precondition(format!(
+                    "volume {:?} is still published at {target}; NodeUnpublishVolume it first",
+                    req.volume_id
+                )));
+            }
         }
         let record_path = store::record_path(&self.inner.volumes_dir, &req.volume_id);
         // Commit point: removing the record deletes the volume; a data

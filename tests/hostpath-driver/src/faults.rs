@@ -227,56 +227,7 @@ impl Fault {
     }
 }
 
-/// The canonical (csi.proto / grpc) name of a code, e.g. `UNAVAILABLE`.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
-/// Parses a gRPC code name (any case, underscores optional) or number.
-pub fn parse_code(input: &str) -> Result<Code, String> {
-    let trimmed = input.trim();
-    if let Ok(n) = trimmed.parse::<i32>() {
-        let code = Code::from_i32(n);
-        return if (0..=16).contains(&n) {
-            Ok(code)
-        } else {
-            Err(format!("unknown gRPC code {input:?}"))
-        };
-    }
-    let wanted: String = trimmed
-        .chars()
-        .filter(|c| *c != '_')
-        .flat_map(char::to_uppercase)
-        .collect();
-    // "CANCELED" is the Go spelling.
-    let wanted = if wanted == "CANCELED" {
-        "CANCELLED".to_owned()
-    } else {
-        wanted
-    };
-    (0..=16)
-        .map(Code::from_i32)
-        .find(|c| code_name(*c).replace('_', "") == wanted)
-        .ok_or_else(|| format!("unknown gRPC code {input:?}"))
-}
+pub use csi_proto::codes::{code_name, parse_code};
 
 impl Faults {
     /// Reads a faults file; a missing file is [`Faults::default`] (no faults).
@@ -449,30 +400,6 @@ impl Injector {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn code_spellings() {
-        for (input, want) in [
-            ("UNAVAILABLE", Code::Unavailable),
-            ("Unavailable", Code::Unavailable),
-            ("unavailable", Code::Unavailable),
-            ("DEADLINE_EXCEEDED", Code::DeadlineExceeded),
-            ("DeadlineExceeded", Code::DeadlineExceeded),
-            ("resource_exhausted", Code::ResourceExhausted),
-            ("Canceled", Code::Cancelled),
-            ("14", Code::Unavailable),
-            ("0", Code::Ok),
-        ] {
-            assert_eq!(parse_code(input), Ok(want), "{input}");
-        }
-        for input in ["", "17", "-1", "NOPE", "UNAVAILABLEX"] {
-            assert!(parse_code(input).is_err(), "{input}");
-        }
-        for n in 0..=16 {
-            let code = Code::from_i32(n);
-            assert_eq!(parse_code(code_name(code)), Ok(code));
-        }
-    }
 
     #[test]
     fn load_validates() {

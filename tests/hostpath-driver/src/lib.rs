@@ -28,11 +28,12 @@ mod store;
 
 pub use state::{Driver, SHUTDOWN_GRACE};
 pub use store::{
-    AccessType, ContentSource, SnapshotRecord, Timestamp, VolumeRecord, backend_snapshots,
-    backend_volumes, snapshot_path, volume_path,
+    AccessMode, AccessType, ContentSource, Publication, SnapshotRecord, Timestamp, VolumeRecord,
+    backend_snapshots, backend_volumes, snapshot_path, volume_path,
 };
 
-/// Topology segment key reported for this node (when topology is enabled).
+/// Default topology segment key reported for this node (when topology is
+/// enabled); `--topology-key` / [`Config::topology_key`] changes it.
 pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi/node";
 
 /// Default CSI driver name, as the upstream Go hostpath driver.
@@ -63,8 +64,12 @@ pub struct Config {
     pub capacity: BTreeMap<String, u64>,
     /// Largest volume the driver creates or expands to, in bytes.
     pub max_volume_size: u64,
-    /// Report and honour topology (`TOPOLOGY_KEY` = node id).
+    /// Report and honour topology (`topology_key` = node id).
     pub enable_topology: bool,
+    /// Topology segment key whose value is the node id, e.g.
+    /// `topology.ebs.csi.aws.com/zone` to stand in for another driver
+    /// (default [`TOPOLOGY_KEY`]); a Kubernetes label key.
+    pub topology_key: String,
     /// Fault injection file (see [`faults`]); an empty path disables it.
     pub faults_file: PathBuf,
     /// `vendor_version` reported by `GetPluginInfo`.
@@ -75,7 +80,7 @@ impl Config {
     /// A configuration for tests: socket `dir/csi.sock`, state
     /// `dir/state`, faults file `dir/faults.json`, node id `test-node`,
     /// driver name [`DEFAULT_DRIVER_NAME`], unlimited capacity, maximum
-    /// volume size 1 TiB, topology on.
+    /// volume size 1 TiB, topology on with [`TOPOLOGY_KEY`].
     pub fn for_tests(dir: &Path) -> Config {
         Config {
             endpoint: dir.join("csi.sock"),
@@ -85,6 +90,7 @@ impl Config {
             capacity: BTreeMap::new(),
             max_volume_size: DEFAULT_MAX_VOLUME_SIZE,
             enable_topology: true,
+            topology_key: TOPOLOGY_KEY.to_owned(),
             faults_file: dir.join("faults.json"),
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
         }

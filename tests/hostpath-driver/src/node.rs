@@ -6,17 +6,18 @@
 //! back to making `target_path` a symlink to the same source; a read-only
 //! publish is then not enforced.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use csi_proto::v1::{self as csi, node_server::Node, node_service_capability, volume_usage};
 use tonic::{Request, Response, Status};
 
-use crate::controller::{mode_supported, parse_capability};
+use crate::controller::{parse_capability, range_bounds, single_node_mode};
+use crate::fsops;
 use crate::locks::volume_key;
-use crate::state::Driver;
-use crate::store::{self, AccessType, BLOCK_FILE};
-use crate::{TOPOLOGY_KEY, fsops};
+use crate::state::{Driver, blocking};
+use crate::store::{self, AccessMode, AccessType, BLOCK_FILE, Publication, VolumeRecord};
 
 fn internal(what: &str, path: &Path, e: std::io::Error) -> Status {
     Status::internal(format!("{what} {}: {e}", path.display()))
@@ -30,7 +31,47 @@ async fn run_blocking<T: Send + 'static>(
         .map_err(|e| Status::internal(format!("node task failed: {e}")))?
 }
 
-/// Makes `source` visible at `target`; idempotent.
+/// Whether `path` shows `source`: a symlink to it, or a bind mount of it
+/// (the same device and inode). A missing path, or one below a file, shows
+/// nothing.
+pub(crate) fn shows(source: &Path, path: &Path) -> std::io::Result<bool> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
+    if meta.file_type().is_symlink() {
+        return Ok(std::fs::read_link(path)? == source);
+    }
+    let src = std::fs::metadata(source)?;
+    Ok(meta.dev() == src.dev() && meta.ino() == src.ino())
+}
+
+/// The recorded publications of a volume whose target still shows
+/// `source` (an error counts as showing it: when in doubt, the volume is
+/// in use). The others are stale: the driver stopped between recording a
+/// publication and mounting, or the target was removed behind its back.
+pub(crate) fn live_publications(
+    source: &Path,
+    published: &BTreeMap<String, Publication>,
+) -> BTreeMap<String, Publication> {
+    published
+        .iter()
+        .filter(|(target, _)| shows(source, Path::new(target)).unwrap_or(true))
+        .map(|(target, p)| (target.clone(), *p))
+        .collect()
+}
+
+/// Makes `source` visible at `target`, which does not show it yet. On
+/// failure nothing is left behind: no mount, and no target when this call
+/// created it.
 fn publish(
     source: &Path,
     target: &Path,
@@ -119,23 +160,43 @@ fn publish(
     }
 }
 
-/// Undoes [`publish`]; returns whether anything was at `target`.
-fn unpublish(target: &Path) -> Result<bool, Status> {
+/// Undoes [`publish`]: unmounts (or unlinks) and removes `target`. With
+/// `source` (the volume is known), a mount or link at `target` that is not
+/// this volume is left alone. Returns whether anything was removed.
+fn unpublish(target: &Path, source: Option<&Path>) -> Result<bool, Status> {
     let meta = match std::fs::symlink_metadata(target) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(internal("inspecting", target, e)),
     };
+    let foreign = |what: &str| {
+        tracing::info!(target = %target.display(), "{what} is not this volume; left alone");
+        Ok(false)
+    };
     if meta.file_type().is_symlink() {
+        if let Some(source) = source {
+            let link =
+                std::fs::read_link(target).map_err(|e| internal("reading link", target, e))?;
+            if link != source {
+                return foreign("the link");
+            }
+        }
         std::fs::remove_file(target).map_err(|e| internal("removing", target, e))?;
         return Ok(true);
     }
-    // Unmount every mount stacked on the target (normally one).
-    for _ in 0..16 {
-        if !fsops::is_mount_point(target).map_err(|e| internal("inspecting", target, e))? {
-            break;
+    if fsops::is_mount_point(target).map_err(|e| internal("inspecting", target, e))? {
+        if let Some(source) = source
+            && !shows(source, target).map_err(|e| internal("inspecting", target, e))?
+        {
+            return foreign("the mount");
         }
-        fsops::unmount(target).map_err(|e| internal("unmounting", target, e))?;
+        // Unmount every mount stacked on the target (normally one).
+        for _ in 0..16 {
+            if !fsops::is_mount_point(target).map_err(|e| internal("inspecting", target, e))? {
+                break;
+            }
+            fsops::unmount(target).map_err(|e| internal("unmounting", target, e))?;
+        }
     }
     if meta.is_dir() {
         std::fs::remove_dir(target).map_err(|e| internal("removing", target, e))?;
@@ -147,12 +208,21 @@ fn unpublish(target: &Path) -> Result<bool, Status> {
 }
 
 impl Driver {
-    fn volume_source(&self, id: &str, access_type: AccessType) -> PathBuf {
+    pub(crate) fn volume_source(&self, id: &str, access_type: AccessType) -> PathBuf {
         let dir = store::volume_path(&self.inner.config.state_dir, id);
         match access_type {
             AccessType::Mount => dir,
             AccessType::Block => dir.join(BLOCK_FILE),
         }
+    }
+
+    /// Writes `record` (under its volume lock) and updates the index.
+    async fn save_volume(&self, record: VolumeRecord) -> Result<(), Status> {
+        let record_path = store::record_path(&self.inner.volumes_dir, &record.id);
+        let to_write = record.clone();
+        blocking(move || store::write_json_atomic(&record_path, &to_write)).await?;
+        self.state().insert_volume(record);
+        Ok(())
     }
 
     async fn publish_impl(
@@ -170,12 +240,12 @@ impl Driver {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("volume_capability is missing"))?;
         let (access_type, mode) = parse_capability(cap)?;
-        if !mode_supported(mode) {
-            return Err(Status::invalid_argument(format!(
+        let access_mode = single_node_mode(mode).ok_or_else(|| {
+            Status::invalid_argument(format!(
                 "access mode {} is not supported",
                 mode.as_str_name()
-            )));
-        }
+            ))
+        })?;
         let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
         let name = self
             .state()
@@ -184,23 +254,94 @@ impl Driver {
             .map(|v| v.name.clone())
             .ok_or_else(not_found)?;
         let _guard = self.inner.locks.lock(vec![volume_key(&name)]).await;
-        let record_type = self
+        let mut record = self
             .state()
             .volumes
             .get(&req.volume_id)
-            .map(|v| v.access_type)
+            .cloned()
             .ok_or_else(not_found)?;
-        if record_type != access_type {
+        if record.access_type != access_type {
             return Err(Status::invalid_argument(format!(
                 "volume is a {} volume, the capability says {}",
-                record_type.as_str(),
+                record.access_type.as_str(),
                 access_type.as_str()
             )));
         }
+        let wanted = Publication {
+            access_mode,
+            readonly: req.readonly,
+        };
         let source = self.volume_source(&req.volume_id, access_type);
         let target = PathBuf::from(&req.target_path);
+        let (here, live) = {
+            let (source, target, published) =
+                (source.clone(), target.clone(), record.published.clone());
+            run_blocking(move || {
+                let here =
+                    shows(&source, &target).map_err(|e| internal("inspecting", &target, e))?;
+                Ok((here, live_publications(&source, &published)))
+            })
+            .await?
+        };
+        if here {
+            // Published here already: the same arguments are idempotent,
+            // other ones are ALREADY_EXISTS (CSI spec, NodePublishVolume,
+            // "T1=T2, P1!=P2").
+            match record.published.get(&req.target_path) {
+                Some(p) if *p == wanted => {}
+                Some(p) => {
+                    return Err(Status::already_exists(format!(
+                        "volume {:?} is published at {} with access mode {} and readonly={}, not {} and readonly={}",
+                        req.volume_id,
+                        req.target_path,
+                        p.access_mode.as_str(),
+                        p.readonly,
+                        wanted.access_mode.as_str(),
+                        wanted.readonly
+                    )));
+                }
+                None => {
+                    // Mounted by a driver that stopped before recording it.
+                    record.published.insert(req.target_path.clone(), wanted);
+                    self.save_volume(record).await?;
+                }
+            }
+            return Ok(csi::NodePublishVolumeResponse {});
+        }
+        // A second target on this node is only for SINGLE_NODE_MULTI_WRITER
+        // (CSI spec, NodePublishVolume, "T1!=T2": FAILED_PRECONDITION for
+        // the other single-node modes).
+        if let Some((other, p)) = live.iter().find(|(other, p)| {
+            *other != &req.target_path
+                && (wanted.access_mode != AccessMode::SingleNodeMultiWriter
+                    || p.access_mode != AccessMode::SingleNodeMultiWriter)
+        }) {
+            return Err(Status::failed_precondition(format!(
+                "volume {:?} is already published at {other} with access mode {}; with {} it cannot also be published at {}",
+                req.volume_id,
+                p.access_mode.as_str(),
+                wanted.access_mode.as_str(),
+                req.target_path
+            )));
+        }
+        // Record the publication before mounting (and drop stale entries),
+        // so that a crash in between cannot hide a mount from the checks
+        // above; a recorded target that does not show the volume is ignored.
+        record.published = live;
+        record.published.insert(req.target_path.clone(), wanted);
+        self.save_volume(record.clone()).await?;
         let readonly = req.readonly;
-        run_blocking(move || publish(&source, &target, access_type, readonly)).await?;
+        let result = {
+            let (source, target) = (source.clone(), target.clone());
+            run_blocking(move || publish(&source, &target, access_type, readonly)).await
+        };
+        if let Err(status) = result {
+            record.published.remove(&req.target_path);
+            if let Err(e) = self.save_volume(record).await {
+                tracing::warn!(id = %req.volume_id, target = %req.target_path, error = %e.message(), "cannot forget a failed publication; it is ignored as stale");
+            }
+            return Err(status);
+        }
         Ok(csi::NodePublishVolumeResponse {})
     }
 
@@ -223,15 +364,96 @@ impl Driver {
             Some(name) => Some(self.inner.locks.lock(vec![volume_key(name)]).await),
             None => None,
         };
+        let record = self.state().volumes.get(&req.volume_id).cloned();
+        let source = record
+            .as_ref()
+            .map(|r| self.volume_source(&r.id, r.access_type));
         let target = PathBuf::from(&req.target_path);
-        let had_target = run_blocking(move || unpublish(&target)).await?;
-        if name.is_none() && !had_target {
+        let removed = run_blocking(move || unpublish(&target, source.as_deref())).await?;
+        let Some(mut record) = record else {
+            if removed {
+                return Ok(csi::NodeUnpublishVolumeResponse {});
+            }
             return Err(Status::not_found(format!(
                 "volume {:?} does not exist",
                 req.volume_id
             )));
+        };
+        if record.published.remove(&req.target_path).is_some() {
+            self.save_volume(record).await?;
         }
         Ok(csi::NodeUnpublishVolumeResponse {})
+    }
+
+    /// Node side of an expansion. The data is a directory or a sparse file
+    /// that ControllerExpandVolume already grew, so there is nothing to
+    /// resize here: the call checks that the volume is published at
+    /// `volume_path` and that its capacity satisfies the range.
+    async fn expand_impl(
+        &self,
+        req: csi::NodeExpandVolumeRequest,
+    ) -> Result<csi::NodeExpandVolumeResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is empty"));
+        }
+        if req.volume_path.is_empty() {
+            return Err(Status::invalid_argument("volume_path is empty"));
+        }
+        let wanted_type = match &req.volume_capability {
+            Some(cap) => Some(parse_capability(cap)?.0),
+            None => None,
+        };
+        let (required, limit) = range_bounds(req.capacity_range.as_ref())?;
+        let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
+        let name = self
+            .state()
+            .volumes
+            .get(&req.volume_id)
+            .map(|v| v.name.clone())
+            .ok_or_else(not_found)?;
+        let _guard = self.inner.locks.lock(vec![volume_key(&name)]).await;
+        let record = self
+            .state()
+            .volumes
+            .get(&req.volume_id)
+            .cloned()
+            .ok_or_else(not_found)?;
+        if let Some(t) = wanted_type
+            && t != record.access_type
+        {
+            return Err(Status::invalid_argument(format!(
+                "volume is a {} volume, the capability says {}",
+                record.access_type.as_str(),
+                t.as_str()
+            )));
+        }
+        let source = self.volume_source(&record.id, record.access_type);
+        let volume_path = PathBuf::from(&req.volume_path);
+        let published = run_blocking(move || {
+            shows(&source, &volume_path).map_err(|e| internal("inspecting", &volume_path, e))
+        })
+        .await?;
+        if !published {
+            return Err(Status::not_found(format!(
+                "volume {:?} is not published at {}",
+                req.volume_id, req.volume_path
+            )));
+        }
+        if required > record.capacity_bytes {
+            return Err(Status::out_of_range(format!(
+                "volume {:?} has {} bytes; ControllerExpandVolume must grow it to {required} first",
+                req.volume_id, record.capacity_bytes
+            )));
+        }
+        if limit > 0 && record.capacity_bytes > limit {
+            return Err(Status::out_of_range(format!(
+                "volume {:?} has {} bytes, more than limit_bytes {limit}",
+                req.volume_id, record.capacity_bytes
+            )));
+        }
+        Ok(csi::NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(record.capacity_bytes).unwrap_or(i64::MAX),
+        })
     }
 
     async fn volume_stats_impl(
@@ -254,11 +476,13 @@ impl Driver {
             })?;
         let volume_path = PathBuf::from(&req.volume_path);
         let data_dir = store::volume_path(&self.inner.config.state_dir, &record.id);
+        let source = self.volume_source(&record.id, record.access_type);
         let total = i64::try_from(record.capacity_bytes).unwrap_or(i64::MAX);
         let usage = run_blocking(move || {
-            if std::fs::symlink_metadata(&volume_path).is_err() {
+            if !shows(&source, &volume_path).map_err(|e| internal("inspecting", &volume_path, e))? {
                 return Err(Status::not_found(format!(
-                    "volume_path {} does not exist",
+                    "volume {:?} is not published at {}",
+                    record.id,
                     volume_path.display()
                 )));
             }
@@ -300,14 +524,18 @@ impl Driver {
 
 fn node_capabilities() -> Vec<csi::NodeServiceCapability> {
     use node_service_capability::rpc::Type;
-    [Type::GetVolumeStats, Type::SingleNodeMultiWriter]
-        .into_iter()
-        .map(|t| csi::NodeServiceCapability {
-            r#type: Some(node_service_capability::Type::Rpc(
-                node_service_capability::Rpc { r#type: t as i32 },
-            )),
-        })
-        .collect()
+    [
+        Type::GetVolumeStats,
+        Type::ExpandVolume,
+        Type::SingleNodeMultiWriter,
+    ]
+    .into_iter()
+    .map(|t| csi::NodeServiceCapability {
+        r#type: Some(node_service_capability::Type::Rpc(
+            node_service_capability::Rpc { r#type: t as i32 },
+        )),
+    })
+    .collect()
 }
 
 fn unimplemented(method: &str) -> Status {
@@ -372,11 +600,10 @@ impl Node for Driver {
         &self,
         request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        let id = request.into_inner().volume_id;
-        self.call("NodeExpandVolume", Some(&id), async {
-            Err(unimplemented("NodeExpandVolume"))
-        })
-        .await
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        self.call("NodeExpandVolume", Some(&id), self.expand_impl(req))
+            .await
     }
 
     async fn node_get_capabilities(
@@ -401,7 +628,7 @@ impl Node for Driver {
                 node_id: config.node_id.clone(),
                 max_volumes_per_node: 0,
                 accessible_topology: config.enable_topology.then(|| csi::Topology {
-                    segments: [(TOPOLOGY_KEY.to_owned(), config.node_id.clone())]
+                    segments: [(config.topology_key.clone(), config.node_id.clone())]
                         .into_iter()
                         .collect(),
                 }),
@@ -475,8 +702,11 @@ mod tests {
         std::fs::create_dir(&other).expect("mkdir");
         let err = publish(&other, &target, AccessType::Mount, false).expect_err("taken");
         assert_eq!(err.code(), tonic::Code::AlreadyExists);
-        assert!(unpublish(&target).expect("unpublish"));
-        assert!(!unpublish(&target).expect("unpublish again"));
+        // A link to another source is not this volume's: left alone.
+        assert!(!unpublish(&target, Some(&other)).expect("foreign link"));
+        assert!(std::fs::symlink_metadata(&target).is_ok());
+        assert!(unpublish(&target, Some(&source)).expect("unpublish"));
+        assert!(!unpublish(&target, Some(&source)).expect("unpublish again"));
         assert!(std::fs::symlink_metadata(&target).is_err());
         assert!(source.join("f").exists(), "unpublish keeps the volume data");
     }

@@ -99,6 +99,44 @@ impl State {
     }
 }
 
+/// Checks that `key` is a Kubernetes label key (topology keys are node
+/// labels): an optional prefix, a lowercase DNS subdomain of at most 253
+/// characters, and `/`, then a name of 1 to 63 characters of `[A-Za-z0-9]`,
+/// `-`, `_` and `.` that starts and ends with a letter or digit.
+pub(crate) fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    if name.is_empty() || name.len() > 63 {
+        return Err("the name part must have 1 to 63 characters".to_owned());
+    }
+    if !name.chars().all(|c| alnum(c) || "-_.".contains(c))
+        || !name.starts_with(alnum)
+        || !name.ends_with(alnum)
+    {
+        return Err(
+            "the name part must be [A-Za-z0-9-_.], starting and ending with a letter or digit"
+                .to_owned(),
+        );
+    }
+    if let Some(prefix) = prefix {
+        let lower = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars().all(|c| lower(c) || c == '-')
+                && l.starts_with(lower)
+                && l.ends_with(lower)
+        };
+        if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(label_ok) {
+            return Err("the prefix must be a lowercase DNS subdomain".to_owned());
+        }
+    }
+    Ok(())
+}
+
 fn check_config(config: &Config) -> Result<(), Error> {
     let bad = |msg: String| Err(Error::Config(msg));
     if config.driver_name.is_empty() {
@@ -109,6 +147,9 @@ fn check_config(config: &Config) -> Result<(), Error> {
     }
     if config.state_dir.as_os_str().is_empty() {
         return bad("the state directory is empty".to_owned());
+    }
+    if let Err(e) = check_label_key(&config.topology_key) {
+        return bad(format!("topology key {:?}: {e}", config.topology_key));
     }
     let i64_max = i64::MAX as u64;
     if config.max_volume_size == 0 || config.max_volume_size > i64_max {
@@ -308,5 +349,44 @@ pub(crate) async fn blocking<T: Send + 'static>(
             Err(Status::internal(e.to_string()))
         }
         Err(e) => Err(Status::internal(format!("backend task failed: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_label_key;
+
+    #[test]
+    fn label_keys() {
+        for good in [
+            "topology.hostpath.csi/node",
+            "topology.ebs.csi.aws.com/zone",
+            "topology.kubernetes.io/zone",
+            "zone",
+            "a",
+            "Z_9.x-y",
+            "example.com/A_b",
+        ] {
+            assert_eq!(check_label_key(good), Ok(()), "{good}");
+        }
+        let long_name = "x".repeat(64);
+        let long_prefix = format!("{}/zone", vec!["a".repeat(63); 5].join("."));
+        for bad in [
+            "",
+            "/zone",
+            "example.com/",
+            "a/b/c",
+            "zone with spaces",
+            "-zone",
+            "zone-",
+            "Upper.Case/zone",
+            "ex_ample.com/zone",
+            "example..com/zone",
+            "-example.com/zone",
+            long_name.as_str(),
+            long_prefix.as_str(),
+        ] {
+            assert!(check_label_key(bad).is_err(), "{bad:?} must be rejected");
+        }
     }
 }

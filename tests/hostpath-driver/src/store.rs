@@ -44,6 +44,36 @@ impl AccessType {
     }
 }
 
+/// The access mode of one publication (the single-node modes this driver
+/// offers), spelled as in csi.proto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AccessMode {
+    SingleNodeWriter,
+    SingleNodeReaderOnly,
+    SingleNodeSingleWriter,
+    SingleNodeMultiWriter,
+}
+
+impl AccessMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::SingleNodeWriter => "SINGLE_NODE_WRITER",
+            AccessMode::SingleNodeReaderOnly => "SINGLE_NODE_READER_ONLY",
+            AccessMode::SingleNodeSingleWriter => "SINGLE_NODE_SINGLE_WRITER",
+            AccessMode::SingleNodeMultiWriter => "SINGLE_NODE_MULTI_WRITER",
+        }
+    }
+}
+
+/// One NodePublishVolume of a volume that succeeded and was not undone:
+/// the arguments the idempotency and single-writer rules compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Publication {
+    pub access_mode: AccessMode,
+    pub readonly: bool,
+}
+
 /// Where a volume's initial content came from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
@@ -99,6 +129,12 @@ pub struct VolumeRecord {
     #[serde(default)]
     pub kind: String,
     pub creation_time: Timestamp,
+    /// Target paths the volume is published at (NodePublishVolume), with
+    /// the arguments of each publication. Written before the mount, so an
+    /// entry whose target does not show the volume (a crash in between, or
+    /// a target removed behind the driver's back) is stale and ignored.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub published: BTreeMap<String, Publication>,
 }
 
 /// The record of one snapshot (`snapshots/<id>.json`).
@@ -303,6 +339,13 @@ mod tests {
                 seconds: 5,
                 nanos: 6,
             },
+            published: BTreeMap::from([(
+                "/pods/a/mount".to_owned(),
+                Publication {
+                    access_mode: AccessMode::SingleNodeSingleWriter,
+                    readonly: false,
+                },
+            )]),
         }
     }
 
@@ -319,6 +362,22 @@ mod tests {
         assert_eq!(ids, ["a", "b", "c"]);
         assert_eq!(got[0], record("a"));
         assert!(backend_snapshots(dir.path()).expect("none").is_empty());
+    }
+
+    #[test]
+    fn publications_are_optional_in_a_record() {
+        let mut unpublished = record("a");
+        unpublished.published.clear();
+        let json = serde_json::to_value(&unpublished).expect("json");
+        assert!(json.get("published").is_none(), "{json}");
+        // Records written before publications were kept still load.
+        let back: VolumeRecord = serde_json::from_value(json).expect("load");
+        assert_eq!(back, unpublished);
+        let json = serde_json::to_value(record("b")).expect("json");
+        assert_eq!(
+            json["published"]["/pods/a/mount"],
+            serde_json::json!({"access_mode": "SINGLE_NODE_SINGLE_WRITER", "readonly": false})
+        );
     }
 
     #[test]

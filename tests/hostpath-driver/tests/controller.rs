@@ -424,6 +424,71 @@ async fn capacity_per_kind_is_enforced_and_freed() {
     server.stop().await.expect("clean stop");
 }
 
+/// `--topology-key` (`Config::topology_key`): the driver reports and
+/// honours another segment key, e.g. to stand in for the EBS driver in CSI
+/// migration tests; the default key then means nothing to it.
+#[tokio::test]
+async fn topology_key_is_configurable() {
+    const EBS_ZONE: &str = "topology.ebs.csi.aws.com/zone";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start_in(dir.path(), |c| {
+        c.node_id = "us-east-1a".to_owned();
+        c.topology_key = EBS_ZONE.to_owned();
+    })
+    .await;
+    let mut c = server.controller();
+    let info = server
+        .node()
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
+    let zone = |value: &str| csi::Topology {
+        segments: HashMap::from([(EBS_ZONE.to_owned(), value.to_owned())]),
+    };
+    assert_eq!(info.accessible_topology, Some(zone("us-east-1a")));
+    let mut req = create_req("v", MIB);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![zone("us-east-1b"), zone("us-east-1a")],
+        preferred: vec![],
+    });
+    let v = create(&mut c, req).await.expect("requisite matches");
+    assert_eq!(v.accessible_topology, vec![zone("us-east-1a")]);
+    assert_eq!(
+        backend_volumes(&server.config.state_dir).expect("records")[0].accessible_topology,
+        vec![BTreeMap::from([(
+            EBS_ZONE.to_owned(),
+            "us-east-1a".to_owned()
+        )])]
+    );
+    // The default key does not name this node any more.
+    let mut req = create_req("w", MIB);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![csi::Topology {
+            segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), "us-east-1a".to_owned())]),
+        }],
+        preferred: vec![],
+    });
+    assert_eq!(code(create(&mut c, req).await), Code::ResourceExhausted);
+    let capacity = |t: csi::Topology| csi::GetCapacityRequest {
+        accessible_topology: Some(t),
+        ..Default::default()
+    };
+    let here = c
+        .get_capacity(capacity(zone("us-east-1a")))
+        .await
+        .expect("capacity")
+        .into_inner();
+    assert!(here.available_capacity > 0);
+    let there = c
+        .get_capacity(capacity(zone("us-east-1b")))
+        .await
+        .expect("capacity")
+        .into_inner();
+    assert_eq!(there.available_capacity, 0);
+    server.stop().await.expect("clean stop");
+}
+
 #[tokio::test]
 async fn topology_requirements() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -34,6 +34,7 @@ fn unpublish_req(id: &str, target: &std::path::Path) -> csi::NodeUnpublishVolume
 #[tokio::test]
 async fn info_and_capabilities() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
     let server = Server::start_in(dir.path(), |c| c.node_id = "worker-7".to_owned()).await;
     let mut n = server.node();
     let info = n
@@ -63,7 +64,11 @@ async fn info_and_capabilities() {
         .collect();
     assert_eq!(
         got,
-        [R::GetVolumeStats as i32, R::SingleNodeMultiWriter as i32]
+        [
+            R::GetVolumeStats as i32,
+            R::ExpandVolume as i32,
+            R::SingleNodeMultiWriter as i32
+        ]
     );
     assert_eq!(
         code(
@@ -84,7 +89,7 @@ async fn info_and_capabilities() {
             n.node_expand_volume(csi::NodeExpandVolumeRequest::default())
                 .await
         ),
-        Code::Unimplemented
+        Code::InvalidArgument
     );
     server.stop().await.expect("clean stop");
 }
@@ -92,6 +97,7 @@ async fn info_and_capabilities() {
 #[tokio::test]
 async fn publish_unpublish_mount_volume() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
     let server = Server::start_in(dir.path(), |_| {}).await;
     let mut c = server.controller();
     let mut n = server.node();
@@ -164,6 +170,7 @@ async fn publish_unpublish_mount_volume() {
 #[tokio::test]
 async fn publish_readonly_and_block() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
     let server = Server::start_in(dir.path(), |_| {}).await;
     let mut c = server.controller();
     let mut n = server.node();
@@ -217,6 +224,7 @@ async fn publish_readonly_and_block() {
 #[tokio::test]
 async fn node_argument_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
     let server = Server::start_in(dir.path(), |_| {}).await;
     let mut c = server.controller();
     let mut n = server.node();
@@ -274,5 +282,437 @@ async fn node_argument_errors() {
         ),
         Code::NotFound
     );
+    server.stop().await.expect("clean stop");
+}
+
+fn stats_req(id: &str, path: &std::path::Path) -> csi::NodeGetVolumeStatsRequest {
+    csi::NodeGetVolumeStatsRequest {
+        volume_id: id.to_owned(),
+        volume_path: path.to_string_lossy().into_owned(),
+        ..Default::default()
+    }
+}
+
+/// The publications recorded for volume `id`.
+fn recorded_targets(server: &Server, id: &str) -> Vec<String> {
+    csi_hostpath::backend_volumes(&server.config.state_dir)
+        .expect("records")
+        .into_iter()
+        .find(|v| v.id == id)
+        .expect("volume record")
+        .published
+        .into_keys()
+        .collect()
+}
+
+/// CSI spec, NodePublishVolume (with SINGLE_NODE_MULTI_WRITER advertised):
+/// a second target path on the node is FAILED_PRECONDITION for
+/// SINGLE_NODE_SINGLE_WRITER (and the other non-multi-writer single-node
+/// modes), OK for SINGLE_NODE_MULTI_WRITER. The refused publish leaves
+/// nothing behind at its target (upstream csi-sanity found a bind mount
+/// left in its mount directory).
+#[tokio::test]
+async fn second_target_is_refused_unless_multi_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    let mut c = server.controller();
+    let mut n = server.node();
+    let pods = dir.path().join("pods");
+    std::fs::create_dir(&pods).expect("mkdir");
+    let (first, second) = (pods.join("first"), pods.join("second"));
+
+    for mode in [
+        Mode::SingleNodeSingleWriter,
+        Mode::SingleNodeWriter,
+        Mode::SingleNodeReaderOnly,
+    ] {
+        let mut req = create_req(&format!("v-{}", mode.as_str_name()), MIB);
+        req.volume_capabilities = vec![mount_cap(mode)];
+        let v = create(&mut c, req).await.expect("create");
+        let mut publish = publish_req(&v.volume_id, &first, mount_cap(mode));
+        publish.readonly = mode == Mode::SingleNodeReaderOnly;
+        n.node_publish_volume(publish.clone())
+            .await
+            .expect("first publish");
+        n.node_publish_volume(publish.clone())
+            .await
+            .expect("the same target again is idempotent");
+        let mut elsewhere = publish.clone();
+        elsewhere.target_path = second.to_string_lossy().into_owned();
+        let err = n
+            .node_publish_volume(elsewhere.clone())
+            .await
+            .expect_err("second target");
+        assert_eq!(err.code(), Code::FailedPrecondition, "{mode:?}: {err:?}");
+        assert!(
+            err.message()
+                .contains(&first.to_string_lossy().into_owned()),
+            "the message names the other target: {}",
+            err.message()
+        );
+        assert!(
+            std::fs::symlink_metadata(&second).is_err(),
+            "{mode:?}: nothing created at the refused target"
+        );
+        assert_eq!(
+            mounts_under(&second),
+            Vec::<String>::new(),
+            "no mount at the refused target"
+        );
+        assert_eq!(
+            recorded_targets(&server, &v.volume_id),
+            [first.to_string_lossy().into_owned()]
+        );
+        // Once the first target is unpublished, the second one is free.
+        n.node_unpublish_volume(unpublish_req(&v.volume_id, &first))
+            .await
+            .expect("unpublish first");
+        n.node_publish_volume(elsewhere).await.expect("now free");
+        n.node_unpublish_volume(unpublish_req(&v.volume_id, &second))
+            .await
+            .expect("unpublish second");
+        assert!(recorded_targets(&server, &v.volume_id).is_empty());
+        delete(&mut c, &v.volume_id).await.expect("delete");
+    }
+
+    // SINGLE_NODE_MULTI_WRITER: any number of targets.
+    let mut req = create_req("multi", MIB);
+    req.volume_capabilities = vec![mount_cap(Mode::SingleNodeMultiWriter)];
+    let v = create(&mut c, req).await.expect("create");
+    let multi = mount_cap(Mode::SingleNodeMultiWriter);
+    n.node_publish_volume(publish_req(&v.volume_id, &first, multi.clone()))
+        .await
+        .expect("first");
+    n.node_publish_volume(publish_req(&v.volume_id, &second, multi.clone()))
+        .await
+        .expect("second target with SINGLE_NODE_MULTI_WRITER");
+    // ...but not a single-writer publication next to them.
+    let third = pods.join("third");
+    assert_eq!(
+        code(
+            n.node_publish_volume(publish_req(
+                &v.volume_id,
+                &third,
+                mount_cap(Mode::SingleNodeSingleWriter)
+            ))
+            .await
+        ),
+        Code::FailedPrecondition
+    );
+    assert!(std::fs::symlink_metadata(&third).is_err());
+    for target in [&first, &second] {
+        n.node_unpublish_volume(unpublish_req(&v.volume_id, target))
+            .await
+            .expect("unpublish");
+    }
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
+    server.stop().await.expect("clean stop");
+}
+
+/// CSI spec, NodePublishVolume: the same target with other arguments
+/// (access mode or readonly) is ALREADY_EXISTS, and the publication stays
+/// as it was.
+#[tokio::test]
+async fn same_target_with_other_arguments_is_already_exists() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    let mut c = server.controller();
+    let mut n = server.node();
+    let v = create(&mut c, create_req("v", MIB)).await.expect("create");
+    let target = dir.path().join("target");
+    let publish = publish_req(&v.volume_id, &target, rwo());
+    n.node_publish_volume(publish.clone())
+        .await
+        .expect("publish");
+    let mut readonly = publish.clone();
+    readonly.readonly = true;
+    assert_eq!(
+        code(n.node_publish_volume(readonly).await),
+        Code::AlreadyExists
+    );
+    let other_mode = publish_req(
+        &v.volume_id,
+        &target,
+        mount_cap(Mode::SingleNodeMultiWriter),
+    );
+    assert_eq!(
+        code(n.node_publish_volume(other_mode).await),
+        Code::AlreadyExists
+    );
+    n.node_publish_volume(publish)
+        .await
+        .expect("the original arguments are still idempotent");
+    // Another volume onto the same target is refused too.
+    let w = create(&mut c, create_req("w", MIB)).await.expect("create");
+    assert_eq!(
+        code(
+            n.node_publish_volume(publish_req(&w.volume_id, &target, rwo()))
+                .await
+        ),
+        Code::AlreadyExists
+    );
+    // Unpublishing the other volume there leaves this volume's mount alone.
+    n.node_unpublish_volume(unpublish_req(&w.volume_id, &target))
+        .await
+        .expect("not published there: OK");
+    assert!(
+        std::fs::symlink_metadata(&target).is_ok(),
+        "the mount of v is untouched"
+    );
+    n.node_get_volume_stats(stats_req(&v.volume_id, &target))
+        .await
+        .expect("still published");
+    n.node_unpublish_volume(unpublish_req(&v.volume_id, &target))
+        .await
+        .expect("unpublish");
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
+    server.stop().await.expect("clean stop");
+}
+
+/// DeleteVolume of a published volume is FAILED_PRECONDITION ("Volume in
+/// use"): deleting the data under a live mount would leave a mount of a
+/// deleted directory behind.
+#[tokio::test]
+async fn delete_of_a_published_volume_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    let mut c = server.controller();
+    let mut n = server.node();
+    let v = create(&mut c, create_req("v", MIB)).await.expect("create");
+    let target = dir.path().join("target");
+    n.node_publish_volume(publish_req(&v.volume_id, &target, rwo()))
+        .await
+        .expect("publish");
+    assert_eq!(
+        code(delete(&mut c, &v.volume_id).await),
+        Code::FailedPrecondition
+    );
+    assert!(volume_path(&server.config.state_dir, &v.volume_id).is_dir());
+    n.node_unpublish_volume(unpublish_req(&v.volume_id, &target))
+        .await
+        .expect("unpublish");
+    delete(&mut c, &v.volume_id)
+        .await
+        .expect("delete after unpublish");
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
+    server.stop().await.expect("clean stop");
+}
+
+/// Publications are part of the volume record: a restarted driver still
+/// refuses a second single-writer target, and a recorded target that no
+/// longer shows the volume (removed behind the driver's back) is stale and
+/// ignored.
+#[tokio::test]
+async fn publications_survive_a_restart_and_stale_ones_are_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let snsw = mount_cap(Mode::SingleNodeSingleWriter);
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    let mut req = create_req("v", MIB);
+    req.volume_capabilities = vec![snsw.clone()];
+    let v = create(&mut server.controller(), req).await.expect("create");
+    server
+        .node()
+        .node_publish_volume(publish_req(&v.volume_id, &first, snsw.clone()))
+        .await
+        .expect("publish");
+    server.stop().await.expect("stop");
+
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    let mut n = server.node();
+    assert_eq!(
+        code(
+            n.node_publish_volume(publish_req(&v.volume_id, &second, snsw.clone()))
+                .await
+        ),
+        Code::FailedPrecondition
+    );
+    // Remove the publication behind the driver's back.
+    let mounted = !std::fs::symlink_metadata(&first)
+        .expect("target")
+        .file_type()
+        .is_symlink();
+    if mounted {
+        let status = std::process::Command::new("umount")
+            .arg(&first)
+            .status()
+            .expect("umount");
+        assert!(status.success());
+        std::fs::remove_dir(&first).expect("rmdir");
+    } else {
+        std::fs::remove_file(&first).expect("unlink");
+    }
+    n.node_publish_volume(publish_req(&v.volume_id, &second, snsw.clone()))
+        .await
+        .expect("the stale publication does not block");
+    assert_eq!(
+        recorded_targets(&server, &v.volume_id),
+        [second.to_string_lossy().into_owned()],
+        "the stale entry was dropped"
+    );
+    n.node_unpublish_volume(unpublish_req(&v.volume_id, &second))
+        .await
+        .expect("unpublish");
+    // Unpublishing the stale target is OK (nothing there).
+    n.node_unpublish_volume(unpublish_req(&v.volume_id, &first))
+        .await
+        .expect("unpublish stale");
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
+    server.stop().await.expect("clean stop");
+}
+
+/// A publish that fails after the target was created (a mount volume onto
+/// an existing file) keeps nothing: no mount, no recorded publication.
+#[tokio::test]
+async fn failed_publish_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    let mut c = server.controller();
+    let mut n = server.node();
+    let v = create(&mut c, create_req("v", MIB)).await.expect("create");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").expect("write");
+    assert_eq!(
+        code(
+            n.node_publish_volume(publish_req(&v.volume_id, &file, rwo()))
+                .await
+        ),
+        Code::FailedPrecondition
+    );
+    assert_eq!(std::fs::read(&file).expect("kept"), b"not a directory");
+    assert!(recorded_targets(&server, &v.volume_id).is_empty());
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
+    // The volume is not in use, so it can be deleted.
+    delete(&mut c, &v.volume_id).await.expect("delete");
+    server.stop().await.expect("clean stop");
+}
+
+/// NodeGetVolumeStats: NOT_FOUND when `volume_path` exists but is not
+/// where the volume is published ("does not exist on the specified path").
+#[tokio::test]
+async fn stats_need_the_volume_at_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    let mut c = server.controller();
+    let mut n = server.node();
+    let v = create(&mut c, create_req("v", MIB)).await.expect("create");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    assert_eq!(
+        code(
+            n.node_get_volume_stats(stats_req(&v.volume_id, &elsewhere))
+                .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            n.node_get_volume_stats(stats_req(&v.volume_id, std::path::Path::new("/")))
+                .await
+        ),
+        Code::NotFound
+    );
+    server.stop().await.expect("clean stop");
+}
+
+/// NodeExpandVolume (EXPAND_VOLUME node capability): argument checks one
+/// at a time, NOT_FOUND for an unknown volume or one not published at
+/// `volume_path`, OUT_OF_RANGE beyond what ControllerExpandVolume gave the
+/// volume, and the capacity once published.
+#[tokio::test]
+async fn node_expand_volume() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    let mut c = server.controller();
+    let mut n = server.node();
+    let v = create(&mut c, create_req("v", 4 * MIB))
+        .await
+        .expect("create");
+    let target = dir.path().join("target");
+    let expand = |id: &str, path: &std::path::Path, required: i64| csi::NodeExpandVolumeRequest {
+        volume_id: id.to_owned(),
+        volume_path: path.to_string_lossy().into_owned(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(rwo()),
+        ..Default::default()
+    };
+    let mut r = expand(&v.volume_id, &target, 4 * MIB);
+    r.volume_id.clear();
+    assert_eq!(code(n.node_expand_volume(r).await), Code::InvalidArgument);
+    let mut r = expand(&v.volume_id, &target, 4 * MIB);
+    r.volume_path.clear();
+    assert_eq!(code(n.node_expand_volume(r).await), Code::InvalidArgument);
+    let mut r = expand(&v.volume_id, &target, 4 * MIB);
+    r.volume_capability = Some(block_cap(Mode::SingleNodeWriter));
+    assert_eq!(code(n.node_expand_volume(r).await), Code::InvalidArgument);
+    assert_eq!(
+        code(n.node_expand_volume(expand("nope", &target, 4 * MIB)).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            n.node_expand_volume(expand(&v.volume_id, &target, 4 * MIB))
+                .await
+        ),
+        Code::NotFound,
+        "not published at the path"
+    );
+
+    n.node_publish_volume(publish_req(&v.volume_id, &target, rwo()))
+        .await
+        .expect("publish");
+    let got = n
+        .node_expand_volume(expand(&v.volume_id, &target, 4 * MIB))
+        .await
+        .expect("expand")
+        .into_inner();
+    assert_eq!(got.capacity_bytes, 4 * MIB);
+    assert_eq!(
+        code(
+            n.node_expand_volume(expand(&v.volume_id, &target, 8 * MIB))
+                .await
+        ),
+        Code::OutOfRange,
+        "the controller has not grown it yet"
+    );
+    c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 8 * MIB,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("controller expand");
+    let mut r = expand(&v.volume_id, &target, 8 * MIB);
+    r.capacity_range = None;
+    r.volume_capability = None;
+    let got = n
+        .node_expand_volume(r)
+        .await
+        .expect("expand without range or capability")
+        .into_inner();
+    assert_eq!(got.capacity_bytes, 8 * MIB);
+    let mut r = expand(&v.volume_id, &target, 8 * MIB);
+    r.capacity_range = Some(csi::CapacityRange {
+        required_bytes: 0,
+        limit_bytes: 6 * MIB,
+    });
+    assert_eq!(code(n.node_expand_volume(r).await), Code::OutOfRange);
+    n.node_unpublish_volume(unpublish_req(&v.volume_id, &target))
+        .await
+        .expect("unpublish");
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
     server.stop().await.expect("clean stop");
 }

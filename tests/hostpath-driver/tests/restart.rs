@@ -115,6 +115,14 @@ fn driver_new_rejects_bad_state_and_config() {
             capacity: BTreeMap::from([(String::new(), 1)]),
             ..config.clone()
         },
+        Config {
+            topology_key: String::new(),
+            ..config.clone()
+        },
+        Config {
+            topology_key: "not a label key".to_owned(),
+            ..config.clone()
+        },
     ] {
         assert!(
             matches!(

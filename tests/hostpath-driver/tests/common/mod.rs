@@ -194,3 +194,38 @@ pub fn code<T>(result: Result<T, tonic::Status>) -> tonic::Code {
         Err(status) => status.code(),
     }
 }
+
+/// Mount points at or below `dir` in this process's mount namespace (a
+/// test that published must leave none behind).
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    info.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|mp| mp.replace("\\040", " "))
+        .filter(|mp| Path::new(mp).starts_with(&dir))
+        .collect()
+}
+
+/// Lazily unmounts whatever is still mounted below its directory when
+/// dropped, so that a failing test does not leave bind mounts on the
+/// machine (and its temporary directory's removal does not reach into a
+/// volume through one). Declare it after the `TempDir` so it drops first.
+pub struct Unmounter(std::path::PathBuf);
+
+impl Unmounter {
+    pub fn new(dir: &Path) -> Unmounter {
+        Unmounter(dir.to_path_buf())
+    }
+}
+
+impl Drop for Unmounter {
+    fn drop(&mut self) {
+        for mount in mounts_under(&self.0).into_iter().rev() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&mount)
+                .status();
+        }
+    }
+}
