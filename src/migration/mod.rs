@@ -86,7 +86,12 @@
 //!   (upstream drops it there but not in the other direction, so its round
 //!   trip loses it).
 //! - The translated class names the CSI driver as its provisioner for every
-//!   plugin (upstream does so for Portworx only; nothing downstream reads it).
+//!   plugin (upstream does so for Portworx only). The plan's data-source
+//!   checks compare a snapshot's or clone source's driver with the class's
+//!   provisioner, so restoring a snapshot of our driver into a migrated
+//!   class works here, where upstream refuses it as "a different driver".
+//!   (Cloning from a migrated PV still fails, as upstream: the source PV has
+//!   no CSI source.)
 
 mod handles;
 mod storage_class;
