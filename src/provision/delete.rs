@@ -224,6 +224,27 @@ pub fn deletion_secret_ref(
     })
 }
 
+/// The backend volume id of a PV: its CSI volume handle, or (CSI migration)
+/// the handle its in-tree source translates to, with that source's plugin.
+/// Also what to compare when a PV of the same name already exists.
+pub fn volume_id_of(pv: &PersistentVolume) -> Result<(String, Option<InTreePlugin>), DeleteError> {
+    let csi_handle = |pv: &PersistentVolume| {
+        pv.spec
+            .as_ref()
+            .and_then(|spec| spec.csi.as_ref())
+            .map(|csi| csi.volume_handle.clone())
+    };
+    match (csi_handle(pv), InTreePlugin::of_in_tree_volume(pv)) {
+        (Some(volume_id), _) => Ok((volume_id, None)),
+        (None, Some(plugin)) => {
+            let translated = translate_in_tree_pv_to_csi(pv).map_err(DeleteError::Migration)?;
+            let volume_id = csi_handle(&translated).ok_or(DeleteError::NotCsi)?;
+            Ok((volume_id, Some(plugin)))
+        }
+        (None, None) => Err(DeleteError::NotCsi),
+    }
+}
+
 /// Builds the `DeleteVolume` plan of a PV `should_delete` accepted. `class`
 /// is the PV's StorageClass if it still exists.
 ///
@@ -235,21 +256,7 @@ pub fn plan_delete(
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
 ) -> Result<DeletePlan, DeleteError> {
-    let csi_source = |pv: &PersistentVolume| {
-        pv.spec
-            .as_ref()
-            .and_then(|spec| spec.csi.as_ref())
-            .map(|csi| csi.volume_handle.clone())
-    };
-    let (volume_id, migrated_from) = match (csi_source(pv), InTreePlugin::of_in_tree_volume(pv)) {
-        (Some(volume_id), _) => (volume_id, None),
-        (None, Some(plugin)) => {
-            let translated = translate_in_tree_pv_to_csi(pv).map_err(DeleteError::Migration)?;
-            let volume_id = csi_source(&translated).ok_or(DeleteError::NotCsi)?;
-            (volume_id, Some(plugin))
-        }
-        (None, None) => return Err(DeleteError::NotCsi),
-    };
+    let (volume_id, migrated_from) = volume_id_of(pv)?;
     let has_secret_annotations = pv.metadata.annotations.as_ref().is_some_and(|a| {
         a.contains_key(wk::ANN_DELETION_SECRET_NAME)
             && a.contains_key(wk::ANN_DELETION_SECRET_NAMESPACE)

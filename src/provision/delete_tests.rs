@@ -553,6 +553,16 @@ fn migrated_delete_plans() {
             .is_migrated()
     );
 
+    // The id to compare a same-named existing PV by, for both forms.
+    assert_eq!(
+        volume_id_of(&migrated_volume()),
+        Ok(("vol-0123".to_owned(), Some(InTreePlugin::AwsEbs)))
+    );
+    assert_eq!(
+        volume_id_of(&released_volume()),
+        Ok(("handle-1".to_owned(), None))
+    );
+
     let malformed = migrated(|pv| {
         if let Some(ebs) = pv
             .spec

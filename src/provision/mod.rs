@@ -105,7 +105,8 @@ pub use content_source::{
 };
 pub use delete::{
     DeleteDecision, DeleteError, DeletePlan, DeleteSkipReason, attached_node, deletion_secret_ref,
-    is_our_volume, plan_delete, should_delete, still_attached_message, volume_on_this_node,
+    is_our_volume, plan_delete, should_delete, still_attached_message, volume_id_of,
+    volume_on_this_node,
 };
 pub use error::{DataSourceError, ProvisionError};
 pub use finalizer::{
