@@ -1,6 +1,7 @@
 //! Volume ids as the in-tree plugins and the CSI drivers spell them, and the
 //! region a set of zones lies in. Every parser returns an error for input it
-//! does not understand; none indexes or slices unchecked.
+//! does not understand and none can panic: each slice bound comes from a
+//! length check or from a `find` on the same (ASCII-lowered) string.
 
 use std::collections::BTreeSet;
 
