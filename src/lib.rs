@@ -13,6 +13,7 @@ pub mod informer;
 pub mod kube_client;
 pub mod leader;
 pub mod metrics;
+pub mod migration;
 pub mod protection;
 pub mod provision;
 pub mod queue;

@@ -40,6 +40,27 @@ pub const ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE: &str =
 /// Volume attribute (PV `csi.volumeAttributes`) naming the provisioner instance.
 pub const VOLUME_ATTR_PROVISIONER_IDENTITY: &str = "storage.kubernetes.io/csiProvisionerIdentity";
 
+// ---- CSI migration (k8s.io/csi-translation-lib) -----------------------------
+
+/// GA node and PV label naming the zone; in-tree PVs carry it (or the beta
+/// one) and their node affinity uses it.
+pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+/// GA node and PV label naming the region.
+pub const LABEL_TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";
+/// Beta form of [`LABEL_TOPOLOGY_ZONE`], still on PVs of older clusters.
+pub const LABEL_FAILURE_DOMAIN_BETA_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
+/// Beta form of [`LABEL_TOPOLOGY_REGION`].
+pub const LABEL_FAILURE_DOMAIN_BETA_REGION: &str = "failure-domain.beta.kubernetes.io/region";
+/// Separates the zones of a multi-zone (regional) volume in a zone label.
+pub const LABEL_MULTI_ZONE_DELIMITER: &str = "__";
+/// Azure File PV annotation keeping the resource group of the share, which
+/// the in-tree source has no field for.
+pub const ANN_AZURE_FILE_RESOURCE_GROUP: &str = "kubernetes.io/azure-file-resource-group";
+/// Portworx class parameter and PV annotation naming the auth Secret.
+pub const OPENSTORAGE_AUTH_SECRET_NAME: &str = "openstorage.io/auth-secret-name";
+/// Portworx class parameter and PV annotation naming the auth Secret's namespace.
+pub const OPENSTORAGE_AUTH_SECRET_NAMESPACE: &str = "openstorage.io/auth-secret-namespace";
+
 // ---- VolumeSnapshotContent annotations ----------------------------------------
 
 /// Allows restoring a snapshot into a volume of another volume mode.

@@ -9,6 +9,9 @@ use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use super::config::ProvisionerConfig;
 use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
 use super::topology::node_affinity_matches;
+use crate::migration::{
+    InTreePlugin, MigrationError, translate_in_tree_pv_to_csi, translate_storage_class_to_csi,
+};
 use crate::wellknown as wk;
 
 /// Whether the PV belongs to this driver: its provisioned-by annotation (or,
@@ -16,12 +19,29 @@ use crate::wellknown as wk;
 /// a provisioned-by annotation (static PV), its CSI driver or migrated-to
 /// annotation does. A PV provisioned by another driver is never ours, even if
 /// its CSI source names our driver.
+///
+/// CSI migration: when our driver took over an in-tree plugin, a
+/// provisioned-by annotation with the plugin's name is ours too (upstream's
+/// additional provisioner name); and a PV with an in-tree source is ours only
+/// if that source translates to our driver, since we could not delete it
+/// otherwise.
 pub fn is_our_volume(pv: &PersistentVolume, config: &ProvisionerConfig) -> bool {
-    let ours = |value: Option<&String>| value.is_some_and(|value| *value == config.driver_name);
+    let driver = config.driver_name.as_str();
+    if let Some(plugin) = InTreePlugin::of_in_tree_volume(pv)
+        && plugin.csi_driver() != driver
+    {
+        return false;
+    }
+    let our_in_tree_name = InTreePlugin::from_csi_driver(driver).map(InTreePlugin::in_tree_name);
+    let ours = |value: Option<&String>| value.is_some_and(|value| value == driver);
     let annotations = pv.metadata.annotations.as_ref();
     let migrated_to = annotations.and_then(|a| a.get(wk::ANN_MIGRATED_TO));
     match annotations.and_then(|a| a.get(wk::ANN_PROVISIONED_BY)) {
-        Some(provisioned_by) => ours(Some(provisioned_by)) || ours(migrated_to),
+        Some(provisioned_by) => {
+            ours(Some(provisioned_by))
+                || Some(provisioned_by.as_str()) == our_in_tree_name
+                || ours(migrated_to)
+        }
         None => match pv.spec.as_ref().and_then(|spec| spec.csi.as_ref()) {
             Some(csi) => csi.driver == config.driver_name,
             None => ours(migrated_to),
@@ -124,9 +144,14 @@ pub fn should_delete(pv: &PersistentVolume, config: &ProvisionerConfig) -> Delet
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeleteError {
-    /// Ours (by annotation) but without a CSI source: nothing we can delete.
+    /// Ours (by annotation) but with neither a CSI source nor an in-tree one
+    /// that translates to CSI: nothing we can delete.
     #[error("invalid CSI PV")]
     NotCsi,
+    /// CSI migration: the in-tree PV (or, for its deletion secret, its
+    /// in-tree class) cannot be translated to CSI.
+    #[error(transparent)]
+    Migration(MigrationError),
     #[error("failed to get secretreference for volume {volume}: {error}")]
     Secret { volume: String, error: SecretError },
 }
@@ -138,6 +163,16 @@ pub struct DeletePlan {
     /// Fetch it for `DeleteVolume`'s secrets. If it cannot be read, delete
     /// without secrets (it may have been deleted with its namespace), as upstream.
     pub secret: Option<SecretRef>,
+    /// CSI migration: the PV is in the in-tree form of this plugin and
+    /// `volume_id` comes from its translation to CSI.
+    pub migrated_from: Option<InTreePlugin>,
+}
+
+impl DeletePlan {
+    /// A CSI migration operation: upstream labels its metrics `migrated="true"`.
+    pub fn is_migrated(&self) -> bool {
+        self.migrated_from.is_some()
+    }
 }
 
 /// The Secret for `DeleteVolume`: from the PV's deletion-secret annotations
@@ -189,20 +224,58 @@ pub fn deletion_secret_ref(
     })
 }
 
+/// The backend volume id of a PV: its CSI volume handle, or (CSI migration)
+/// the handle its in-tree source translates to, with that source's plugin.
+/// Also what to compare when a PV of the same name already exists.
+pub fn volume_id_of(pv: &PersistentVolume) -> Result<(String, Option<InTreePlugin>), DeleteError> {
+    let csi_handle = |pv: &PersistentVolume| {
+        pv.spec
+            .as_ref()
+            .and_then(|spec| spec.csi.as_ref())
+            .map(|csi| csi.volume_handle.clone())
+    };
+    match (csi_handle(pv), InTreePlugin::of_in_tree_volume(pv)) {
+        (Some(volume_id), _) => Ok((volume_id, None)),
+        (None, Some(plugin)) => {
+            let translated = translate_in_tree_pv_to_csi(pv).map_err(DeleteError::Migration)?;
+            let volume_id = csi_handle(&translated).ok_or(DeleteError::NotCsi)?;
+            Ok((volume_id, Some(plugin)))
+        }
+        (None, None) => Err(DeleteError::NotCsi),
+    }
+}
+
 /// Builds the `DeleteVolume` plan of a PV `should_delete` accepted. `class`
 /// is the PV's StorageClass if it still exists.
+///
+/// CSI migration: a PV with an in-tree source is translated to CSI for its
+/// volume handle (upstream's `IsPVMigratable` / `TranslateInTreePVToCSI`);
+/// its in-tree class, when the deletion secret must come from the class, is
+/// translated too (only Portworx's translation yields a provisioner secret).
 pub fn plan_delete(
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
 ) -> Result<DeletePlan, DeleteError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.csi.as_ref())
-        .ok_or(DeleteError::NotCsi)?;
+    let (volume_id, migrated_from) = volume_id_of(pv)?;
+    let has_secret_annotations = pv.metadata.annotations.as_ref().is_some_and(|a| {
+        a.contains_key(wk::ANN_DELETION_SECRET_NAME)
+            && a.contains_key(wk::ANN_DELETION_SECRET_NAMESPACE)
+    });
+    let translated_class;
+    let class = match (migrated_from, class) {
+        (Some(plugin), Some(class))
+            if !has_secret_annotations && class.provisioner == plugin.in_tree_name() =>
+        {
+            translated_class =
+                translate_storage_class_to_csi(plugin, class).map_err(DeleteError::Migration)?;
+            Some(&translated_class)
+        }
+        (_, class) => class,
+    };
     Ok(DeletePlan {
-        volume_id: csi.volume_handle.clone(),
+        volume_id,
         secret: deletion_secret_ref(pv, class)?,
+        migrated_from,
     })
 }
 

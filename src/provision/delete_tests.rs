@@ -7,7 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::provision::config::NodeDeployment;
 use crate::provision::fixtures::{
-    DRIVER, VOLUME, annotate, class, config, map, now, released_volume,
+    AWS_EBS_PLUGIN, DRIVER, EBS_DRIVER, VOLUME, annotate, class, config, ebs_config, gp2_class,
+    map, migrated_volume, now, released_volume,
 };
 
 fn without_gate() -> ProvisionerConfig {
@@ -398,10 +399,243 @@ fn delete_plans() {
         Ok(DeletePlan {
             volume_id: "handle-1".into(),
             secret: secret(&format!("data-{VOLUME}"), "ns"),
+            migrated_from: None,
         })
     );
     let not_csi = edit(|pv| pv.spec.as_mut().expect("spec").csi = None);
     assert_eq!(plan_delete(&not_csi, None), Err(DeleteError::NotCsi));
+    // A source the translation does not know (NFS) is no CSI PV either.
+    let nfs = edit(|pv| {
+        let spec = pv.spec.as_mut().expect("spec");
+        spec.csi = None;
+        spec.nfs = Some(k8s_openapi::api::core::v1::NFSVolumeSource {
+            path: "/export".into(),
+            server: "nfs".into(),
+            read_only: None,
+        });
+    });
+    assert_eq!(plan_delete(&nfs, None), Err(DeleteError::NotCsi));
+}
+
+fn migrated(change: impl FnOnce(&mut PersistentVolume)) -> PersistentVolume {
+    let mut pv = migrated_volume();
+    change(&mut pv);
+    pv
+}
+
+fn in_tree_source(
+    pv: &mut PersistentVolume,
+) -> &mut k8s_openapi::api::core::v1::PersistentVolumeSpec {
+    let spec = pv.spec.as_mut().expect("spec");
+    spec.aws_elastic_block_store = None;
+    spec
+}
+
+#[test]
+fn migrated_volume_ownership() {
+    use k8s_openapi::api::core::v1::{GCEPersistentDiskVolumeSource, PortworxVolumeSource};
+    let ebs = ebs_config();
+    let hostpath = config();
+    let cases: Vec<(&str, PersistentVolume, &ProvisionerConfig, bool)> = vec![
+        (
+            "provisioned-by in-tree, migrated-to us",
+            migrated_volume(),
+            &ebs,
+            true,
+        ),
+        (
+            "provisioned-by in-tree, no migrated-to yet",
+            migrated(|pv| {
+                pv.metadata.annotations = Some(map(&[(wk::ANN_PROVISIONED_BY, AWS_EBS_PLUGIN)]))
+            }),
+            &ebs,
+            true,
+        ),
+        (
+            "static in-tree PV migrated to us",
+            migrated(|pv| {
+                pv.metadata.annotations = Some(map(&[(wk::ANN_MIGRATED_TO, EBS_DRIVER)]))
+            }),
+            &ebs,
+            true,
+        ),
+        (
+            "static in-tree PV, not migrated",
+            migrated(|pv| pv.metadata.annotations = None),
+            &ebs,
+            false,
+        ),
+        (
+            "provisioned by another in-tree plugin",
+            migrated(|pv| {
+                pv.metadata.annotations =
+                    Some(map(&[(wk::ANN_PROVISIONED_BY, "kubernetes.io/gce-pd")]))
+            }),
+            &ebs,
+            false,
+        ),
+        (
+            "annotated for us but the source is another plugin's",
+            migrated(|pv| {
+                in_tree_source(pv).gce_persistent_disk = Some(GCEPersistentDiskVolumeSource {
+                    pd_name: "d".into(),
+                    ..Default::default()
+                });
+            }),
+            &ebs,
+            false,
+        ),
+        (
+            "a driver that took over no plugin: an in-tree PV is never ours",
+            migrated(|pv| {
+                pv.metadata.annotations = Some(map(&[(wk::ANN_PROVISIONED_BY, DRIVER)]));
+                in_tree_source(pv).portworx_volume = Some(PortworxVolumeSource {
+                    volume_id: "px".into(),
+                    ..Default::default()
+                });
+            }),
+            &hostpath,
+            false,
+        ),
+        (
+            "the in-tree name means nothing to another driver",
+            migrated_volume(),
+            &hostpath,
+            false,
+        ),
+        (
+            "native CSI PV of the EBS driver",
+            released_volume_of(EBS_DRIVER),
+            &ebs,
+            true,
+        ),
+    ];
+    for (name, pv, config, expected) in cases {
+        assert_eq!(is_our_volume(&pv, config), expected, "{name}");
+    }
+    assert_eq!(
+        should_delete(&migrated_volume(), &ebs),
+        DeleteDecision::Delete
+    );
+}
+
+fn released_volume_of(driver: &str) -> PersistentVolume {
+    let mut pv = released_volume();
+    annotate(&mut pv.metadata, wk::ANN_PROVISIONED_BY, driver);
+    if let Some(csi) = pv.spec.as_mut().and_then(|spec| spec.csi.as_mut()) {
+        csi.driver = driver.into();
+    }
+    pv
+}
+
+#[test]
+fn migrated_delete_plans() {
+    use crate::migration::{InTreePlugin, MigrationError};
+    use k8s_openapi::api::core::v1::PortworxVolumeSource;
+
+    // The handle comes from the translation (aws://zone/vol-id → vol-id).
+    assert_eq!(
+        plan_delete(&migrated_volume(), Some(&gp2_class())),
+        Ok(DeletePlan {
+            volume_id: "vol-0123".into(),
+            secret: None,
+            migrated_from: Some(InTreePlugin::AwsEbs),
+        })
+    );
+    assert!(
+        plan_delete(&migrated_volume(), None)
+            .expect("plan")
+            .is_migrated()
+    );
+    assert!(
+        !plan_delete(&released_volume(), None)
+            .expect("plan")
+            .is_migrated()
+    );
+
+    // The id to compare a same-named existing PV by, for both forms.
+    assert_eq!(
+        volume_id_of(&migrated_volume()),
+        Ok(("vol-0123".to_owned(), Some(InTreePlugin::AwsEbs)))
+    );
+    assert_eq!(
+        volume_id_of(&released_volume()),
+        Ok(("handle-1".to_owned(), None))
+    );
+
+    let malformed = migrated(|pv| {
+        if let Some(ebs) = pv
+            .spec
+            .as_mut()
+            .and_then(|spec| spec.aws_elastic_block_store.as_mut())
+        {
+            ebs.volume_id = "aws://us-east-1a/".into();
+        }
+    });
+    let error = plan_delete(&malformed, None).expect_err("malformed id");
+    assert_eq!(
+        error,
+        DeleteError::Migration(MigrationError::InvalidEbsVolumeId {
+            id: "aws://us-east-1a/".into(),
+            reason: "is not of the form aws://<zone>/vol-<id>",
+        })
+    );
+    assert!(
+        error
+            .to_string()
+            .starts_with("failed to translate Kubernetes ID to EBS Volume ID")
+    );
+
+    // Deletion secrets: the annotations first; the in-tree class only when
+    // they are missing, and then translated (Portworx's auth secret becomes
+    // the provisioner secret).
+    let portworx = migrated(|pv| {
+        pv.metadata.annotations = Some(map(&[(
+            wk::ANN_PROVISIONED_BY,
+            "kubernetes.io/portworx-volume",
+        )]));
+        in_tree_source(pv).portworx_volume = Some(PortworxVolumeSource {
+            volume_id: "px-1".into(),
+            ..Default::default()
+        });
+    });
+    let portworx_class = StorageClass {
+        provisioner: "kubernetes.io/portworx-volume".into(),
+        parameters: Some(map(&[
+            ("openstorage.io/auth-secret-name", "px-${pvc.name}"),
+            ("openstorage.io/auth-secret-namespace", "${pvc.namespace}"),
+        ])),
+        ..gp2_class()
+    };
+    assert_eq!(
+        plan_delete(&portworx, Some(&portworx_class)),
+        Ok(DeletePlan {
+            volume_id: "px-1".into(),
+            secret: secret("px-data", "ns"),
+            migrated_from: Some(InTreePlugin::Portworx),
+        })
+    );
+    let broken_class = StorageClass {
+        parameters: Some(map(&[("zone", "us-east-1a")])),
+        allowed_topologies: Some(vec![Default::default()]),
+        ..gp2_class()
+    };
+    assert_eq!(
+        plan_delete(&migrated_volume(), Some(&broken_class)),
+        Err(DeleteError::Migration(
+            MigrationError::ZoneParametersWithAllowedTopologies
+        )),
+        "the class is needed for the secret and cannot be translated"
+    );
+    let annotated = migrated(|pv| {
+        annotate(&mut pv.metadata, wk::ANN_DELETION_SECRET_NAME, "");
+        annotate(&mut pv.metadata, wk::ANN_DELETION_SECRET_NAMESPACE, "");
+    });
+    assert_eq!(
+        plan_delete(&annotated, Some(&broken_class)).map(|plan| plan.secret),
+        Ok(None),
+        "with the annotations the class is not read"
+    );
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use super::quantity::QuantityError;
 use super::secrets::SecretError;
 use super::topology::TopologyError;
+use crate::migration::MigrationError;
 
 /// A plan error. None of them means a backend operation may be running: no
 /// `CreateVolume` has been sent for the plan that failed.
@@ -94,6 +95,9 @@ pub enum ProvisionError {
     Topology(TopologyError),
     #[error(transparent)]
     Secret(#[from] SecretError),
+    /// CSI migration: the in-tree class cannot be translated for the driver.
+    #[error("failed to translate storage class: {0}")]
+    StorageClassTranslation(MigrationError),
 }
 
 impl ProvisionError {

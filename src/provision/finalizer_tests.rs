@@ -111,6 +111,85 @@ fn finalizer_changes() {
     }
 }
 
+/// CSI migration: in-tree PVs migrated to our driver get and lose the
+/// finalizer like our CSI PVs (upstream's observed gp2 PV carries it).
+#[test]
+fn migrated_volumes_have_the_finalizer_too() {
+    use crate::provision::fixtures::{AWS_EBS_PLUGIN, ebs_config, migrated_volume};
+    let bound_migrated = |policy: &str, finalizer: bool| {
+        let mut pv = migrated_volume();
+        pv.status.as_mut().expect("status").phase = Some("Bound".into());
+        pv.spec
+            .as_mut()
+            .expect("spec")
+            .persistent_volume_reclaim_policy = Some(policy.into());
+        if !finalizer {
+            pv.metadata.finalizers = None;
+        }
+        pv
+    };
+    let before_migrated_to = {
+        let mut pv = bound_migrated("Delete", false);
+        pv.metadata.annotations = Some(crate::provision::fixtures::map(&[(
+            wk::ANN_PROVISIONED_BY,
+            AWS_EBS_PLUGIN,
+        )]));
+        pv
+    };
+    let ebs = ebs_config();
+    let hostpath = config();
+    let ebs_gate_off = ProvisionerConfig {
+        honor_pv_reclaim_policy: false,
+        ..ebs_config()
+    };
+    let cases: Vec<(
+        &str,
+        PersistentVolume,
+        &ProvisionerConfig,
+        Option<FinalizerChange>,
+    )> = vec![
+        (
+            "bound, Delete, without",
+            bound_migrated("Delete", false),
+            &ebs,
+            Some(FinalizerChange::Add),
+        ),
+        (
+            "provisioned-by the in-tree name alone",
+            before_migrated_to,
+            &ebs,
+            Some(FinalizerChange::Add),
+        ),
+        (
+            "bound, Delete, with",
+            bound_migrated("Delete", true),
+            &ebs,
+            None,
+        ),
+        (
+            "Retain",
+            bound_migrated("Retain", true),
+            &ebs,
+            Some(FinalizerChange::Remove),
+        ),
+        (
+            "gate off",
+            bound_migrated("Delete", true),
+            &ebs_gate_off,
+            Some(FinalizerChange::Remove),
+        ),
+        (
+            "another driver leaves it alone",
+            bound_migrated("Delete", false),
+            &hostpath,
+            None,
+        ),
+    ];
+    for (name, pv, config, expected) in cases {
+        assert_eq!(pv_finalizer_change(&pv, config), expected, "{name}");
+    }
+}
+
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
 }

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
-    PersistentVolumeStatus, VolumeResourceRequirements,
+    AWSElasticBlockStoreVolumeSource, CSIPersistentVolumeSource, ObjectReference, PersistentVolume,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+    PersistentVolumeSpec, PersistentVolumeStatus, VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -157,6 +157,87 @@ pub fn released_volume() -> PersistentVolume {
             }),
             persistent_volume_reclaim_policy: Some("Delete".to_owned()),
             storage_class_name: Some("fast".to_owned()),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: Some(PersistentVolumeStatus {
+            phase: Some("Released".to_owned()),
+            ..PersistentVolumeStatus::default()
+        }),
+    }
+}
+
+// ---- CSI migration: the EBS driver serving EKS's in-tree `gp2` class --------
+
+/// The CSI driver that took over `kubernetes.io/aws-ebs`.
+pub const EBS_DRIVER: &str = "ebs.csi.aws.com";
+/// The in-tree plugin it took over.
+pub const AWS_EBS_PLUGIN: &str = "kubernetes.io/aws-ebs";
+
+/// [`config`] for the EBS driver.
+pub fn ebs_config() -> ProvisionerConfig {
+    ProvisionerConfig {
+        driver_name: EBS_DRIVER.to_owned(),
+        provisioner_identity: "1700000000000-1234-ebs.csi.aws.com".to_owned(),
+        ..config()
+    }
+}
+
+/// EKS's default class, as it ships: in-tree provisioner, gp2, ext4
+/// (Immediate binding here, so plans need no selected node).
+pub fn gp2_class() -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some("gp2".to_owned()),
+            ..ObjectMeta::default()
+        },
+        provisioner: AWS_EBS_PLUGIN.to_owned(),
+        parameters: Some(map(&[("type", "gp2"), ("fsType", "ext4")])),
+        reclaim_policy: Some("Delete".to_owned()),
+        volume_binding_mode: Some("Immediate".to_owned()),
+        ..StorageClass::default()
+    }
+}
+
+/// [`claim`] of class `gp2`, annotated as a Kubernetes 1.36 controller-manager
+/// does for a migrated class: the CSI driver's name, no migrated-to.
+pub fn gp2_claim() -> PersistentVolumeClaim {
+    let mut claim = claim();
+    claim.metadata.annotations = Some(map(&[
+        (wk::ANN_STORAGE_PROVISIONER, EBS_DRIVER),
+        (wk::ANN_BETA_STORAGE_PROVISIONER, EBS_DRIVER),
+    ]));
+    claim_spec(&mut claim).storage_class_name = Some("gp2".to_owned());
+    claim
+}
+
+/// A migrated PV of ours as saved: in-tree EBS source, provisioned-by the
+/// in-tree plugin, migrated-to the driver; Released, reclaim policy Delete,
+/// our finalizer.
+pub fn migrated_volume() -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(VOLUME.to_owned()),
+            annotations: Some(map(&[
+                (wk::ANN_PROVISIONED_BY, AWS_EBS_PLUGIN),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+            ])),
+            finalizers: Some(vec![wk::FINALIZER_PV.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            aws_elastic_block_store: Some(AWSElasticBlockStoreVolumeSource {
+                volume_id: "aws://us-east-1a/vol-0123".to_owned(),
+                fs_type: Some("ext4".to_owned()),
+                ..AWSElasticBlockStoreVolumeSource::default()
+            }),
+            claim_ref: Some(ObjectReference {
+                name: Some("data".to_owned()),
+                namespace: Some("ns".to_owned()),
+                uid: Some(CLAIM_UID.to_owned()),
+                ..ObjectReference::default()
+            }),
+            persistent_volume_reclaim_policy: Some("Delete".to_owned()),
+            storage_class_name: Some("gp2".to_owned()),
             ..PersistentVolumeSpec::default()
         }),
         status: Some(PersistentVolumeStatus {

@@ -47,6 +47,19 @@
 //! ([`deletion_secret_ref`]: PV annotations first, class templates second).
 //! [`attached_node`] says when to wait for a detach instead.
 //!
+//! # CSI migration
+//!
+//! When our driver took over an in-tree plugin ([`crate::migration`]), it
+//! also serves that plugin's classes: [`should_provision`] accepts claims
+//! annotated for our driver whose class names the in-tree plugin, and the
+//! older form (the in-tree name plus `pv.kubernetes.io/migrated-to`; the
+//! watch filter for both is [`is_annotated_for_us`]); [`plan_provision`]
+//! plans from the translated class and sets `plan.migrated_from`;
+//! [`build_pv`] then saves the in-tree form. [`is_our_volume`] knows such
+//! PVs, [`plan_delete`] translates them for the volume handle and sets
+//! `plan.migrated_from`. `ProvisionPlan::is_migrated` and
+//! `DeletePlan::is_migrated` are what upstream's `migrated` metric label says.
+//!
 //! # Node deployment
 //!
 //! [`node_deployment`] has the decisions of `--node-deployment`: the local
@@ -92,7 +105,8 @@ pub use content_source::{
 };
 pub use delete::{
     DeleteDecision, DeleteError, DeletePlan, DeleteSkipReason, attached_node, deletion_secret_ref,
-    is_our_volume, plan_delete, should_delete, still_attached_message, volume_on_this_node,
+    is_our_volume, plan_delete, should_delete, still_attached_message, volume_id_of,
+    volume_on_this_node,
 };
 pub use error::{DataSourceError, ProvisionError};
 pub use finalizer::{
@@ -104,13 +118,13 @@ pub use outcome::{
 };
 pub use plan::{
     ClaimIdentity, ProvisionInputs, ProvisionPlan, PvSecretRefs, claim_class_name, csi_access_mode,
-    driver_parameters, plan_provision, selected_node_name, volume_attributes_class_name,
-    volume_name,
+    driver_parameters, migrated_class_plugin, plan_provision, selected_node_name,
+    volume_attributes_class_name, volume_name,
 };
 pub use pv::{PvBuildError, build_pv};
 pub use secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
 pub use should_provision::{
-    ProvisionDecision, SkipReason, annotated_provisioner, should_provision,
+    ProvisionDecision, SkipReason, annotated_provisioner, is_annotated_for_us, should_provision,
 };
 pub use topology::{
     SelectedNodeTopology, TopologyError, TopologyInputs, accessibility_requirements,

@@ -22,6 +22,7 @@ use super::error::ProvisionError;
 use super::quantity::quantity_bytes;
 use super::secrets::{SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
 use super::topology::{SelectedNodeTopology, TopologyInputs, accessibility_requirements};
+use crate::migration::{InTreePlugin, translate_storage_class_to_csi};
 use crate::wellknown as wk;
 
 /// The PV and CSI volume name for a claim: `<prefix>-<uid>`, or with a uuid
@@ -163,12 +164,32 @@ pub struct ProvisionPlan {
     pub selected_node: Option<String>,
     /// The claim has a data source: the response must report a content source.
     pub has_data_source: bool,
+    /// CSI migration: the class names this in-tree plugin, which our driver
+    /// took over. The request was planned from the class translated to CSI,
+    /// and the PV is written in the plugin's in-tree form.
+    pub migrated_from: Option<InTreePlugin>,
 }
 
 impl ProvisionPlan {
     pub fn is_block(&self) -> bool {
         self.volume_mode.as_deref() == Some("Block")
     }
+
+    /// A CSI migration operation: upstream labels its metrics `migrated="true"`.
+    pub fn is_migrated(&self) -> bool {
+        self.migrated_from.is_some()
+    }
+}
+
+/// The in-tree plugin a class of our driver's claims names, when our driver
+/// took that plugin over (upstream translates exactly then: the class's
+/// provisioner is `supportsMigrationFromInTreePluginName`).
+pub fn migrated_class_plugin(
+    class: &StorageClass,
+    config: &ProvisionerConfig,
+) -> Option<InTreePlugin> {
+    InTreePlugin::from_csi_driver(&config.driver_name)
+        .filter(|plugin| class.provisioner == plugin.in_tree_name())
 }
 
 /// Builds the plan, validating the claim, class and sources as upstream does.
@@ -177,7 +198,16 @@ pub fn plan_provision(
     config: &ProvisionerConfig,
 ) -> Result<ProvisionPlan, ProvisionError> {
     let claim = inputs.claim;
-    let class = inputs.class;
+    let migrated_from = migrated_class_plugin(inputs.class, config);
+    let translated_class;
+    let class = match migrated_from {
+        Some(plugin) => {
+            translated_class = translate_storage_class_to_csi(plugin, inputs.class)
+                .map_err(ProvisionError::StorageClassTranslation)?;
+            &translated_class
+        }
+        None => inputs.class,
+    };
     let spec = claim.spec.clone().unwrap_or_default();
     let claim_identity = ClaimIdentity {
         namespace: claim.metadata.namespace.clone().unwrap_or_default(),
@@ -351,6 +381,7 @@ pub fn plan_provision(
         volume_attributes_class_name: vac_name.map(str::to_owned),
         selected_node: selected_node.map(str::to_owned),
         has_data_source: source.is_some(),
+        migrated_from,
     })
 }
 

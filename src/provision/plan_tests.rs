@@ -769,3 +769,179 @@ fn clone_plan_and_cross_namespace_sources() {
         })
     );
 }
+
+/// CSI migration: a class naming the in-tree plugin our driver took over is
+/// planned from its CSI translation.
+#[test]
+fn migrated_in_tree_classes() {
+    use crate::migration::{InTreePlugin, MigrationError};
+    use crate::provision::fixtures::{EBS_DRIVER, ebs_config, gp2_claim, gp2_class};
+    use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
+    use std::collections::HashMap;
+
+    let ebs = ebs_config();
+    let gp2 = plan(&gp2_claim(), &gp2_class(), &ebs).expect("plan");
+    assert_eq!(gp2.migrated_from, Some(InTreePlugin::AwsEbs));
+    assert!(gp2.is_migrated());
+    assert_eq!(
+        gp2.request.parameters,
+        HashMap::from([("type".to_owned(), "gp2".to_owned())]),
+        "fsType moved to csi.storage.k8s.io/fstype, which the driver does not get"
+    );
+    assert_eq!(gp2.fs_type, "ext4");
+    assert_eq!(
+        gp2.request.volume_capabilities,
+        vec![mount("ext4", &[], Mode::SingleNodeWriter)]
+    );
+    assert_eq!(gp2.storage_class_name, "gp2");
+    assert_eq!(gp2.reclaim_policy, "Delete");
+
+    // A native class of the same driver is not translated: its fsType key is
+    // the deprecated one, passed on as upstream does.
+    let native = StorageClass {
+        provisioner: EBS_DRIVER.to_owned(),
+        ..gp2_class()
+    };
+    let native_plan = plan(&gp2_claim(), &native, &ebs).expect("plan");
+    assert_eq!(native_plan.migrated_from, None);
+    assert!(!native_plan.is_migrated());
+    assert_eq!(
+        native_plan
+            .request
+            .parameters
+            .get("fsType")
+            .map(String::as_str),
+        Some("ext4")
+    );
+    // A driver that took over no plugin never translates.
+    assert_eq!(
+        plan(&gp2_claim(), &gp2_class(), &config())
+            .expect("plan")
+            .migrated_from,
+        None
+    );
+
+    // zone/zones parameters and allowedTopologies become requirements with
+    // the driver's own topology key.
+    let topology = ProvisionerConfig {
+        topology_enabled: true,
+        ..ebs_config()
+    };
+    let requisite = |class: &StorageClass| {
+        let mut zones: Vec<Vec<(String, String)>> = plan(&gp2_claim(), class, &topology)
+            .expect("plan")
+            .request
+            .accessibility_requirements
+            .expect("requirements")
+            .requisite
+            .into_iter()
+            .map(|t| t.segments.into_iter().collect())
+            .collect();
+        zones.sort();
+        zones
+    };
+    let ebs_zone = |zone: &str| vec![("topology.ebs.csi.aws.com/zone".to_owned(), zone.to_owned())];
+    let zonal = StorageClass {
+        parameters: Some(map(&[("type", "gp3"), ("zones", "us-east-1a,us-east-1b")])),
+        ..gp2_class()
+    };
+    assert_eq!(
+        requisite(&zonal),
+        vec![ebs_zone("us-east-1a"), ebs_zone("us-east-1b")]
+    );
+    let allowed = |key: &str| StorageClass {
+        allowed_topologies: Some(vec![TopologySelectorTerm {
+            match_label_expressions: Some(vec![TopologySelectorLabelRequirement {
+                key: key.to_owned(),
+                values: vec!["us-east-1c".to_owned()],
+            }]),
+        }]),
+        ..gp2_class()
+    };
+    assert_eq!(
+        requisite(&allowed("topology.kubernetes.io/zone")),
+        vec![ebs_zone("us-east-1c")]
+    );
+    assert_eq!(
+        requisite(&allowed("failure-domain.beta.kubernetes.io/zone")),
+        vec![ebs_zone("us-east-1c")]
+    );
+
+    // A class the translation refuses fails the plan with upstream's words.
+    let broken = StorageClass {
+        parameters: Some(map(&[("zone", "us-east-1a")])),
+        ..allowed("topology.kubernetes.io/zone")
+    };
+    let error = plan(&gp2_claim(), &broken, &ebs).expect_err("untranslatable");
+    assert_eq!(
+        error,
+        ProvisionError::StorageClassTranslation(
+            MigrationError::ZoneParametersWithAllowedTopologies
+        )
+    );
+    assert_eq!(
+        error.to_string(),
+        "failed to translate storage class: cannot simultaneously set allowed topologies and zone/zones parameters"
+    );
+    assert!(!error.wants_reschedule() && !error.is_ignored());
+}
+
+#[test]
+fn migrated_classes_of_other_plugins() {
+    use crate::migration::InTreePlugin;
+    use crate::provision::fixtures::gp2_claim;
+    use std::collections::HashMap;
+
+    let config_for = |plugin: InTreePlugin| ProvisionerConfig {
+        driver_name: plugin.csi_driver().to_owned(),
+        ..config()
+    };
+    let in_tree = |plugin: InTreePlugin, params: &[(&str, &str)]| StorageClass {
+        provisioner: plugin.in_tree_name().to_owned(),
+        parameters: Some(map(params)),
+        ..class()
+    };
+    // Portworx: the auth secret becomes every secret template.
+    let portworx = plan(
+        &gp2_claim(),
+        &in_tree(
+            InTreePlugin::Portworx,
+            &[
+                ("repl", "3"),
+                ("openstorage.io/auth-secret-name", "px-auth"),
+                ("openstorage.io/auth-secret-namespace", "kube-system"),
+            ],
+        ),
+        &config_for(InTreePlugin::Portworx),
+    )
+    .expect("plan");
+    let px = Some(SecretRef {
+        name: "px-auth".to_owned(),
+        namespace: "kube-system".to_owned(),
+    });
+    assert_eq!(portworx.provisioner_secret, px);
+    assert_eq!(portworx.pv_secrets.node_publish, px);
+    assert_eq!(
+        portworx.request.parameters,
+        HashMap::from([("repl".to_owned(), "3".to_owned())])
+    );
+    // vSphere: renamed parameters and the migration marker for the driver.
+    let vsphere = plan(
+        &gp2_claim(),
+        &in_tree(
+            InTreePlugin::VsphereVolume,
+            &[("datastore", "ds1"), ("fsType", "xfs")],
+        ),
+        &config_for(InTreePlugin::VsphereVolume),
+    )
+    .expect("plan");
+    assert_eq!(
+        vsphere.request.parameters,
+        HashMap::from([
+            ("datastore-migrationparam".to_owned(), "ds1".to_owned()),
+            ("csimigration".to_owned(), "true".to_owned()),
+        ])
+    );
+    assert_eq!(vsphere.fs_type, "xfs");
+    assert_eq!(vsphere.migrated_from, Some(InTreePlugin::VsphereVolume));
+}

@@ -15,6 +15,7 @@ use super::config::ProvisionerConfig;
 use super::plan::ProvisionPlan;
 use super::quantity::bytes_to_quantity;
 use super::topology::{satisfies_requisite, volume_node_affinity};
+use crate::migration::{MigrationError, translate_csi_pv_to_in_tree};
 use crate::wellknown as wk;
 
 /// The driver created something we cannot record as the claim's PV. The
@@ -40,6 +41,11 @@ pub enum PvBuildError {
         accessible: Vec<BTreeMap<String, String>>,
         requisite: Vec<BTreeMap<String, String>>,
     },
+    /// CSI migration: the volume cannot be written in the in-tree form (for
+    /// instance its topology has a key the translation does not know; the
+    /// message then says "failed to translate topology", as upstream's).
+    #[error(transparent)]
+    InTreeTranslation(MigrationError),
 }
 
 impl PvBuildError {
@@ -57,7 +63,12 @@ fn secret_reference(secret: Option<&super::secrets::SecretRef>) -> Option<Secret
     secret.map(SecretReference::from)
 }
 
-/// Builds the PV recording the created volume for the planned claim.
+/// Builds the PV recording the created volume for the planned claim. For a
+/// migrated plan, the PV is the in-tree form of the CSI PV, with
+/// `provisioned-by: <in-tree name>` (upstream records the class's
+/// provisioner) and `migrated-to: <our driver>` (which the controller-manager
+/// would add anyway; written at once, so the PV is recognisably ours from
+/// its first version).
 pub fn build_pv(
     plan: &ProvisionPlan,
     response: &CreateVolumeResponse,
@@ -176,7 +187,7 @@ pub fn build_pv(
     }
 
     let claim = &plan.claim;
-    Ok(PersistentVolume {
+    let pv = PersistentVolume {
         metadata: ObjectMeta {
             name: Some(plan.volume_name.clone()),
             annotations: Some(annotations),
@@ -216,7 +227,18 @@ pub fn build_pv(
             ..PersistentVolumeSpec::default()
         }),
         status: None,
-    })
+    };
+    let Some(plugin) = plan.migrated_from else {
+        return Ok(pv);
+    };
+    let mut pv = translate_csi_pv_to_in_tree(&pv).map_err(PvBuildError::InTreeTranslation)?;
+    let annotations = pv.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.insert(
+        wk::ANN_PROVISIONED_BY.to_owned(),
+        plugin.in_tree_name().to_owned(),
+    );
+    annotations.insert(wk::ANN_MIGRATED_TO.to_owned(), config.driver_name.clone());
+    Ok(pv)
 }
 
 #[cfg(test)]

@@ -296,3 +296,208 @@ fn filesystem_volumes_record_the_fstype() {
         Some("ext4")
     );
 }
+
+fn gp2_plan(
+    config: &ProvisionerConfig,
+    class: &k8s_openapi::api::storage::v1::StorageClass,
+) -> ProvisionPlan {
+    let claim = crate::provision::fixtures::gp2_claim();
+    plan_provision(
+        &ProvisionInputs {
+            claim: &claim,
+            class,
+            selected_node: None,
+            selected_csi_node: None,
+            nodes: &[],
+            csi_nodes: &[],
+            data_source: None,
+            data_source_granted: false,
+            volume_attributes_class: None,
+        },
+        config,
+    )
+    .expect("plan")
+}
+
+/// CSI migration: what the Go sidecar saved for EKS's gp2 class —
+/// provisioned-by the in-tree plugin, migrated-to the driver, our finalizer,
+/// and `awsElasticBlockStore: {volumeID: <CSI volume id>, fsType: ext4}`.
+#[test]
+fn migrated_pv_is_saved_in_its_in_tree_form() {
+    use crate::provision::fixtures::{AWS_EBS_PLUGIN, EBS_DRIVER, ebs_config, gp2_class};
+    use k8s_openapi::api::core::v1::AWSElasticBlockStoreVolumeSource;
+
+    let ebs = ebs_config();
+    let plan = gp2_plan(&ebs, &gp2_class());
+    let pv = build_pv(&plan, &response("vol-0123", 1 << 30), &ebs).expect("pv");
+    let expected = PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(VOLUME.to_owned()),
+            annotations: Some(map(&[
+                (wk::ANN_PROVISIONED_BY, AWS_EBS_PLUGIN),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+                (wk::ANN_DELETION_SECRET_NAME, ""),
+                (wk::ANN_DELETION_SECRET_NAMESPACE, ""),
+            ])),
+            finalizers: Some(vec![wk::FINALIZER_PV.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            aws_elastic_block_store: Some(AWSElasticBlockStoreVolumeSource {
+                volume_id: "vol-0123".to_owned(),
+                fs_type: Some("ext4".to_owned()),
+                ..AWSElasticBlockStoreVolumeSource::default()
+            }),
+            capacity: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity("1Gi".to_owned()),
+            )])),
+            claim_ref: Some(ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("PersistentVolumeClaim".to_owned()),
+                namespace: Some("ns".to_owned()),
+                name: Some("data".to_owned()),
+                uid: Some(CLAIM_UID.to_owned()),
+                resource_version: Some("42".to_owned()),
+                field_path: None,
+            }),
+            persistent_volume_reclaim_policy: Some("Delete".to_owned()),
+            storage_class_name: Some("gp2".to_owned()),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: None,
+    };
+    assert_eq!(pv, expected);
+    // The saved PV is ours: the volume loop finds and deletes it.
+    assert!(crate::provision::is_our_volume(&pv, &ebs));
+    assert_eq!(
+        crate::provision::plan_delete(&pv, None).map(|plan| plan.volume_id),
+        Ok("vol-0123".to_owned())
+    );
+
+    // A native class of the same driver gets a CSI PV.
+    let native = k8s_openapi::api::storage::v1::StorageClass {
+        provisioner: EBS_DRIVER.to_owned(),
+        ..gp2_class()
+    };
+    let pv = build_pv(&gp2_plan(&ebs, &native), &response("vol-0123", 0), &ebs).expect("pv");
+    let annotations = pv.metadata.annotations.expect("annotations");
+    assert_eq!(annotations[wk::ANN_PROVISIONED_BY], EBS_DRIVER);
+    assert!(!annotations.contains_key(wk::ANN_MIGRATED_TO));
+    assert!(pv.spec.expect("spec").csi.is_some());
+}
+
+#[test]
+fn migrated_pv_topology_uses_the_in_tree_keys() {
+    use crate::provision::fixtures::{ebs_config, gp2_class};
+
+    let topology = ProvisionerConfig {
+        topology_enabled: true,
+        ..ebs_config()
+    };
+    // Planned without nodes to aggregate (no requirement sent); the PV
+    // records what the driver answered.
+    let plan = gp2_plan(&ebs_config(), &gp2_class());
+    let mut answer = response("vol-0123", 0);
+    if let Some(volume) = answer.volume.as_mut() {
+        volume.accessible_topology = vec![Topology {
+            segments: HashMap::from([(
+                "topology.ebs.csi.aws.com/zone".to_owned(),
+                "us-east-1a".to_owned(),
+            )]),
+        }];
+    }
+    let pv = build_pv(&plan, &answer, &topology).expect("pv");
+    assert_eq!(
+        pv.metadata.labels,
+        Some(map(&[
+            ("topology.kubernetes.io/region", "us-east-1"),
+            ("topology.kubernetes.io/zone", "us-east-1a"),
+        ]))
+    );
+    let in_ = |key: &str, value: &str| NodeSelectorRequirement {
+        key: key.to_owned(),
+        operator: "In".to_owned(),
+        values: Some(vec![value.to_owned()]),
+    };
+    assert_eq!(
+        pv.spec.expect("spec").node_affinity,
+        Some(VolumeNodeAffinity {
+            required: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![
+                        in_("topology.kubernetes.io/zone", "us-east-1a"),
+                        in_("topology.kubernetes.io/region", "us-east-1"),
+                    ]),
+                    match_fields: None,
+                }],
+            }),
+        })
+    );
+
+    // A key the translation does not know: upstream's "failed to translate
+    // topology", and the created volume must be deleted again.
+    let mut unknown = response("vol-0123", 0);
+    if let Some(volume) = unknown.volume.as_mut() {
+        volume.accessible_topology = vec![Topology {
+            segments: HashMap::from([(
+                "topology.hostpath.csi/node".to_owned(),
+                "node-1".to_owned(),
+            )]),
+        }];
+    }
+    let error = build_pv(&plan, &unknown, &topology).expect_err("unknown key");
+    assert!(
+        matches!(
+            error,
+            PvBuildError::InTreeTranslation(crate::migration::MigrationError::Topology(_))
+        ),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("failed to translate topology"),
+        "{error}"
+    );
+    assert_eq!(error.volume_to_delete(&unknown), Some("vol-0123"));
+}
+
+#[test]
+fn migrated_pv_with_a_malformed_handle() {
+    use crate::migration::{InTreePlugin, MigrationError};
+    use crate::provision::fixtures::gp2_class;
+
+    let gce = ProvisionerConfig {
+        driver_name: InTreePlugin::GcePd.csi_driver().to_owned(),
+        ..config()
+    };
+    let class = k8s_openapi::api::storage::v1::StorageClass {
+        provisioner: InTreePlugin::GcePd.in_tree_name().to_owned(),
+        ..gp2_class()
+    };
+    let plan = gp2_plan(&gce, &class);
+    let answer = response("disk-without-project", 0);
+    let error = build_pv(&plan, &answer, &gce).expect_err("bad handle");
+    assert_eq!(
+        error,
+        PvBuildError::InTreeTranslation(MigrationError::InvalidGcePdHandle {
+            handle: "disk-without-project".to_owned()
+        })
+    );
+    assert_eq!(
+        error.volume_to_delete(&answer),
+        Some("disk-without-project")
+    );
+    let good = build_pv(
+        &plan,
+        &response("projects/p/zones/us-central1-a/disks/pvc-1", 0),
+        &gce,
+    )
+    .expect("pv");
+    assert_eq!(
+        good.spec
+            .and_then(|spec| spec.gce_persistent_disk)
+            .map(|pd| pd.pd_name),
+        Some("pvc-1".to_owned())
+    );
+}

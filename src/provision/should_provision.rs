@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::config::ProvisionerConfig;
+use crate::migration::InTreePlugin;
 use crate::wellknown as wk;
 
 /// What to do with a claim.
@@ -29,6 +30,10 @@ pub enum SkipReason {
     BeingDeleted,
     /// The storage-provisioner annotation names another provisioner (or none).
     NotOurProvisioner { annotated: Option<String> },
+    /// CSI migration: the claim is annotated for the in-tree plugin our driver
+    /// took over, but without `pv.kubernetes.io/migrated-to: <our driver>`,
+    /// so the in-tree plugin (not migrated on this cluster) provisions it.
+    InTreeNotMigrated { provisioner: String },
     /// The claim's class does not exist (yet): retry later.
     StorageClassNotFound { name: String },
     /// The class names another provisioner than the annotation does.
@@ -65,6 +70,11 @@ impl std::fmt::Display for SkipReason {
             SkipReason::NotOurProvisioner { annotated: None } => {
                 write!(f, "claim has no storage-provisioner annotation")
             }
+            SkipReason::InTreeNotMigrated { provisioner } => write!(
+                f,
+                "claim is annotated for in-tree provisioner {provisioner:?} without {}: not migrated",
+                wk::ANN_MIGRATED_TO
+            ),
             SkipReason::StorageClassNotFound { name } => {
                 write!(f, "storageClass {name:?} not found")
             }
@@ -91,7 +101,51 @@ pub fn annotated_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// The in-tree provisioner name our driver also answers for (CSI
+/// migration), if the driver took over an in-tree plugin.
+fn our_in_tree_name(config: &ProvisionerConfig) -> Option<&'static str> {
+    InTreePlugin::from_csi_driver(&config.driver_name).map(InTreePlugin::in_tree_name)
+}
+
+/// Whether the claim's storage-provisioner annotation is for us: it names
+/// our driver (a Kubernetes 1.36 controller-manager writes the CSI driver's
+/// name on claims of migrated in-tree classes too), or, as older releases
+/// wrote it, the in-tree plugin our driver took over together with
+/// `pv.kubernetes.io/migrated-to: <our driver>`. The cheap filter a watch
+/// handler can apply before queueing a claim.
+pub fn is_annotated_for_us(claim: &PersistentVolumeClaim, config: &ProvisionerConfig) -> bool {
+    annotation_verdict(claim, config).is_none()
+}
+
+/// `None` when the annotations are for us, else why not.
+fn annotation_verdict(
+    claim: &PersistentVolumeClaim,
+    config: &ProvisionerConfig,
+) -> Option<SkipReason> {
+    let annotated = annotated_provisioner(claim);
+    if annotated == Some(config.driver_name.as_str()) {
+        return None;
+    }
+    match annotated {
+        Some(name) if Some(name) == our_in_tree_name(config) => {
+            let migrated_to = claim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(wk::ANN_MIGRATED_TO));
+            (migrated_to != Some(&config.driver_name)).then(|| SkipReason::InTreeNotMigrated {
+                provisioner: name.to_owned(),
+            })
+        }
+        _ => Some(SkipReason::NotOurProvisioner {
+            annotated: annotated.map(str::to_owned),
+        }),
+    }
+}
+
 /// Decides whether `claim` (with its class, if it exists) is ours to provision.
+/// A class naming the in-tree plugin our driver took over is ours too; the
+/// plan translates it.
 pub fn should_provision(
     claim: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
@@ -113,18 +167,17 @@ pub fn should_provision(
     if claim.metadata.deletion_timestamp.is_some() {
         return Skip(SkipReason::BeingDeleted);
     }
-    let annotated = annotated_provisioner(claim);
-    if annotated != Some(config.driver_name.as_str()) {
-        return Skip(SkipReason::NotOurProvisioner {
-            annotated: annotated.map(str::to_owned),
-        });
+    if let Some(reason) = annotation_verdict(claim, config) {
+        return Skip(reason);
     }
     let Some(class) = class else {
         return Skip(SkipReason::StorageClassNotFound {
             name: super::plan::claim_class_name(claim),
         });
     };
-    if class.provisioner != config.driver_name {
+    if class.provisioner != config.driver_name
+        && Some(class.provisioner.as_str()) != our_in_tree_name(config)
+    {
         return Skip(SkipReason::ClassOfOtherProvisioner {
             provisioner: class.provisioner.clone(),
         });

@@ -291,3 +291,191 @@ fn only_a_missing_class_is_retried() {
         "storageClass \"x\" not found"
     );
 }
+
+/// CSI migration (upstream's TestProvisionWithMigration, with the real
+/// plugin names): our driver `ebs.csi.aws.com` also answers for
+/// `kubernetes.io/aws-ebs`.
+#[test]
+fn migrated_claims() {
+    use crate::provision::fixtures::{
+        AWS_EBS_PLUGIN, EBS_DRIVER, ebs_config, gp2_claim, gp2_class, map,
+    };
+    let skip = ProvisionDecision::Skip;
+    let annotated = |pairs: &[(&str, &str)]| {
+        let mut claim = gp2_claim();
+        claim.metadata.annotations = Some(map(pairs));
+        claim
+    };
+    let class_of = |provisioner: &str| StorageClass {
+        provisioner: provisioner.to_owned(),
+        ..gp2_class()
+    };
+    let wffc_gp2 = StorageClass {
+        volume_binding_mode: Some("WaitForFirstConsumer".to_owned()),
+        ..gp2_class()
+    };
+    let ebs = ebs_config();
+    let cases: Vec<(
+        &str,
+        PersistentVolumeClaim,
+        StorageClass,
+        ProvisionerConfig,
+        ProvisionDecision,
+    )> = vec![
+        (
+            "1.36 form: CSI name on the claim, in-tree class",
+            gp2_claim(),
+            gp2_class(),
+            ebs.clone(),
+            ProvisionDecision::Provision,
+        ),
+        (
+            "1.36 form, beta annotation only",
+            annotated(&[(wk::ANN_BETA_STORAGE_PROVISIONER, EBS_DRIVER)]),
+            gp2_class(),
+            ebs.clone(),
+            ProvisionDecision::Provision,
+        ),
+        (
+            "old form: in-tree name and migrated-to us",
+            annotated(&[
+                (wk::ANN_BETA_STORAGE_PROVISIONER, AWS_EBS_PLUGIN),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+            ]),
+            gp2_class(),
+            ebs.clone(),
+            ProvisionDecision::Provision,
+        ),
+        (
+            "old form, GA annotation",
+            annotated(&[
+                (wk::ANN_STORAGE_PROVISIONER, AWS_EBS_PLUGIN),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+            ]),
+            gp2_class(),
+            ebs.clone(),
+            ProvisionDecision::Provision,
+        ),
+        (
+            "CSI name and migrated-to us",
+            annotated(&[
+                (wk::ANN_STORAGE_PROVISIONER, EBS_DRIVER),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+            ]),
+            gp2_class(),
+            ebs.clone(),
+            ProvisionDecision::Provision,
+        ),
+        (
+            "in-tree name without migrated-to: the in-tree plugin's claim",
+            annotated(&[(wk::ANN_STORAGE_PROVISIONER, AWS_EBS_PLUGIN)]),
+            gp2_class(),
+            ebs.clone(),
+            skip(SkipReason::InTreeNotMigrated {
+                provisioner: AWS_EBS_PLUGIN.to_owned(),
+            }),
+        ),
+        (
+            "in-tree name, migrated to some other driver",
+            annotated(&[
+                (wk::ANN_STORAGE_PROVISIONER, AWS_EBS_PLUGIN),
+                (wk::ANN_MIGRATED_TO, "foo"),
+            ]),
+            gp2_class(),
+            ebs.clone(),
+            skip(SkipReason::InTreeNotMigrated {
+                provisioner: AWS_EBS_PLUGIN.to_owned(),
+            }),
+        ),
+        (
+            "random provisioner migrated to us",
+            annotated(&[
+                (wk::ANN_STORAGE_PROVISIONER, "foo"),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+            ]),
+            gp2_class(),
+            ebs.clone(),
+            skip(SkipReason::NotOurProvisioner {
+                annotated: Some("foo".to_owned()),
+            }),
+        ),
+        (
+            "another plugin's in-tree name migrated to us",
+            annotated(&[
+                (wk::ANN_STORAGE_PROVISIONER, "kubernetes.io/gce-pd"),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+            ]),
+            gp2_class(),
+            ebs.clone(),
+            skip(SkipReason::NotOurProvisioner {
+                annotated: Some("kubernetes.io/gce-pd".to_owned()),
+            }),
+        ),
+        (
+            "native CSI class of our driver",
+            gp2_claim(),
+            class_of(EBS_DRIVER),
+            ebs.clone(),
+            ProvisionDecision::Provision,
+        ),
+        (
+            "old form with a native CSI class (upstream accepts it)",
+            annotated(&[
+                (wk::ANN_STORAGE_PROVISIONER, AWS_EBS_PLUGIN),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+            ]),
+            class_of(EBS_DRIVER),
+            ebs.clone(),
+            ProvisionDecision::Provision,
+        ),
+        (
+            "class of another in-tree plugin",
+            gp2_claim(),
+            class_of("kubernetes.io/gce-pd"),
+            ebs.clone(),
+            skip(SkipReason::ClassOfOtherProvisioner {
+                provisioner: "kubernetes.io/gce-pd".to_owned(),
+            }),
+        ),
+        (
+            "WaitForFirstConsumer still waits for the scheduler",
+            gp2_claim(),
+            wffc_gp2,
+            ebs.clone(),
+            skip(SkipReason::WaitingForSelectedNode),
+        ),
+        (
+            "a driver that took over no plugin does not answer for in-tree classes",
+            claim(),
+            class_of(AWS_EBS_PLUGIN),
+            config(),
+            skip(SkipReason::ClassOfOtherProvisioner {
+                provisioner: AWS_EBS_PLUGIN.to_owned(),
+            }),
+        ),
+    ];
+    for (name, claim, class, config, expected) in cases {
+        assert_eq!(
+            should_provision(&claim, Some(&class), &config),
+            expected,
+            "{name}"
+        );
+        assert_eq!(
+            is_annotated_for_us(&claim, &config),
+            !matches!(
+                expected,
+                ProvisionDecision::Skip(
+                    SkipReason::NotOurProvisioner { .. } | SkipReason::InTreeNotMigrated { .. }
+                )
+            ),
+            "{name}: annotation filter"
+        );
+    }
+    assert_eq!(
+        SkipReason::InTreeNotMigrated {
+            provisioner: AWS_EBS_PLUGIN.to_owned()
+        }
+        .to_string(),
+        "claim is annotated for in-tree provisioner \"kubernetes.io/aws-ebs\" without pv.kubernetes.io/migrated-to: not migrated"
+    );
+}
