@@ -54,7 +54,17 @@ pub struct Routes {
     pub metrics_path: String,
     /// `None` for `--metrics-address`: metrics only, as upstream.
     pub health: Option<(Health, ProbeFn)>,
+    /// `--enable-pprof`: `/debug/pprof/` explains that there is no Go
+    /// profiler instead of a bare 404, so whoever follows a Go runbook
+    /// learns what to do instead.
+    pub pprof: bool,
 }
+
+/// What `/debug/pprof/…` answers with `--enable-pprof`.
+pub const PPROF_NOTE: &str = "pprof is not available: this csi-provisioner is a Rust build and \
+has no Go runtime to profile. Profile the process from outside instead (for example \
+`perf record -g -p <pid>` on the node, or `perf top`), and see /metrics for process_* \
+figures (CPU, memory, file descriptors).\n";
 
 /// A Go listen address: `:8080` means every interface.
 pub fn listen_address(address: &str) -> String {
@@ -147,6 +157,9 @@ async fn handle(routes: &Routes, req: Request<Incoming>) -> Response<Full<Bytes>
         );
         return response;
     }
+    if routes.pprof && (path == "/debug/pprof" || path.starts_with("/debug/pprof/")) {
+        return text(StatusCode::NOT_IMPLEMENTED, PPROF_NOTE.to_owned());
+    }
     let Some((health, probe)) = &routes.health else {
         return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
     };
@@ -216,6 +229,7 @@ mod tests {
             Routes {
                 metrics_path: "/m".into(),
                 health: Some((Health::disabled(), probe)),
+                pprof: true,
             },
         )
         .await
@@ -234,6 +248,9 @@ mod tests {
         assert_eq!(status, 500);
         assert!(body.contains("not ready"), "{body}");
         assert_eq!(get(addr, "/metrics").await.0, 404);
+        let (status, body) = get(addr, "/debug/pprof/profile?seconds=30").await;
+        assert_eq!(status, 501);
+        assert!(body.contains("no Go runtime"), "{body}");
 
         // Metrics only (--metrics-address): no health routes.
         let addr = serve(
@@ -242,18 +259,21 @@ mod tests {
             Routes {
                 metrics_path: "/metrics".into(),
                 health: None,
+                pprof: false,
             },
         )
         .await
         .expect("serve");
         assert_eq!(get(addr, "/metrics").await.0, 200);
         assert_eq!(get(addr, "/healthz").await.0, 404);
+        assert_eq!(get(addr, "/debug/pprof/").await.0, 404);
         let taken = serve(
             "--http-endpoint",
             &addr.to_string(),
             Routes {
                 metrics_path: "/metrics".into(),
                 health: None,
+                pprof: false,
             },
         )
         .await

@@ -418,15 +418,63 @@ async fn without_the_release_gate_the_lease_is_kept_until_it_expires() {
     );
 }
 
+/// Flags of the Go image that have nothing to act on here do not stop the
+/// pod: they are named once at start, and the JSON log format is one
+/// object per line with klog's keys. (A kubeconfig that does not exist
+/// ends the run right after the flag report, before any driver is needed.)
 #[test]
-fn enable_pprof_is_refused_at_start() {
+fn upstream_only_flags_start_and_are_named_once_in_json_logs() {
     let out = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
-        .arg("--enable-pprof")
+        .args([
+            "--enable-pprof",
+            "--automaxprocs",
+            "--log-flush-frequency=10s",
+            "--logging-format=json",
+            "--vmodule=claims=4",
+            "--feature-gates=WatchList=false",
+            "--kubeconfig=/does/not/exist",
+            "--csi-address=/does/not/exist.sock",
+        ])
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("pprof"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect();
+    for line in &lines {
+        assert!(line["ts"].is_f64(), "{line}");
+        assert!(line["msg"].is_string(), "{line}");
+        assert!(line["caller"].is_string(), "{line}");
+    }
+    for flag in ["--enable-pprof", "--automaxprocs", "--log-flush-frequency"] {
+        let named: Vec<_> = lines.iter().filter(|l| l["flag"] == flag).collect();
+        assert_eq!(
+            named.len(),
+            1,
+            "{flag} named {} times:\n{stderr}",
+            named.len()
+        );
+        assert_eq!(named[0]["v"], 0);
+    }
+    assert!(
+        lines.iter().any(|l| l["gate"] == "WatchList=false"),
+        "{stderr}"
+    );
+    let last = lines.last().expect("a line");
+    assert!(
+        last.get("v").is_none(),
+        "the fatal error is an error: {last}"
+    );
+    assert!(
+        last["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("/does/not/exist")),
+        "{last}"
+    );
 }
 
 /// N requests at qps Q with burst B take at least (N − B)/Q: measured on
