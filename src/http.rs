@@ -150,10 +150,17 @@ async fn handle(routes: &Routes, req: Request<Incoming>) -> Response<Full<Bytes>
     }
     let path = req.uri().path();
     if path == routes.metrics_path {
-        let mut response = text(StatusCode::OK, crate::metrics::encode());
+        // Prometheus' text format unless OpenMetrics is asked for, as
+        // upstream's client_golang handler.
+        let exposition = crate::metrics::negotiate(
+            req.headers()
+                .get(http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let mut response = text(StatusCode::OK, crate::metrics::encode_as(exposition));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            http::HeaderValue::from_static(exposition.content_type()),
         );
         return response;
     }
@@ -195,11 +202,16 @@ mod tests {
     }
 
     async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        get_with(addr, path, "").await
+    }
+
+    async fn get_with(addr: SocketAddr, path: &str, headers: &str) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
         stream
             .write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n")
+                    .as_bytes(),
             )
             .await
             .expect("write");
@@ -241,6 +253,24 @@ mod tests {
             body.contains("workqueue_depth{name=\"http-test\"} 1"),
             "{body}"
         );
+        assert!(
+            body.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+            "{body}"
+        );
+        assert!(!body.contains("# EOF"), "{body}");
+        let (_, body) = get_with(
+            addr,
+            "/m",
+            "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
+        )
+        .await;
+        assert!(
+            body.to_ascii_lowercase()
+                .contains("content-type: application/openmetrics-text; version=1.0.0"),
+            "{body}"
+        );
+        assert!(body.contains("# EOF"), "{body}");
         assert_eq!(get(addr, "/healthz/leader-election").await.0, 200);
         assert_eq!(get(addr, "/healthz").await.0, 200);
         ready.store(false, std::sync::atomic::Ordering::SeqCst);

@@ -305,7 +305,7 @@ async fn metrics_and_health_checks_over_http() {
 
     let csi = |method: &str, code: &str| {
         format!(
-            "csi_sidecar_operations_seconds_count{{driver_name=\"{DRIVER}\",method_name=\"{method}\",grpc_status_code=\"{code}\"}}"
+            "csi_sidecar_operations_seconds_count{{driver_name=\"{DRIVER}\",grpc_status_code=\"{code}\",method_name=\"{method}\"}}"
         )
     };
     let expected = [
@@ -314,8 +314,8 @@ async fn metrics_and_health_checks_over_http() {
         format!("{} 1", csi("/csi.v1.Controller/DeleteVolume", "OK")),
         // Calls before GetPluginInfo answered carry csi-lib-utils'
         // placeholder name, as upstream.
-        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1".to_owned(),
-        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}".to_owned(),
+        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\"} 1".to_owned(),
+        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\"}".to_owned(),
         "controller_persistentvolumeclaim_provision_total{class=\"fast\",source=\"\"} 2".to_owned(),
         "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\",source=\"\"} 1".to_owned(),
         "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"fast\",source=\"\"} 2"
@@ -325,6 +325,14 @@ async fn metrics_and_health_checks_over_http() {
         "workqueue_depth{name=\"claims\"} 0".to_owned(),
         "workqueue_retries_total{name=\"claims\"}".to_owned(),
         "workqueue_adds_total{name=\"volumes\"}".to_owned(),
+        "workqueue_queue_duration_seconds_count{name=\"claims\"}".to_owned(),
+        "workqueue_work_duration_seconds_bucket{name=\"claims\",le=\"9.999999999999999e-06\"}"
+            .to_owned(),
+        "workqueue_unfinished_work_seconds{name=\"volumes\"}".to_owned(),
+        "workqueue_longest_running_processor_seconds{name=\"claims\"}".to_owned(),
+        // This replica leads; upstream's label is csi-lib-utils' empty
+        // election name.
+        "leader_election_master_status{name=\"\"} 1".to_owned(),
         "process_resident_memory_bytes ".to_owned(),
         "process_start_time_seconds ".to_owned(),
     ];
