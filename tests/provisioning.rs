@@ -408,6 +408,12 @@ async fn final_errors_are_reported_once_and_retried() {
         1,
         "one event for five identical failures: {failed:?}"
     );
-    assert!(failed[0].1.contains("Internal"), "{failed:?}");
+    // v6's wording: the driver's error alone, no StorageClass prefix.
+    assert!(
+        failed[0]
+            .1
+            .starts_with("rpc error: code = Internal desc = "),
+        "{failed:?}"
+    );
     env.assert_consistent().await;
 }

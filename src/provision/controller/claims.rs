@@ -138,12 +138,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         Ok(name) => name,
         Err(e) => {
             tracing::warn!(claim = %key, error = %e, "cannot name the volume");
-            note(
-                ctx,
-                &claim,
-                notes::provisioning_failed(&class_name, &e.to_string()),
-            )
-            .await;
+            note(ctx, &claim, notes::provisioning_failed(&e.to_string())).await;
             return Next::Retry;
         }
     };
@@ -234,16 +229,12 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         match ctx.secret_data(secret).await {
             Ok(data) => request.secrets = data,
             Err(e) => {
-                let message = format!(
-                    "failed to get secret {}/{}: {e}",
-                    secret.namespace, secret.name
+                let message = notes::secret_error(
+                    &secret.namespace,
+                    &secret.name,
+                    &notes::kube_error_text(&e),
                 );
-                note(
-                    ctx,
-                    &claim,
-                    notes::provisioning_failed(&class_name, &message),
-                )
-                .await;
+                note(ctx, &claim, notes::provisioning_failed(&message)).await;
                 return Next::Retry;
             }
         }
@@ -261,12 +252,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             crate::metrics::provision_failed(&class_name, source_kind(&claim));
             // The driver answered with something we cannot record: delete
             // what it created, then try again from scratch.
-            note(
-                ctx,
-                &claim,
-                notes::provisioning_failed(&class_name, &e.to_string()),
-            )
-            .await;
+            note(ctx, &claim, notes::provisioning_failed(&e.to_string())).await;
             if let Some(id) = e.volume_to_delete(&response)
                 && let Err(del) = ctx.driver.delete_volume(id, request.secrets.clone()).await
             {
@@ -522,12 +508,7 @@ async fn plan_failed(
     }
     crate::metrics::provision_failed(class_name, source_kind(claim));
     tracing::warn!(claim = %claim_name, error = %error, reschedule = error.wants_reschedule(), "cannot provision");
-    note(
-        ctx,
-        claim,
-        notes::provisioning_failed(class_name, &error.to_string()),
-    )
-    .await;
+    note(ctx, claim, notes::provisioning_failed(&error.to_string())).await;
     if error.wants_reschedule() {
         reschedule(ctx, claim).await;
         return Next::Done;
@@ -553,24 +534,19 @@ async fn create_failed(
     match outcome {
         CreateVolumeOutcome::InBackground => {
             // The volume may still appear: keep the frozen request.
-            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+            note(ctx, claim, notes::provisioning_failed(&text)).await;
         }
         CreateVolumeOutcome::Final => {
-            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+            note(ctx, claim, notes::provisioning_failed(&text)).await;
             ctx.finish(&uid);
             requeue_clone_source(ctx, claim);
         }
         CreateVolumeOutcome::Infeasible => {
-            note(
-                ctx,
-                claim,
-                notes::provisioning_infeasible(class_name, &text),
-            )
-            .await;
+            note(ctx, claim, notes::provisioning_infeasible(&text)).await;
             ctx.finish(&uid);
         }
         CreateVolumeOutcome::Reschedule => {
-            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+            note(ctx, claim, notes::provisioning_failed(&text)).await;
             ctx.finish(&uid);
             reschedule(ctx, claim).await;
             return Next::Done;
