@@ -73,6 +73,9 @@ fn label_list(value: &str) -> Result<Vec<(String, String)>, String> {
     name = "csi-provisioner",
     about = ABOUT,
     disable_version_flag = true,
+    // Go's flag package takes the last of a repeated flag (a kustomize
+    // patch that appends an argument relies on it); list flags still add up.
+    args_override_self = true,
     term_width = 100,
     after_help = "Durations use Go syntax (15s, 1m30s, 1h). Booleans: --flag, --flag=true, --flag=false. \
 Single-dash spellings (-csi-address=...) are accepted like Go flags."
@@ -771,6 +774,20 @@ mod tests {
         let o = ok(&["--version"]);
         assert!(o.version);
         assert!(!ok(&["--version=false"]).version);
+        // A repeated flag: the last one wins, as in Go.
+        let o = ok(&[
+            "--timeout=1s",
+            "--timeout=2s",
+            "--leader-election",
+            "--leader-election=false",
+        ]);
+        assert_eq!(o.timeout, secs(2));
+        assert!(!o.leader_election);
+        let o = ok(&[
+            "--leader-election-labels=a:b",
+            "--leader-election-labels=c:d",
+        ]);
+        assert_eq!(o.leader_election_labels.len(), 2, "list flags add up");
         // Several --feature-gates merge.
         let o = ok(&[
             "--feature-gates=PVCProtection=true",

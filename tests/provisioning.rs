@@ -417,3 +417,80 @@ async fn final_errors_are_reported_once_and_retried() {
     );
     env.assert_consistent().await;
 }
+
+/// Upstream 6.x's slow retry: a request the driver refused as infeasible
+/// (`InvalidArgument`) is tried again only after `--retry-interval-max`,
+/// unless the claim changes, which is tried at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infeasible_requests_wait_for_the_retry_interval_max_or_a_change() {
+    const MAX: Duration = Duration::from_secs(4);
+    let mut env = Env::new().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}));
+    env.set_faults(vec![
+        Fault::error("CreateVolume", tonic::Code::InvalidArgument)
+            .with_message("size not supported")
+            .times(2),
+    ]);
+    // The harness's 100ms backoff would retry ~10 times in the window
+    // below; the later --retry-interval-max wins, as with Go flags.
+    env.start_sidecar(&["--retry-interval-max=4s"]);
+    env.create_pvc("default", "odd", "fast", "5Mi", json!({}))
+        .await;
+    let attempts = |env: &Env| env.logs().matches("calling CreateVolume").count();
+    env.wait_for("the infeasible event", Duration::from_secs(10), || async {
+        env.events("default", "odd")
+            .await
+            .into_iter()
+            .find(|(reason, _)| reason == "ProvisioningFailed")
+    })
+    .await;
+    let failed: Vec<_> = env
+        .events("default", "odd")
+        .await
+        .into_iter()
+        .filter(|(reason, _)| reason == "ProvisioningFailed")
+        .collect();
+    assert_eq!(
+        failed[0].1,
+        "Volume provisioning failed with infeasible error. Retries will be delayed. \
+         rpc error: code = InvalidArgument desc = size not supported"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(attempts(&env), 1, "retried early:\n{}", env.logs());
+
+    // A change of the claim is tried at once (and fails once more).
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(env.client.clone(), "default");
+    claims
+        .patch(
+            "odd",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"example.com/fixed": "yes"}}})),
+        )
+        .await
+        .expect("annotate");
+    env.wait_for(
+        "a retry after the change",
+        Duration::from_secs(2),
+        || async { (attempts(&env) == 2).then_some(()) },
+    )
+    .await;
+    let second = std::time::Instant::now();
+
+    // The third attempt waits the full interval after the second, then
+    // succeeds.
+    env.wait_for(
+        "a retry after the interval",
+        Duration::from_secs(10),
+        || async { (attempts(&env) == 3).then_some(()) },
+    )
+    .await;
+    let waited = second.elapsed();
+    assert!(
+        waited >= MAX - Duration::from_millis(600),
+        "retried after {waited:?}:\n{}",
+        env.logs()
+    );
+    env.wait_bound("default", "odd").await;
+    env.assert_consistent().await;
+}

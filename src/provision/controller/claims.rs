@@ -47,9 +47,16 @@ const SAVE_ATTEMPTS: u32 = 5;
 /// Processes one claim key; schedules its own retries.
 pub async fn process(ctx: &Arc<Context>, key: &ClaimKey) {
     match provision(ctx, key).await {
-        Next::Done => ctx.claims.forget(key),
+        Next::Done => {
+            ctx.claims.forget(key);
+            ctx.infeasible.forget(&key.uid);
+        }
         Next::Retry => {
             let delay = ctx.claims.add_rate_limited(key.clone());
+            tracing::debug!(claim = %key, ?delay, "retrying claim");
+        }
+        Next::RetryAfter(delay) => {
+            ctx.claims.add_after(key.clone(), delay);
             tracing::debug!(claim = %key, ?delay, "retrying claim");
         }
     }
@@ -58,6 +65,8 @@ pub async fn process(ctx: &Arc<Context>, key: &ClaimKey) {
 pub(super) enum Next {
     Done,
     Retry,
+    /// Retry after exactly this delay, outside the backoff (infeasible).
+    RetryAfter(std::time::Duration),
 }
 
 fn cached_claim(ctx: &Context, key: &ClaimKey) -> Option<Arc<PersistentVolumeClaim>> {
@@ -128,6 +137,10 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         tracing::debug!(claim = %key, class = %class_name, "storage class not in the cache yet");
         return Next::Retry;
     };
+    if let Some(wait) = ctx.infeasible.delay(&key.uid, &class, &claim) {
+        tracing::debug!(claim = %key, ?wait, "the last request was infeasible and neither the claim nor its class changed; waiting");
+        return Next::RetryAfter(wait);
+    }
 
     // Already provisioned (the PV cache uses the real naming scheme).
     let pv_name = match volume_name(
@@ -544,6 +557,11 @@ async fn create_failed(
         CreateVolumeOutcome::Infeasible => {
             note(ctx, claim, notes::provisioning_infeasible(&text)).await;
             ctx.finish(&uid);
+            let class = ctx.caches.classes.store().get(&ObjectRef::new(class_name));
+            ctx.infeasible.mark(&uid, class.as_deref(), claim);
+            if class.is_some() {
+                return Next::RetryAfter(ctx.infeasible.retry_interval_max());
+            }
         }
         CreateVolumeOutcome::Reschedule => {
             note(ctx, claim, notes::provisioning_failed(&text)).await;

@@ -39,6 +39,7 @@ use crate::caches::{Caches, Kind};
 use crate::csi::Driver;
 use crate::events::Recorder;
 use crate::informer::Change;
+use crate::provision::infeasible::InfeasibleClaims;
 use crate::provision::node_deployment::{LocalTopology, journal_owner};
 use crate::provision::{
     ProvisionerConfig, SecretRef, annotated_provisioner, is_our_volume, volume_on_this_node,
@@ -99,6 +100,9 @@ pub struct Context {
     /// Node deployment: this node's Node and CSINode, planned with instead
     /// of the cluster's.
     pub local_topology: Option<Arc<LocalTopology>>,
+    /// Claims held back after an infeasible `CreateVolume` (upstream's
+    /// slow retry).
+    pub infeasible: InfeasibleClaims,
     /// Node deployment: claim uid → attempts to take it so far (the
     /// exponent of the wait before the next one).
     owner_attempts: Mutex<HashMap<String, u32>>,
@@ -292,6 +296,7 @@ pub async fn new(
         in_flight: Mutex::default(),
         deleted_volumes: Mutex::default(),
         local_topology,
+        infeasible: InfeasibleClaims::new(shared.backoff.max),
         owner_attempts: Mutex::default(),
         workers: shared.workers.max(1),
         unstarted_journal: Mutex::new(Some((store, inbox))),
