@@ -485,6 +485,53 @@ fn upstream_only_flags_start_and_are_named_once_in_json_logs() {
     );
 }
 
+/// A kubeconfig whose client certificate is X.509 v1 (which rustls cannot
+/// use) stops the sidecar at start with what is wrong and how to re-issue
+/// it, before it waits for any driver.
+#[test]
+fn an_x509_v1_client_certificate_is_refused_at_start_with_the_fix() {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let fixture = |name: &str| {
+        std::fs::read_to_string(format!(
+            "{}/tests/fixtures/tls/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .expect("fixture")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: {}\n\
+contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n\
+users:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(&fixture("ca.crt")),
+            b64(&fixture("client-v1.crt")),
+            b64(&fixture("client.key"))
+        ),
+    )
+    .expect("write kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--csi-address=/does/not/exist.sock")
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for needle in [
+        "X.509 version 1",
+        "openssl x509 -req",
+        "-extfile client-ext.cnf",
+    ] {
+        assert!(stderr.contains(needle), "{needle} missing:\n{stderr}");
+    }
+    assert!(!stderr.contains("UnsupportedCertVersion"), "{stderr}");
+}
+
 /// N requests at qps Q with burst B take at least (N − B)/Q: measured on
 /// the real binary, counting every non-watch request the API server saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
