@@ -11,6 +11,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 
 use crate::duration::parse_go_duration;
 use crate::features::{Feature, FeatureGateError, FeatureGates, parse_go_bool};
+use crate::logging::{LogFormat, LogSettings, VModule, parse_log_format, parse_vmodule};
 
 const ABOUT: &str = "Kubernetes CSI external-provisioner sidecar: provisions and deletes \
 PersistentVolumes for PersistentVolumeClaims by calling CreateVolume and DeleteVolume on the \
@@ -24,6 +25,19 @@ fn go_bool(value: &str) -> Result<bool, String> {
 
 fn go_duration(value: &str) -> Result<Duration, String> {
     parse_go_duration(value).map_err(|e| e.to_string())
+}
+
+/// component-base's buffer sizes: a quantity of bytes (`512`, `1K`,
+/// `2Ki`, `3M`, `5Mi`). Upstream's help writes `1K` for 1000, which
+/// apimachinery spells `1k`: both are accepted.
+fn byte_quantity(value: &str) -> Result<u64, String> {
+    let normalized = match value.strip_suffix('K') {
+        Some(number) => format!("{number}k"),
+        None => value.to_owned(),
+    };
+    crate::provision::quantity::parse_bytes(&normalized)
+        .map(|bytes| u64::try_from(bytes).unwrap_or(0))
+        .map_err(|e| e.to_string())
 }
 
 fn feature_gates(value: &str) -> Result<String, String> {
@@ -59,6 +73,9 @@ fn label_list(value: &str) -> Result<Vec<(String, String)>, String> {
     name = "csi-provisioner",
     about = ABOUT,
     disable_version_flag = true,
+    // Go's flag package takes the last of a repeated flag (a kustomize
+    // patch that appends an argument relies on it); list flags still add up.
+    args_override_self = true,
     term_width = 100,
     after_help = "Durations use Go syntax (15s, 1m30s, 1h). Booleans: --flag, --flag=true, --flag=false. \
 Single-dash spellings (-csi-address=...) are accepted like Go flags."
@@ -168,7 +185,7 @@ pub struct Options {
     #[arg(long, default_value = "/metrics", value_name = "PATH")]
     pub metrics_path: String,
 
-    /// Enable pprof profiling on the TCP network address given by --http-endpoint.
+    /// Accepted for compatibility: there is no Go profiler in this build. When set, /debug/pprof/ on --http-endpoint answers 501 with a note on how to profile the process instead.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
     pub enable_pprof: bool,
 
@@ -257,6 +274,34 @@ pub struct Options {
     #[arg(short = 'v', long = "v", default_value_t = 0, value_name = "LEVEL")]
     pub verbosity: u8,
 
+    /// Comma-separated list of pattern=N settings for file-filtered logging: the source files whose name (without .rs) matches the pattern (* and ? as wildcards; a pattern with / matches the path) log at verbosity N.
+    #[arg(long, default_value = "", value_parser = parse_vmodule, value_name = "PATTERN=N,...", hide_default_value = true)]
+    pub vmodule: VModule,
+
+    /// Sets the log format. Permitted formats: "json" (one JSON object per line with klog's keys), "text".
+    #[arg(long, default_value = "text", value_parser = parse_log_format, value_name = "FORMAT")]
+    pub logging_format: LogFormat,
+
+    /// Maximum time between log flushes. Accepted for compatibility: logs are written unbuffered, so there is nothing to flush.
+    #[arg(long, default_value = "5s", value_parser = go_duration, value_name = "DURATION")]
+    pub log_flush_frequency: Duration,
+
+    /// In text format, write error messages to stderr and info messages to stdout. The default is to write a single stream to stderr.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
+    pub log_text_split_stream: bool,
+
+    /// In JSON format, write error messages to stderr and info messages to stdout. The default is to write a single stream to stderr.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
+    pub log_json_split_stream: bool,
+
+    /// In text format with split output streams, how many bytes of info messages may be buffered. Accepted for compatibility; lines are written unbuffered.
+    #[arg(long, default_value = "0", value_parser = byte_quantity, value_name = "QUANTITY")]
+    pub log_text_info_buffer_size: u64,
+
+    /// In JSON format with split output streams, how many bytes of info messages may be buffered. Accepted for compatibility; lines are written unbuffered.
+    #[arg(long, default_value = "0", value_parser = byte_quantity, value_name = "QUANTITY")]
+    pub log_json_info_buffer_size: u64,
+
     #[arg(skip)]
     gates: FeatureGates,
 
@@ -279,6 +324,31 @@ pub enum CliError {
     #[error("{0}")]
     Conflict(String),
 }
+
+/// Upstream flags that are accepted but have nothing to act on in this
+/// build, with the reason named at start-up when one is set.
+pub const WITHOUT_EFFECT: &[(&str, &str)] = &[
+    (
+        "automaxprocs",
+        "Go runtime tuning; the Rust runtime sizes its worker threads from the CPUs available",
+    ),
+    (
+        "enable-pprof",
+        "there is no Go profiler in this build; /debug/pprof/ on --http-endpoint answers 501 (profile the process with perf or similar instead)",
+    ),
+    (
+        "log-flush-frequency",
+        "logs are written unbuffered, line by line",
+    ),
+    (
+        "log-text-info-buffer-size",
+        "logs are written unbuffered, line by line",
+    ),
+    (
+        "log-json-info-buffer-size",
+        "logs are written unbuffered, line by line",
+    ),
+];
 
 /// Flags that are parsed and validated but whose behaviour has not been
 /// built yet. Each one that is set on the command line is reported once at
@@ -343,15 +413,6 @@ impl Options {
                     "--{burst_flag} ({burst}) must be greater than 0 when --{qps_flag} ({qps}) is greater than 0"
                 )));
             }
-        }
-        if self.enable_pprof {
-            return Err(CliError::Invalid {
-                flag: "enable-pprof",
-                value: "true".into(),
-                reason: "Go's pprof profiler does not exist in this Rust build; remove the flag \
-(profile the process from outside instead, e.g. with perf)"
-                    .into(),
-            });
         }
         if self.volume_name_uuid_length < -1 {
             return Err(CliError::Invalid {
@@ -469,22 +530,51 @@ impl Options {
             .collect()
     }
 
+    /// Flags set on the command line that have no effect in this build,
+    /// with the reason (named once at start-up). A split-stream or vmodule
+    /// flag of the other log format counts too.
+    pub fn set_without_effect(&self) -> Vec<(&'static str, &'static str)> {
+        let set = |flag: &str| self.explicitly_set.iter().any(|s| s == flag);
+        let mut out: Vec<(&'static str, &'static str)> = WITHOUT_EFFECT
+            .iter()
+            .copied()
+            .filter(|(flag, _)| set(flag))
+            .collect();
+        match self.logging_format {
+            LogFormat::Text if set("log-json-split-stream") => {
+                out.push((
+                    "log-json-split-stream",
+                    "it applies to --logging-format=json only",
+                ));
+            }
+            LogFormat::Json if set("log-text-split-stream") => {
+                out.push((
+                    "log-text-split-stream",
+                    "it applies to --logging-format=text only",
+                ));
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// What the logging flags ask for.
+    pub fn log_settings(&self) -> LogSettings {
+        LogSettings {
+            format: self.logging_format,
+            verbosity: self.verbosity,
+            vmodule: self.vmodule.clone(),
+            split_stream: match self.logging_format {
+                LogFormat::Text => self.log_text_split_stream,
+                LogFormat::Json => self.log_json_split_stream,
+            },
+        }
+    }
+
     /// The socket path of `--csi-address` (validated at parse time).
     pub fn csi_socket(&self) -> PathBuf {
         csi_proto::transport::parse_unix_address(&self.csi_address)
             .unwrap_or_else(|_| PathBuf::from(&self.csi_address))
-    }
-
-    /// The tracing filter directives for `-v`: our own logs follow the
-    /// level, libraries (HTTP, gRPC) stay at info until the highest levels,
-    /// as klog's verbosity only affects the sidecar's own messages.
-    pub fn log_filter(&self) -> String {
-        match self.verbosity {
-            0..=1 => "info".to_owned(),
-            2..=4 => "info,csi_provisioner=debug".to_owned(),
-            5..=7 => "info,csi_provisioner=trace".to_owned(),
-            _ => "debug,csi_provisioner=trace".to_owned(),
-        }
     }
 
     /// The level of our own logs for `-v`.
@@ -684,6 +774,20 @@ mod tests {
         let o = ok(&["--version"]);
         assert!(o.version);
         assert!(!ok(&["--version=false"]).version);
+        // A repeated flag: the last one wins, as in Go.
+        let o = ok(&[
+            "--timeout=1s",
+            "--timeout=2s",
+            "--leader-election",
+            "--leader-election=false",
+        ]);
+        assert_eq!(o.timeout, secs(2));
+        assert!(!o.leader_election);
+        let o = ok(&[
+            "--leader-election-labels=a:b",
+            "--leader-election-labels=c:d",
+        ]);
+        assert_eq!(o.leader_election_labels.len(), 2, "list flags add up");
         // Several --feature-gates merge.
         let o = ok(&[
             "--feature-gates=PVCProtection=true",
@@ -727,7 +831,13 @@ mod tests {
             ),
             (&["--no-such-flag"][..], "no-such-flag"),
             (&["--kube-api-burst=0"][..], "--kube-api-burst"),
-            (&["--enable-pprof"][..], "pprof"),
+            (&["--logging-format=xml"][..], "Unsupported log format"),
+            (&["--vmodule=claims"][..], "filename=N"),
+            (&["--log-flush-frequency=5"][..], "missing unit"),
+            (
+                &["--log-json-info-buffer-size=lots"][..],
+                "log-json-info-buffer-size",
+            ),
             (
                 &[
                     "--leader-election",
@@ -764,60 +874,206 @@ mod tests {
         );
     }
 
+    /// The upstream binary's `--help` (v6.3), verbatim.
+    const UPSTREAM_HELP: &str = include_str!("../tests/fixtures/upstream-v6.3-help.txt");
+
+    /// (name, pflag type) of every flag in the upstream help.
+    fn upstream_flags() -> Vec<(String, String)> {
+        UPSTREAM_HELP
+            .lines()
+            .filter_map(|line| {
+                let line = line.trim_start();
+                let line = line.strip_prefix("-v, ").unwrap_or(line);
+                let rest = line.strip_prefix("--")?;
+                // pflag pads name and type to the usage column with at
+                // least three spaces.
+                let head = rest.split("   ").next().unwrap_or(rest);
+                let mut words = head.split_whitespace();
+                let name = words.next()?.to_owned();
+                let kind = words.next().unwrap_or("bool").to_owned();
+                Some((name, kind))
+            })
+            .collect()
+    }
+
+    /// A typical value for an upstream flag, from its pflag type (pflag
+    /// shows a backquoted word of the usage instead of the type, hence the
+    /// names of the odd ones).
+    fn typical_value(name: &str, kind: &str) -> Vec<String> {
+        let by_name = match name {
+            "csi-address" => Some("unix:///csi/csi.sock"),
+            "http-endpoint" | "metrics-address" => Some(":8080"),
+            "metrics-path" => Some("/metrics"),
+            "enable-pprof" => Some("true"),
+            "logging-format" => Some("json"),
+            "master" => Some("https://127.0.0.1:6443"),
+            "leader-election-namespace" => Some("kube-system"),
+            "default-fstype" => Some("ext4"),
+            "volume-name-prefix" => Some("vol"),
+            "kubeconfig" => Some("/etc/kubernetes/kubeconfig"),
+            "feature-gates" => Some("Topology=true"),
+            // Consistent among themselves, as client-go requires.
+            "leader-election-lease-duration" => Some("30s"),
+            "leader-election-renew-deadline" => Some("20s"),
+            "leader-election-retry-period" => Some("4s"),
+            _ => None,
+        };
+        if let Some(value) = by_name {
+            return vec![format!("--{name}={value}")];
+        }
+        let value = match kind {
+            "bool" => return vec![format!("--{name}"), format!("--{name}=false")],
+            "boolFunc[=true]" => return vec![format!("--{name}"), format!("--{name}=true")],
+            "duration" => "30s",
+            "int" | "uint" | "Level" => "3",
+            "float" | "float32" => "2.5",
+            "quantity" => "2Ki",
+            "pattern=N,..." => "claims=5,leader*=2",
+            "stringMap" => "team:storage,tier:gold",
+            other => panic!("--{name}: no typical value for pflag type {other:?}"),
+        };
+        vec![format!("--{name}={value}")]
+    }
+
+    #[test]
+    fn every_flag_of_the_upstream_binary_is_accepted() {
+        let flags = upstream_flags();
+        assert_eq!(flags.len(), 51, "fixture parsed to {flags:?}");
+        for (name, kind) in &flags {
+            for arg in typical_value(name, kind) {
+                // As given, and in Go's single-dash spelling.
+                let single_dash = arg[1..].to_owned();
+                for spelling in [arg.as_str(), single_dash.as_str()] {
+                    let options = parse(&[spelling])
+                        .unwrap_or_else(|e| panic!("upstream flag refused: {spelling}: {e}"));
+                    assert!(
+                        options.explicitly_set().iter().any(|s| s == name),
+                        "{spelling} not recorded as set"
+                    );
+                }
+            }
+        }
+        // All at once, as a real Deployment would (minus the exclusive
+        // pair and the gate that needs another flag).
+        let all: Vec<String> = flags
+            .iter()
+            .filter(|(name, _)| name != "metrics-address")
+            .flat_map(|(name, kind)| typical_value(name, kind).into_iter().take(1))
+            .collect();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let options = ok(&all);
+        assert_eq!(options.logging_format, LogFormat::Json);
+        assert!(options.enable_pprof);
+        assert_eq!(options.log_json_info_buffer_size, 2048);
+        assert_eq!(options.log_flush_frequency, secs(30));
+        assert_eq!(
+            options
+                .vmodule
+                .level_for("src/provision/controller/claims.rs"),
+            Some(5)
+        );
+        let without_effect: Vec<&str> = options
+            .set_without_effect()
+            .iter()
+            .map(|(f, _)| *f)
+            .collect();
+        for flag in [
+            "automaxprocs",
+            "enable-pprof",
+            "log-flush-frequency",
+            "log-text-info-buffer-size",
+            "log-json-info-buffer-size",
+            "log-text-split-stream",
+        ] {
+            assert!(
+                without_effect.contains(&flag),
+                "{flag} not named: {without_effect:?}"
+            );
+        }
+        assert!(!without_effect.contains(&"log-json-split-stream"));
+    }
+
+    #[test]
+    fn every_feature_gate_of_the_upstream_binary_is_accepted() {
+        let gates: Vec<&str> = UPSTREAM_HELP
+            .lines()
+            .filter_map(|l| l.trim().split_once("=true|false"))
+            .map(|(name, _)| name.rsplit(' ').next().unwrap_or(name))
+            .collect();
+        assert!(gates.len() >= 30, "{gates:?}");
+        for gate in gates {
+            for value in ["true", "false"] {
+                let arg = format!("--feature-gates={gate}={value}");
+                parse(&[&arg]).unwrap_or_else(|e| panic!("{arg}: {e}"));
+            }
+        }
+        let o = ok(&["--feature-gates=WatchList=false,ReleaseLeaderElectionOnExit=true"]);
+        assert!(o.gates().enabled(Feature::ReleaseLeaderElectionOnExit));
+        assert_eq!(
+            o.gates().ignored().collect::<Vec<_>>(),
+            vec![("WatchList", false)]
+        );
+    }
+
     #[test]
     fn help_lists_every_upstream_flag() {
         let help = Options::command().render_long_help().to_string();
-        for flag in [
-            "csi-address",
-            "kubeconfig",
-            "master",
-            "version",
-            "timeout",
-            "retry-interval-start",
-            "retry-interval-max",
-            "worker-threads",
-            "kube-api-qps",
-            "kube-api-burst",
-            "volume-name-prefix",
-            "volume-name-uuid-length",
-            "default-fstype",
-            "extra-create-metadata",
-            "strict-topology",
-            "immediate-topology",
-            "feature-gates",
-            "leader-election",
-            "leader-election-namespace",
-            "leader-election-lease-duration",
-            "leader-election-renew-deadline",
-            "leader-election-retry-period",
-            "leader-election-labels",
-            "http-endpoint",
-            "metrics-address",
-            "metrics-path",
-            "enable-pprof",
-            "enable-capacity",
-            "capacity-ownerref-level",
-            "capacity-threads",
-            "capacity-poll-interval",
-            "capacity-for-immediate-binding",
-            "kube-api-capacity-qps",
-            "kube-api-capacity-burst",
-            "node-deployment",
-            "node-deployment-immediate-binding",
-            "node-deployment-base-delay",
-            "node-deployment-max-delay",
-            "controller-publish-readonly",
-            "prevent-volume-mode-conversion",
-            "cloning-protection-threads",
-            "snapshot-orphan-sweep-interval",
-            "automaxprocs",
-        ] {
+        for (flag, _) in upstream_flags() {
+            if flag == "v" {
+                assert!(help.contains("-v, --v"));
+                continue;
+            }
             assert!(
                 help.contains(&format!("--{flag}")),
                 "--{flag} missing from --help"
             );
         }
-        assert!(help.contains("-v, --v"));
+    }
+
+    #[test]
+    fn logging_flags() {
+        let o = ok(&[]);
+        assert_eq!(o.logging_format, LogFormat::Text);
+        assert_eq!(o.log_flush_frequency, secs(5));
+        assert!(o.vmodule.is_empty());
+        assert!(!o.log_settings().split_stream);
+        assert!(o.set_without_effect().is_empty());
+        let o = ok(&[
+            "--logging-format=json",
+            "--log-json-split-stream",
+            "-v=4",
+            "--vmodule=claims=6",
+        ]);
+        let settings = o.log_settings();
+        assert_eq!(settings.format, LogFormat::Json);
+        assert!(settings.split_stream);
+        assert_eq!(settings.verbosity, 4);
+        assert_eq!(settings.vmodule.level_for("src/x/claims.rs"), Some(6));
+        // The text split flag does not split JSON logs.
+        assert!(
+            !ok(&["--logging-format=json", "--log-text-split-stream"])
+                .log_settings()
+                .split_stream
+        );
+        assert!(
+            ok(&["--log-text-split-stream=true"])
+                .log_settings()
+                .split_stream
+        );
+        for (value, bytes) in [
+            ("0", 0),
+            ("512", 512),
+            ("1K", 1000),
+            ("1k", 1000),
+            ("2Ki", 2048),
+            ("5Mi", 5 << 20),
+        ] {
+            assert_eq!(
+                ok(&[&format!("--log-text-info-buffer-size={value}")]).log_text_info_buffer_size,
+                bytes,
+                "{value}"
+            );
+        }
     }
 
     #[test]

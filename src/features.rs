@@ -25,6 +25,43 @@ pub enum Feature {
     ReleaseLeaderElectionOnExit,
 }
 
+/// Gates the upstream binary accepts because the Kubernetes libraries it
+/// links register them (client-go, apiserver, component-base: see its
+/// `--help`). None of them changes the sidecar's behaviour there either;
+/// here they are accepted, kept for the start-up report and ignored, so a
+/// command line written for the Go image still starts.
+pub const UPSTREAM_LIBRARY_GATES: &[&str] = &[
+    "APIResponseCompression",
+    "APIServerIdentity",
+    "APIServingWithRoutine",
+    "AllowParsingUserUIDFromCertAuth",
+    "AllowUnsafeMalformedObjectDeletion",
+    "CBORServingAndStorage",
+    "ComponentFlagz",
+    "ComponentStatusz",
+    "ConcurrentWatchObjectDecode",
+    "ConstrainedImpersonation",
+    "CoordinatedLeaderElection",
+    "DeclarativeValidationBeta",
+    "DetectCacheInconsistency",
+    "ListFromCacheSnapshot",
+    "ManifestBasedAdmissionControlConfig",
+    "NativeHistograms",
+    "OpenAPIEnums",
+    "RemoteRequestHeaderUID",
+    "ShardedListAndWatch",
+    "SizeBasedListCostEstimate",
+    "StorageVersionAPI",
+    "StorageVersionHash",
+    "StructuredAuthenticationConfigurationEgressSelector",
+    "StructuredAuthenticationConfigurationJWKSMetrics",
+    "TokenRequestServiceAccountUIDValidation",
+    "UnauthenticatedHTTP2DOSMitigation",
+    "UnknownVersionInteroperabilityProxy",
+    "WatchCacheInitializationPostStartHook",
+    "WatchList",
+];
+
 /// Gates that parse but whose loops are not built yet; enabling one is
 /// reported at start-up so nobody believes it took effect.
 pub const NOT_YET_IMPLEMENTED: &[Feature] = &[Feature::CrossNamespaceVolumeDataSource];
@@ -81,6 +118,18 @@ impl Feature {
         }
     }
 
+    /// Whether the upstream sidecar has this gate. `AllAlpha` / `AllBeta`
+    /// reach only these: a command line written for the Go image that says
+    /// `AllAlpha=true` must not switch on our embedded loops, which write
+    /// to objects the Go sidecar never touches (and one of which needs a
+    /// flag the Go image does not have).
+    pub fn upstream(self) -> bool {
+        !matches!(
+            self,
+            Feature::PVCProtection | Feature::StatefulSetAutoDeletePVC | Feature::PVReleaser
+        )
+    }
+
     fn from_name(name: &str) -> Option<Feature> {
         Feature::ALL.into_iter().find(|f| f.name() == name)
     }
@@ -108,6 +157,8 @@ pub enum FeatureGateError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FeatureGates {
     enabled: BTreeMap<Feature, bool>,
+    /// Upstream library gates that were set ([`UPSTREAM_LIBRARY_GATES`]).
+    ignored: BTreeMap<&'static str, bool>,
 }
 
 impl Default for FeatureGates {
@@ -117,6 +168,7 @@ impl Default for FeatureGates {
                 .into_iter()
                 .map(|f| (f, f.default_enabled()))
                 .collect(),
+            ignored: BTreeMap::new(),
         }
     }
 }
@@ -139,6 +191,7 @@ impl FeatureGates {
     /// the same value win regardless of order).
     pub fn apply(&mut self, spec: &str) -> Result<(), FeatureGateError> {
         let mut explicit = Vec::new();
+        let mut ignored = Vec::new();
         let mut all_alpha = None;
         let mut all_beta = None;
         for item in spec.split(',') {
@@ -158,13 +211,17 @@ impl FeatureGates {
                 "AllAlpha" => all_alpha = Some(parsed),
                 "AllBeta" => all_beta = Some(parsed),
                 _ => {
+                    if let Some(library) = UPSTREAM_LIBRARY_GATES.iter().find(|g| **g == name) {
+                        ignored.push((*library, parsed));
+                        continue;
+                    }
                     let feature = Feature::from_name(name)
                         .ok_or_else(|| FeatureGateError::Unknown(name.to_owned()))?;
                     explicit.push((feature, parsed));
                 }
             }
         }
-        for feature in Feature::ALL {
+        for feature in Feature::ALL.into_iter().filter(|f| f.upstream()) {
             match (feature.stage(), all_alpha, all_beta) {
                 (Stage::Alpha, Some(v), _) | (Stage::Beta, _, Some(v)) => self.set(feature, v),
                 _ => {}
@@ -173,7 +230,14 @@ impl FeatureGates {
         for (feature, value) in explicit {
             self.set(feature, value);
         }
+        self.ignored.extend(ignored);
         Ok(())
+    }
+
+    /// Upstream library gates set on the command line, which have no
+    /// effect here (named at start-up).
+    pub fn ignored(&self) -> impl Iterator<Item = (&'static str, bool)> + '_ {
+        self.ignored.iter().map(|(name, value)| (*name, *value))
     }
 
     /// `Name=bool` for every gate, for the start-up log line.
@@ -232,12 +296,22 @@ mod tests {
     fn all_alpha_and_explicit_override() {
         let mut gates = FeatureGates::default();
         gates
-            .apply("PVReleaser=false,AllAlpha=true")
+            .apply("ReleaseLeaderElectionOnExit=false,AllAlpha=true")
+            .expect("valid");
+        assert!(gates.enabled(Feature::CrossNamespaceVolumeDataSource));
+        assert!(
+            !gates.enabled(Feature::ReleaseLeaderElectionOnExit),
+            "explicit gate wins"
+        );
+        assert!(gates.enabled(Feature::HonorPVReclaimPolicy), "GA untouched");
+        // Our embedded loops are switched on by name only.
+        assert!(!gates.enabled(Feature::PVCProtection));
+        assert!(!gates.enabled(Feature::StatefulSetAutoDeletePVC));
+        assert!(!gates.enabled(Feature::PVReleaser));
+        gates
+            .apply("AllAlpha=true,PVCProtection=true")
             .expect("valid");
         assert!(gates.enabled(Feature::PVCProtection));
-        assert!(gates.enabled(Feature::StatefulSetAutoDeletePVC));
-        assert!(!gates.enabled(Feature::PVReleaser), "explicit gate wins");
-        assert!(gates.enabled(Feature::HonorPVReclaimPolicy), "GA untouched");
         gates.apply("AllBeta=false").expect("valid, no beta gates");
     }
 
@@ -279,6 +353,28 @@ mod tests {
                 .to_string()
                 .contains("Bogus")
         );
+    }
+
+    #[test]
+    fn upstream_library_gates_are_accepted_and_ignored() {
+        let mut gates = FeatureGates::default();
+        gates
+            .apply("WatchList=false,PVCProtection=true,CoordinatedLeaderElection=true")
+            .expect("library gates parse");
+        assert!(gates.enabled(Feature::PVCProtection));
+        assert_eq!(
+            gates.ignored().collect::<Vec<_>>(),
+            vec![("CoordinatedLeaderElection", true), ("WatchList", false)]
+        );
+        // Still validated like any gate.
+        assert!(gates.apply("WatchList=maybe").is_err());
+        // AllAlpha does not reach them.
+        let mut gates = FeatureGates::default();
+        gates.apply("AllAlpha=true").expect("valid");
+        assert_eq!(gates.ignored().count(), 0);
+        for name in UPSTREAM_LIBRARY_GATES {
+            assert!(Feature::from_name(name).is_none(), "{name} is one of ours");
+        }
     }
 
     #[test]

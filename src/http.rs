@@ -54,7 +54,17 @@ pub struct Routes {
     pub metrics_path: String,
     /// `None` for `--metrics-address`: metrics only, as upstream.
     pub health: Option<(Health, ProbeFn)>,
+    /// `--enable-pprof`: `/debug/pprof/` explains that there is no Go
+    /// profiler instead of a bare 404, so whoever follows a Go runbook
+    /// learns what to do instead.
+    pub pprof: bool,
 }
+
+/// What `/debug/pprof/…` answers with `--enable-pprof`.
+pub const PPROF_NOTE: &str = "pprof is not available: this csi-provisioner is a Rust build and \
+has no Go runtime to profile. Profile the process from outside instead (for example \
+`perf record -g -p <pid>` on the node, or `perf top`), and see /metrics for process_* \
+figures (CPU, memory, file descriptors).\n";
 
 /// A Go listen address: `:8080` means every interface.
 pub fn listen_address(address: &str) -> String {
@@ -140,12 +150,22 @@ async fn handle(routes: &Routes, req: Request<Incoming>) -> Response<Full<Bytes>
     }
     let path = req.uri().path();
     if path == routes.metrics_path {
-        let mut response = text(StatusCode::OK, crate::metrics::encode());
+        // Prometheus' text format unless OpenMetrics is asked for, as
+        // upstream's client_golang handler.
+        let exposition = crate::metrics::negotiate(
+            req.headers()
+                .get(http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let mut response = text(StatusCode::OK, crate::metrics::encode_as(exposition));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            http::HeaderValue::from_static(exposition.content_type()),
         );
         return response;
+    }
+    if routes.pprof && (path == "/debug/pprof" || path.starts_with("/debug/pprof/")) {
+        return text(StatusCode::NOT_IMPLEMENTED, PPROF_NOTE.to_owned());
     }
     let Some((health, probe)) = &routes.health else {
         return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
@@ -182,11 +202,16 @@ mod tests {
     }
 
     async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        get_with(addr, path, "").await
+    }
+
+    async fn get_with(addr: SocketAddr, path: &str, headers: &str) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
         stream
             .write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n")
+                    .as_bytes(),
             )
             .await
             .expect("write");
@@ -216,6 +241,7 @@ mod tests {
             Routes {
                 metrics_path: "/m".into(),
                 health: Some((Health::disabled(), probe)),
+                pprof: true,
             },
         )
         .await
@@ -227,6 +253,24 @@ mod tests {
             body.contains("workqueue_depth{name=\"http-test\"} 1"),
             "{body}"
         );
+        assert!(
+            body.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+            "{body}"
+        );
+        assert!(!body.contains("# EOF"), "{body}");
+        let (_, body) = get_with(
+            addr,
+            "/m",
+            "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
+        )
+        .await;
+        assert!(
+            body.to_ascii_lowercase()
+                .contains("content-type: application/openmetrics-text; version=1.0.0"),
+            "{body}"
+        );
+        assert!(body.contains("# EOF"), "{body}");
         assert_eq!(get(addr, "/healthz/leader-election").await.0, 200);
         assert_eq!(get(addr, "/healthz").await.0, 200);
         ready.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -234,6 +278,9 @@ mod tests {
         assert_eq!(status, 500);
         assert!(body.contains("not ready"), "{body}");
         assert_eq!(get(addr, "/metrics").await.0, 404);
+        let (status, body) = get(addr, "/debug/pprof/profile?seconds=30").await;
+        assert_eq!(status, 501);
+        assert!(body.contains("no Go runtime"), "{body}");
 
         // Metrics only (--metrics-address): no health routes.
         let addr = serve(
@@ -242,18 +289,21 @@ mod tests {
             Routes {
                 metrics_path: "/metrics".into(),
                 health: None,
+                pprof: false,
             },
         )
         .await
         .expect("serve");
         assert_eq!(get(addr, "/metrics").await.0, 200);
         assert_eq!(get(addr, "/healthz").await.0, 404);
+        assert_eq!(get(addr, "/debug/pprof/").await.0, 404);
         let taken = serve(
             "--http-endpoint",
             &addr.to_string(),
             Routes {
                 metrics_path: "/metrics".into(),
                 health: None,
+                pprof: false,
             },
         )
         .await

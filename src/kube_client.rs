@@ -22,6 +22,18 @@ pub enum ClientConfigError {
     Master { url: String, reason: String },
     #[error("cannot build the Kubernetes client: {0}")]
     Client(#[from] kube::Error),
+    #[error(
+        "the client certificate in {source_name} is an X.509 version {version} certificate, \
+which the TLS library of this sidecar (rustls) refuses: it accepts X.509 v3 client certificates \
+only (the Go sidecar accepted it). Re-issue the certificate as v3 by signing the same request \
+with an extension file, for example:\n\
+\x20 printf 'basicConstraints=CA:FALSE\\nkeyUsage=digitalSignature,keyEncipherment\\nextendedKeyUsage=clientAuth\\n' > client-ext.cnf\n\
+\x20 openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 -extfile client-ext.cnf -out client.crt\n\
+(`openssl x509 -req` without -extfile writes a version 1 certificate), then put client.crt in the kubeconfig"
+    )]
+    CertificateVersion { source_name: String, version: u8 },
+    #[error("cannot read the client certificate in {source_name}: {reason}")]
+    Certificate { source_name: String, reason: String },
 }
 
 /// Which source the configuration comes from.
@@ -86,7 +98,122 @@ pub async fn load_config(
     if !master.is_empty() {
         config.cluster_url = master_url()?;
     }
+    check_client_certificate(&config)?;
     Ok(config)
+}
+
+/// Why a certificate's version could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CertificateError {
+    #[error("no PEM CERTIFICATE block")]
+    NoPem,
+    #[error("the PEM CERTIFICATE block is not valid base64")]
+    Base64,
+    #[error("not a DER X.509 certificate")]
+    NotDer,
+}
+
+/// The DER bytes of the first `CERTIFICATE` block of a PEM text.
+pub fn first_pem_certificate(pem: &str) -> Result<Vec<u8>, CertificateError> {
+    use base64::Engine as _;
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let start = pem.find(BEGIN).ok_or(CertificateError::NoPem)? + BEGIN.len();
+    let len = pem[start..].find(END).ok_or(CertificateError::NoPem)?;
+    let body: String = pem[start..start + len]
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .map_err(|_| CertificateError::Base64)
+}
+
+/// Reads one DER header at the start of `der`: (tag, header length,
+/// content length).
+fn der_header(der: &[u8]) -> Option<(u8, usize, usize)> {
+    let tag = *der.first()?;
+    let first = *der.get(1)?;
+    if first < 0x80 {
+        return Some((tag, 2, usize::from(first)));
+    }
+    let count = usize::from(first & 0x7f);
+    if count == 0 || count > 4 {
+        return None;
+    }
+    let bytes = der.get(2..2 + count)?;
+    let len = bytes
+        .iter()
+        .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+    Some((tag, 2 + count, len))
+}
+
+/// The X.509 version (1, 2 or 3) of a DER certificate: `version` is the
+/// optional first field, `[0] EXPLICIT INTEGER`, of the to-be-signed
+/// SEQUENCE inside the certificate SEQUENCE; absent means version 1.
+pub fn x509_version(der: &[u8]) -> Result<u8, CertificateError> {
+    const SEQUENCE: u8 = 0x30;
+    const VERSION_TAG: u8 = 0xa0;
+    const INTEGER: u8 = 0x02;
+    let (tag, header, _) = der_header(der).ok_or(CertificateError::NotDer)?;
+    if tag != SEQUENCE {
+        return Err(CertificateError::NotDer);
+    }
+    let tbs = &der[header..];
+    let (tag, header, _) = der_header(tbs).ok_or(CertificateError::NotDer)?;
+    if tag != SEQUENCE {
+        return Err(CertificateError::NotDer);
+    }
+    let fields = &tbs[header..];
+    let (tag, header, _) = der_header(fields).ok_or(CertificateError::NotDer)?;
+    if tag != VERSION_TAG {
+        return Ok(1);
+    }
+    let version = &fields[header..];
+    match der_header(version) {
+        Some((INTEGER, header, 1)) => version
+            .get(header)
+            .and_then(|v| v.checked_add(1))
+            .ok_or(CertificateError::NotDer),
+        _ => Err(CertificateError::NotDer),
+    }
+}
+
+/// Refuses, with what to do, a kubeconfig client certificate that rustls
+/// cannot use: X.509 v1 (kube would otherwise fail with "invalid private
+/// key: invalid peer certificate: UnsupportedCertVersion"). Certificates
+/// that cannot be read are left to kube, which reports them itself.
+pub fn check_client_certificate(config: &kube::Config) -> Result<(), ClientConfigError> {
+    use base64::Engine as _;
+    let auth = &config.auth_info;
+    let (source_name, pem) = if let Some(data) = &auth.client_certificate_data {
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|_| ClientConfigError::Certificate {
+                source_name: "client-certificate-data".into(),
+                reason: CertificateError::Base64.to_string(),
+            })?;
+        ("client-certificate-data".to_owned(), pem)
+    } else if let Some(path) = &auth.client_certificate {
+        match std::fs::read(path) {
+            Ok(pem) => (format!("client-certificate {path}"), pem),
+            // kube reads it again and names the problem.
+            Err(_) => return Ok(()),
+        }
+    } else {
+        return Ok(());
+    };
+    let der = match first_pem_certificate(&String::from_utf8_lossy(&pem)) {
+        Ok(der) => der,
+        Err(_) => return Ok(()),
+    };
+    match x509_version(&der) {
+        Ok(version) if version < 3 => Err(ClientConfigError::CertificateVersion {
+            source_name,
+            version,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Builds the process's client: kube's default stack (auth, TLS, timeouts)
@@ -135,6 +262,129 @@ mod tests {
             ConfigSource::MasterOnly
         );
         assert_eq!(config_source("", "", None), ConfigSource::InCluster);
+    }
+
+    const V1: &str = include_str!("../tests/fixtures/tls/client-v1.crt");
+    const V3: &str = include_str!("../tests/fixtures/tls/client-v3.crt");
+    const CA: &str = include_str!("../tests/fixtures/tls/ca.crt");
+    const KEY: &str = include_str!("../tests/fixtures/tls/client.key");
+
+    #[test]
+    fn certificate_versions() {
+        let der = |pem: &str| first_pem_certificate(pem).expect("pem");
+        assert_eq!(x509_version(&der(V1)), Ok(1));
+        assert_eq!(x509_version(&der(V3)), Ok(3));
+        assert_eq!(x509_version(&der(CA)), Ok(3));
+        // Bad input of every kind is an error, never a panic.
+        assert_eq!(first_pem_certificate(""), Err(CertificateError::NoPem));
+        assert_eq!(
+            first_pem_certificate(KEY),
+            Err(CertificateError::NoPem),
+            "a key is not a certificate"
+        );
+        assert_eq!(
+            first_pem_certificate("-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----"),
+            Err(CertificateError::Base64)
+        );
+        let v3 = der(V3);
+        for bad in [
+            &[][..],
+            &[0x30][..],
+            &[0x31, 0x00][..],
+            &[0x30, 0x03, 0x31, 0x01, 0x00][..],
+            &[0x30, 0x85, 1, 2, 3, 4, 5][..],
+            &[0x30, 0x06, 0x30, 0x04, 0xa0, 0x02, 0x04, 0x00][..],
+            &v3[..8],
+        ] {
+            assert_eq!(
+                x509_version(bad),
+                Err(CertificateError::NotDer),
+                "{bad:02x?}"
+            );
+        }
+        // Version 2 (a [0] with INTEGER 1).
+        assert_eq!(
+            x509_version(&[0x30, 0x07, 0x30, 0x05, 0xa0, 0x03, 0x02, 0x01, 0x01]),
+            Ok(2)
+        );
+    }
+
+    const LIMITS: crate::ratelimit::Limits = crate::ratelimit::Limits {
+        qps: 5.0,
+        burst: 10,
+        capacity_qps: 1.0,
+        capacity_burst: 5,
+    };
+
+    fn kubeconfig_with(cert: &str) -> Kubeconfig {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        Kubeconfig::from_yaml(&format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\n\
+contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n\
+users:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(CA),
+            b64(cert),
+            b64(KEY)
+        ))
+        .expect("kubeconfig")
+    }
+
+    /// rustls refuses the v1 certificate with an unhelpful message; the
+    /// check says what is wrong and how to fix it, and lets v3 through,
+    /// which rustls accepts.
+    #[tokio::test]
+    async fn x509_v1_client_certificates_are_refused_with_the_fix() {
+        let v1 = from_kubeconfig(kubeconfig_with(V1), "test")
+            .await
+            .expect("config");
+        let Err(unchecked) = build_client(v1.clone(), LIMITS) else {
+            panic!("rustls accepted a v1 certificate: the check is no longer needed");
+        };
+        assert!(
+            format!("{unchecked:?}").contains("UnsupportedCertVersion"),
+            "{unchecked:?}"
+        );
+        let err = check_client_certificate(&v1).expect_err("v1 refused");
+        let text = err.to_string();
+        for needle in [
+            "client-certificate-data",
+            "X.509 version 1",
+            "v3",
+            "-extfile client-ext.cnf",
+            "extendedKeyUsage=clientAuth",
+        ] {
+            assert!(text.contains(needle), "{needle} missing: {text}");
+        }
+
+        let v3 = from_kubeconfig(kubeconfig_with(V3), "test")
+            .await
+            .expect("config");
+        check_client_certificate(&v3).expect("v3 accepted");
+        if let Err(e) = build_client(v3, LIMITS) {
+            panic!("rustls refuses v3: {e}");
+        }
+
+        // From a file named in the kubeconfig too.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("client.crt");
+        std::fs::write(&path, V1).expect("write");
+        let mut config = from_kubeconfig(kubeconfig_with(V3), "test")
+            .await
+            .expect("config");
+        config.auth_info.client_certificate_data = None;
+        config.auth_info.client_certificate = Some(path.display().to_string());
+        let err = check_client_certificate(&config).expect_err("v1 file refused");
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+        // No client certificate at all: nothing to check.
+        let mut config = from_kubeconfig(kubeconfig_with(V3), "test")
+            .await
+            .expect("config");
+        config.auth_info.client_certificate_data = None;
+        check_client_certificate(&config).expect("token users pass");
     }
 
     #[tokio::test]

@@ -294,6 +294,12 @@ pub struct Elector {
     observed: Mutex<Option<(Record, Instant)>>,
 }
 
+/// The `name` label of `leader_election_master_status`. client-go reports
+/// `LeaderElectionConfig.Name`, which csi-lib-utils (v0.24, in v6.3) leaves
+/// empty, so the Go sidecar exports `name=""`: the same here, so queries
+/// and alerts match both images.
+const LEADER_METRIC_NAME: &str = "";
+
 /// Outcome of one read–decide–write round.
 enum Round {
     Holding,
@@ -302,6 +308,7 @@ enum Round {
 
 impl Elector {
     pub fn new(client: kube::Client, config: Config) -> Arc<Elector> {
+        crate::metrics::set_leader(LEADER_METRIC_NAME, false);
         let health = Health {
             state: Arc::new(Mutex::new(State::Candidate)),
             lease_duration: config.lease_duration,
@@ -442,6 +449,7 @@ impl Elector {
     }
 
     fn lead(self: &Arc<Self>, renewed: Instant) -> Leadership {
+        crate::metrics::set_leader(LEADER_METRIC_NAME, true);
         self.health.set(State::Leading {
             last_renew: renewed,
         });
@@ -458,6 +466,7 @@ impl Elector {
                 loop {
                     let attempt = Instant::now();
                     if attempt >= deadline {
+                        crate::metrics::set_leader(LEADER_METRIC_NAME, false);
                         elector.health.set(State::Lost);
                         tracing::error!(lease = %elector.config.name, "failed to renew the leader lease within the renew deadline; stopping");
                         let _ = lost_tx.send(true);
@@ -474,6 +483,7 @@ impl Elector {
                         Ok(Ok(Round::Waiting { holder })) => {
                             // Someone else took the Lease: we are no longer
                             // leader, whatever the deadline says.
+                            crate::metrics::set_leader(LEADER_METRIC_NAME, false);
                             elector.health.set(State::Lost);
                             tracing::error!(lease = %elector.config.name, %holder, "the leader lease was taken by another instance; stopping");
                             let _ = lost_tx.send(true);

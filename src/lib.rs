@@ -12,6 +12,7 @@ pub mod http;
 pub mod informer;
 pub mod kube_client;
 pub mod leader;
+pub mod logging;
 pub mod metrics;
 pub mod migration;
 pub mod protection;

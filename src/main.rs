@@ -1,10 +1,8 @@
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use csi_provisioner::cli::{CliError, Options};
 use csi_provisioner::startup;
 use futures_util::FutureExt;
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let options = match Options::parse_from_args(std::env::args_os()) {
@@ -20,7 +18,7 @@ fn main() -> ExitCode {
         println!("csi-provisioner {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
-    init_logging(&options);
+    csi_provisioner::logging::init(&options.log_settings());
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -44,15 +42,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_logging(options: &Options) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(options.log_filter()));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
 }

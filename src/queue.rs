@@ -10,6 +10,12 @@
 //!   [`WorkQueue::forget`] resets it after a success;
 //! - [`WorkQueue::shut_down`] makes [`WorkQueue::get`] return `None` once the
 //!   queue is empty, so workers drain and stop.
+//!
+//! It reports client-go's workqueue metrics with client-go's semantics:
+//! `adds` and `depth` count keys that become pending (also while being
+//! processed), every delayed add counts as a retry, the queue latency runs
+//! from the first pending add to the hand-out, the work duration from the
+//! hand-out to [`WorkQueue::done`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -37,8 +43,12 @@ impl Backoff {
 struct State<K> {
     queue: VecDeque<K>,
     queued: HashSet<K>,
-    processing: HashSet<K>,
+    /// Keys handed to a worker, with the time they were handed out.
+    processing: HashMap<K, Instant>,
+    /// Keys added while being processed: queued again at `done`.
     dirty: HashSet<K>,
+    /// When each pending key was first added (queue latency).
+    added: HashMap<K, Instant>,
     failures: HashMap<K, u32>,
     /// Keys waiting for a delayed add, with the earliest time they are due.
     waiting: HashMap<K, Instant>,
@@ -70,18 +80,29 @@ where
     K: Clone + Eq + Hash + Send + 'static,
 {
     pub fn new(name: &'static str, backoff: Backoff) -> Self {
+        let state = Arc::new(Mutex::new(State {
+            queue: VecDeque::new(),
+            queued: HashSet::new(),
+            processing: HashMap::new(),
+            dirty: HashSet::new(),
+            added: HashMap::new(),
+            failures: HashMap::new(),
+            waiting: HashMap::new(),
+            shutting_down: false,
+        }));
+        let weak = Arc::downgrade(&state);
+        crate::metrics::queue_created(
+            name,
+            Box::new(move || {
+                let state = weak.upgrade()?;
+                let s = state.lock().unwrap_or_else(|p| p.into_inner());
+                Some(s.processing.values().copied().collect())
+            }),
+        );
         Self {
             name,
             backoff,
-            state: Arc::new(Mutex::new(State {
-                queue: VecDeque::new(),
-                queued: HashSet::new(),
-                processing: HashSet::new(),
-                dirty: HashSet::new(),
-                failures: HashMap::new(),
-                waiting: HashMap::new(),
-                shutting_down: false,
-            })),
+            state,
             notify: Arc::new(Notify::new()),
         }
     }
@@ -104,22 +125,37 @@ where
             return;
         }
         s.waiting.remove(&key);
-        if s.processing.contains(&key) {
-            s.dirty.insert(key);
+        let newly_pending = if s.processing.contains_key(&key) {
+            s.dirty.insert(key.clone())
+        } else if s.queued.insert(key.clone()) {
+            s.queue.push_back(key.clone());
+            true
+        } else {
+            false
+        };
+        if !newly_pending {
             return;
         }
-        if s.queued.insert(key.clone()) {
-            s.queue.push_back(key);
-            let depth = s.queue.len();
-            drop(s);
-            crate::metrics::queue_added(self.name);
-            crate::metrics::set_queue_depth(self.name, depth);
+        s.added.entry(key).or_insert_with(Instant::now);
+        let depth = s.queue.len() + s.dirty.len();
+        let queued = !s.queue.is_empty();
+        drop(s);
+        crate::metrics::queue_added(self.name);
+        crate::metrics::set_queue_depth(self.name, depth);
+        if queued {
             self.notify.notify_one();
         }
     }
 
     /// Queues `key` after `delay`. An earlier pending delayed add wins.
     pub fn add_after(&self, key: K, delay: Duration) {
+        {
+            if self.lock().shutting_down {
+                return;
+            }
+        }
+        // client-go counts every delayed add as a retry, even without delay.
+        crate::metrics::queue_retried(self.name);
         if delay.is_zero() {
             self.add(key);
             return;
@@ -167,7 +203,6 @@ where
             *failures = failures.saturating_add(1);
             delay
         };
-        crate::metrics::queue_retried(self.name);
         self.add_after(key, delay);
         delay
     }
@@ -192,8 +227,15 @@ where
                 let mut s = self.lock();
                 if let Some(key) = s.queue.pop_front() {
                     s.queued.remove(&key);
-                    s.processing.insert(key.clone());
-                    crate::metrics::set_queue_depth(self.name, s.queue.len());
+                    let now = Instant::now();
+                    s.processing.insert(key.clone(), now);
+                    let waited = s.added.remove(&key).map(|added| now - added);
+                    let depth = s.queue.len() + s.dirty.len();
+                    drop(s);
+                    crate::metrics::set_queue_depth(self.name, depth);
+                    if let Some(waited) = waited {
+                        crate::metrics::queue_waited(self.name, waited);
+                    }
                     return Some(key);
                 }
                 if s.shutting_down {
@@ -207,12 +249,18 @@ where
     /// Marks `key` as processed; queues it again if it was added meanwhile.
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
-        s.processing.remove(key);
-        if s.dirty.remove(key) && s.queued.insert(key.clone()) {
+        let worked = s.processing.remove(key).map(|started| started.elapsed());
+        // Still pending (and counted in the depth): it only moves from the
+        // dirty set to the queue.
+        let requeued = s.dirty.remove(key) && s.queued.insert(key.clone());
+        if requeued {
             s.queue.push_back(key.clone());
-            let depth = s.queue.len();
-            drop(s);
-            crate::metrics::set_queue_depth(self.name, depth);
+        }
+        drop(s);
+        if let Some(worked) = worked {
+            crate::metrics::queue_worked(self.name, worked);
+        }
+        if requeued {
             self.notify.notify_one();
         }
     }
@@ -245,6 +293,91 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The queue's metrics, from the encoded registry.
+    fn metric(name: &str, queue: &str) -> Option<f64> {
+        let needle = format!("{name}{{name=\"{queue}\"}} ");
+        crate::metrics::encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(&needle))
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn metrics_follow_client_go() {
+        let q: WorkQueue<&'static str> = WorkQueue::new(
+            "unit-metrics",
+            Backoff {
+                start: Duration::from_secs(1),
+                max: Duration::from_secs(8),
+            },
+        );
+        // Every series exists from the start.
+        for name in [
+            "workqueue_depth",
+            "workqueue_adds_total",
+            "workqueue_retries_total",
+            "workqueue_unfinished_work_seconds",
+            "workqueue_longest_running_processor_seconds",
+            "workqueue_queue_duration_seconds_count",
+            "workqueue_work_duration_seconds_count",
+        ] {
+            assert_eq!(metric(name, "unit-metrics"), Some(0.0), "{name}");
+        }
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        assert_eq!(metric("workqueue_adds_total", "unit-metrics"), Some(2.0));
+        assert_eq!(metric("workqueue_depth", "unit-metrics"), Some(2.0));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(q.get().await, Some("a"));
+        assert_eq!(metric("workqueue_depth", "unit-metrics"), Some(1.0));
+        assert_eq!(
+            metric("workqueue_queue_duration_seconds_sum", "unit-metrics"),
+            Some(2.0)
+        );
+        // Added while processing: pending again, counted as an add.
+        q.add("a");
+        assert_eq!(metric("workqueue_adds_total", "unit-metrics"), Some(3.0));
+        assert_eq!(metric("workqueue_depth", "unit-metrics"), Some(2.0));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(q.get().await, Some("b"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // a for 4s, b for 1s.
+        assert_eq!(
+            metric("workqueue_unfinished_work_seconds", "unit-metrics"),
+            Some(5.0)
+        );
+        assert_eq!(
+            metric(
+                "workqueue_longest_running_processor_seconds",
+                "unit-metrics"
+            ),
+            Some(4.0)
+        );
+        q.done(&"a");
+        q.done(&"b");
+        assert_eq!(
+            metric("workqueue_work_duration_seconds_count", "unit-metrics"),
+            Some(2.0)
+        );
+        assert_eq!(
+            metric("workqueue_work_duration_seconds_sum", "unit-metrics"),
+            Some(5.0)
+        );
+        assert_eq!(
+            metric("workqueue_unfinished_work_seconds", "unit-metrics"),
+            Some(0.0)
+        );
+        assert_eq!(
+            metric("workqueue_depth", "unit-metrics"),
+            Some(1.0),
+            "a requeued"
+        );
+        q.add_after("c", Duration::ZERO);
+        q.add_rate_limited("d");
+        assert_eq!(metric("workqueue_retries_total", "unit-metrics"), Some(2.0));
+    }
 
     fn queue() -> WorkQueue<&'static str> {
         WorkQueue::new(

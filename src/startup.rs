@@ -101,6 +101,12 @@ pub async fn run(
     for flag in options.set_but_not_implemented() {
         tracing::warn!(flag = %format!("--{flag}"), "flag accepted but not supported yet by this version; it has no effect");
     }
+    for (flag, reason) in options.set_without_effect() {
+        tracing::warn!(flag = %format!("--{flag}"), "flag accepted for compatibility with the upstream sidecar but has no effect: {reason}");
+    }
+    for (gate, value) in options.gates().ignored() {
+        tracing::warn!(gate = %format!("{gate}={value}"), "feature gate of the upstream sidecar's Kubernetes libraries accepted but has no effect here");
+    }
     for gate in crate::features::NOT_YET_IMPLEMENTED {
         if options.gates().enabled(*gate) {
             tracing::warn!(gate = %gate, "feature gate enabled but not supported yet by this version; it has no effect");
@@ -120,6 +126,11 @@ pub async fn run(
     } else {
         None
     };
+    // The Kubernetes client first, as upstream: a broken kubeconfig or
+    // credential is reported at once, not after the driver came up.
+    let kube_config = load_config(&options.kubeconfig, &options.master).await?;
+    let namespace = own_namespace(&options, &kube_config.default_namespace);
+    let client = build_client(kube_config, options.rate_limits())?;
     let Some(driver) = connect_driver(&options, shutdown.clone()).await? else {
         tracing::info!("termination signal received before the driver was ready, exiting");
         return Ok(Stopped::Signal);
@@ -148,9 +159,6 @@ pub async fn run(
         config.provisioner_identity = node_identity(&config.provisioner_identity, Some(&node));
         config.node_deployment = Some(node);
     }
-    let kube_config = load_config(&options.kubeconfig, &options.master).await?;
-    let namespace = own_namespace(&options, &kube_config.default_namespace);
-    let client = build_client(kube_config, options.rate_limits())?;
     let host = hostname();
     let shared = Shared {
         client: client.clone(),
@@ -317,6 +325,8 @@ async fn start_http(
         address,
         http::Routes {
             metrics_path: options.metrics_path.clone(),
+            // Upstream serves pprof on --http-endpoint only.
+            pprof: options.enable_pprof && health.is_some(),
             health,
         },
     )

@@ -310,12 +310,16 @@ async fn drivers_that_cannot_provision_are_refused() {
     assert!(matches!(err, StartupError::MissingCapability(_)));
     assert!(err.to_string().contains("CONTROLLER_SERVICE"), "{err}");
 
-    // The binary exits non-zero and names the capability.
+    // The binary exits non-zero and names the capability. (As upstream, it
+    // builds its API client first; nothing is sent before the check.)
+    let kubeconfig = unreachable_kubeconfig(dir.path());
     let output = tokio::task::spawn_blocking({
         let socket = socket.clone();
         move || {
             Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
                 .arg(format!("--csi-address={}", socket.display()))
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .env_remove("KUBECONFIG")
                 .env_remove("RUST_LOG")
                 .output()
                 .expect("run")
@@ -373,6 +377,11 @@ fn sigterm_while_waiting_for_the_driver_exits_0() {
             "--csi-address={}",
             dir.path().join("none.sock").display()
         ))
+        .arg(format!(
+            "--kubeconfig={}",
+            unreachable_kubeconfig(dir.path()).display()
+        ))
+        .env_remove("KUBECONFIG")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
@@ -387,4 +396,16 @@ fn sigterm_while_waiting_for_the_driver_exits_0() {
     assert_eq!(output.status.code(), Some(0));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("socket does not exist yet"), "{stderr}");
+}
+
+/// A kubeconfig naming a server nobody listens on: enough to build the
+/// client, which the sidecar does before it looks for the driver.
+fn unreachable_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        kube_testserver::kubeconfig_yaml("http://127.0.0.1:9"),
+    )
+    .expect("kubeconfig");
+    path
 }

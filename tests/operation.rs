@@ -306,7 +306,7 @@ async fn metrics_and_health_checks_over_http(backend: Backend) {
     let class = env.class("fast");
     let csi = |method: &str, code: &str| {
         format!(
-            "csi_sidecar_operations_seconds_count{{driver_name=\"{}\",method_name=\"{method}\",grpc_status_code=\"{code}\"}}",
+            "csi_sidecar_operations_seconds_count{{driver_name=\"{}\",grpc_status_code=\"{code}\",method_name=\"{method}\"}}",
             env.driver_name
         )
     };
@@ -316,8 +316,8 @@ async fn metrics_and_health_checks_over_http(backend: Backend) {
         format!("{} 1", csi("/csi.v1.Controller/DeleteVolume", "OK")),
         // Calls before GetPluginInfo answered carry csi-lib-utils'
         // placeholder name, as upstream.
-        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1".to_owned(),
-        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}".to_owned(),
+        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\"} 1".to_owned(),
+        "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\"}".to_owned(),
         format!("controller_persistentvolumeclaim_provision_total{{class=\"{class}\",source=\"\"}} 2"),
         format!("controller_persistentvolumeclaim_provision_failed_total{{class=\"{class}\",source=\"\"}} 1"),
         format!("controller_persistentvolumeclaim_provision_duration_seconds_count{{class=\"{class}\",source=\"\"}} 2"),
@@ -326,6 +326,14 @@ async fn metrics_and_health_checks_over_http(backend: Backend) {
         "workqueue_depth{name=\"claims\"} 0".to_owned(),
         "workqueue_retries_total{name=\"claims\"}".to_owned(),
         "workqueue_adds_total{name=\"volumes\"}".to_owned(),
+        "workqueue_queue_duration_seconds_count{name=\"claims\"}".to_owned(),
+        "workqueue_work_duration_seconds_bucket{name=\"claims\",le=\"9.999999999999999e-06\"}"
+            .to_owned(),
+        "workqueue_unfinished_work_seconds{name=\"volumes\"}".to_owned(),
+        "workqueue_longest_running_processor_seconds{name=\"claims\"}".to_owned(),
+        // This replica leads; upstream's label is csi-lib-utils' empty
+        // election name.
+        "leader_election_master_status{name=\"\"} 1".to_owned(),
         "process_resident_memory_bytes ".to_owned(),
         "process_start_time_seconds ".to_owned(),
     ];
@@ -418,15 +426,110 @@ async fn without_the_release_gate_the_lease_is_kept_until_it_expires(backend: Ba
     );
 }
 
+/// Flags of the Go image that have nothing to act on here do not stop the
+/// pod: they are named once at start, and the JSON log format is one
+/// object per line with klog's keys. (A kubeconfig that does not exist
+/// ends the run right after the flag report, before any driver is needed.)
 #[test]
-fn enable_pprof_is_refused_at_start() {
+fn upstream_only_flags_start_and_are_named_once_in_json_logs() {
     let out = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
-        .arg("--enable-pprof")
+        .args([
+            "--enable-pprof",
+            "--automaxprocs",
+            "--log-flush-frequency=10s",
+            "--logging-format=json",
+            "--vmodule=claims=4",
+            "--feature-gates=WatchList=false",
+            "--kubeconfig=/does/not/exist",
+            "--csi-address=/does/not/exist.sock",
+        ])
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("pprof"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect();
+    for line in &lines {
+        assert!(line["ts"].is_f64(), "{line}");
+        assert!(line["msg"].is_string(), "{line}");
+        assert!(line["caller"].is_string(), "{line}");
+    }
+    for flag in ["--enable-pprof", "--automaxprocs", "--log-flush-frequency"] {
+        let named: Vec<_> = lines.iter().filter(|l| l["flag"] == flag).collect();
+        assert_eq!(
+            named.len(),
+            1,
+            "{flag} named {} times:\n{stderr}",
+            named.len()
+        );
+        assert_eq!(named[0]["v"], 0);
+    }
+    assert!(
+        lines.iter().any(|l| l["gate"] == "WatchList=false"),
+        "{stderr}"
+    );
+    let last = lines.last().expect("a line");
+    assert!(
+        last.get("v").is_none(),
+        "the fatal error is an error: {last}"
+    );
+    assert!(
+        last["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("/does/not/exist")),
+        "{last}"
+    );
+}
+
+/// A kubeconfig whose client certificate is X.509 v1 (which rustls cannot
+/// use) stops the sidecar at start with what is wrong and how to re-issue
+/// it, before it waits for any driver.
+#[test]
+fn an_x509_v1_client_certificate_is_refused_at_start_with_the_fix() {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let fixture = |name: &str| {
+        std::fs::read_to_string(format!(
+            "{}/tests/fixtures/tls/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .expect("fixture")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: {}\n\
+contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n\
+users:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(&fixture("ca.crt")),
+            b64(&fixture("client-v1.crt")),
+            b64(&fixture("client.key"))
+        ),
+    )
+    .expect("write kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--csi-address=/does/not/exist.sock")
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for needle in [
+        "X.509 version 1",
+        "openssl x509 -req",
+        "-extfile client-ext.cnf",
+    ] {
+        assert!(stderr.contains(needle), "{needle} missing:\n{stderr}");
+    }
+    assert!(!stderr.contains("UnsupportedCertVersion"), "{stderr}");
 }
 
 /// N requests at qps Q with burst B take at least (N − B)/Q: measured on

@@ -20,6 +20,7 @@ e2e!(ClusterConfig::standard();
     claim_deleted_during_a_slow_create_leaves_nothing,
     sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothing,
     final_errors_are_reported_once_and_retried,
+    infeasible_requests_wait_for_the_retry_interval_max_or_a_change,
 );
 
 async fn provisions_and_deletes_filesystem_and_block_volumes(backend: Backend) {
@@ -416,6 +417,89 @@ async fn final_errors_are_reported_once_and_retried(backend: Backend) {
         1,
         "one event for five identical failures: {failed:?}"
     );
-    assert!(failed[0].1.contains("Internal"), "{failed:?}");
+    // v6's wording: the driver's error alone, no StorageClass prefix.
+    assert!(
+        failed[0]
+            .1
+            .starts_with("rpc error: code = Internal desc = "),
+        "{failed:?}"
+    );
+    env.assert_consistent().await;
+}
+
+/// Upstream 6.x's slow retry: a request the driver refused as infeasible
+/// (`InvalidArgument`) is tried again only after `--retry-interval-max`,
+/// unless the claim changes, which is tried at once.
+async fn infeasible_requests_wait_for_the_retry_interval_max_or_a_change(backend: Backend) {
+    const MAX: Duration = Duration::from_secs(4);
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.set_faults(vec![
+        Fault::error("CreateVolume", tonic::Code::InvalidArgument)
+            .with_message("size not supported")
+            .times(2),
+    ]);
+    // The harness's 100ms backoff would retry ~10 times in the window
+    // below; the later --retry-interval-max wins, as with Go flags.
+    env.start_sidecar(&["--retry-interval-max=4s"]).await;
+    env.create_pvc(&env.ns, "odd", "fast", "5Mi", json!({}))
+        .await;
+    let attempts = |env: &Env| env.logs().matches("calling CreateVolume").count();
+    env.wait_for("the infeasible event", Duration::from_secs(10), || async {
+        env.events(&env.ns, "odd")
+            .await
+            .into_iter()
+            .find(|(reason, _)| reason == "ProvisioningFailed")
+    })
+    .await;
+    let failed: Vec<_> = env
+        .events(&env.ns, "odd")
+        .await
+        .into_iter()
+        .filter(|(reason, _)| reason == "ProvisioningFailed")
+        .collect();
+    assert_eq!(
+        failed[0].1,
+        "Volume provisioning failed with infeasible error. Retries will be delayed. \
+         rpc error: code = InvalidArgument desc = size not supported"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(attempts(&env), 1, "retried early:\n{}", env.logs());
+
+    // A change of the claim is tried at once (and fails once more).
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    claims
+        .patch(
+            "odd",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"example.com/fixed": "yes"}}})),
+        )
+        .await
+        .expect("annotate");
+    env.wait_for(
+        "a retry after the change",
+        Duration::from_secs(2),
+        || async { (attempts(&env) == 2).then_some(()) },
+    )
+    .await;
+    let second = std::time::Instant::now();
+
+    // The third attempt waits the full interval after the second, then
+    // succeeds.
+    env.wait_for(
+        "a retry after the interval",
+        Duration::from_secs(10),
+        || async { (attempts(&env) == 3).then_some(()) },
+    )
+    .await;
+    let waited = second.elapsed();
+    assert!(
+        waited >= MAX - Duration::from_millis(600),
+        "retried after {waited:?}:\n{}",
+        env.logs()
+    );
+    env.wait_bound(&env.ns, "odd").await;
     env.assert_consistent().await;
 }

@@ -57,24 +57,44 @@ pub fn provisioning_succeeded(volume_name: &str) -> EventNote {
 }
 
 /// On the claim, when provisioning failed; `error` is the plan error or the
-/// driver's error as [`super::outcome::grpc_error_text`] prints it.
-pub fn provisioning_failed(class_name: &str, error: &str) -> EventNote {
+/// driver's error as [`super::outcome::grpc_error_text`] prints it. v6
+/// writes the error alone (sig-storage-lib-external-provisioner v13 records
+/// `err.Error()`; the `failed to provision volume with StorageClass "…": `
+/// prefix of older releases is gone), so the event says exactly what the
+/// driver or the plan said.
+pub fn provisioning_failed(error: &str) -> EventNote {
     EventNote {
         event_type: EventType::Warning,
         reason: wk::REASON_PROVISIONING_FAILED,
-        message: format!("failed to provision volume with StorageClass \"{class_name}\": {error}"),
+        message: error.to_owned(),
     }
 }
 
-/// On the claim, when the driver refused the request as invalid and retries
-/// are slowed down.
-pub fn provisioning_infeasible(class_name: &str, error: &str) -> EventNote {
+/// On the claim, when the driver refused the request as invalid
+/// (`InvalidArgument`) and it is not retried before `--retry-interval-max`
+/// unless the claim or its class changes.
+pub fn provisioning_infeasible(error: &str) -> EventNote {
     EventNote {
         event_type: EventType::Warning,
         reason: wk::REASON_PROVISIONING_FAILED,
         message: format!(
-            "Volume provisioning failed with infeasible error. Retries will be delayed. failed to provision volume with StorageClass \"{class_name}\": {error}"
+            "Volume provisioning failed with infeasible error. Retries will be delayed. {error}"
         ),
+    }
+}
+
+/// Upstream's text for a provisioner secret that cannot be read
+/// (`getCredentials`).
+pub fn secret_error(namespace: &str, name: &str, error: &str) -> String {
+    format!("error getting secret {name} in namespace {namespace}: {error}")
+}
+
+/// An API error as Go's client prints it: the status message alone
+/// (`secrets "x" not found`), not kube's debug rendering of the status.
+pub fn kube_error_text(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -138,17 +158,45 @@ mod tests {
                 "ProvisioningSucceeded",
                 "Successfully provisioned volume pvc-1",
             ),
+            // v6.3's wording for each kind of failure: the driver's gRPC
+            // error, a plan error, a secret, an unusable answer.
             (
-                provisioning_failed("fast", "rpc error: code = Internal desc = boom"),
+                provisioning_failed("rpc error: code = Internal desc = boom"),
                 EventType::Warning,
                 "ProvisioningFailed",
-                "failed to provision volume with StorageClass \"fast\": rpc error: code = Internal desc = boom",
+                "rpc error: code = Internal desc = boom",
             ),
             (
-                provisioning_infeasible("fast", "rpc error: code = InvalidArgument desc = no"),
+                provisioning_failed(
+                    &crate::provision::ProvisionError::SelectorNotSupported.to_string(),
+                ),
                 EventType::Warning,
                 "ProvisioningFailed",
-                "Volume provisioning failed with infeasible error. Retries will be delayed. failed to provision volume with StorageClass \"fast\": rpc error: code = InvalidArgument desc = no",
+                "claim Selector is not supported",
+            ),
+            (
+                provisioning_failed(&secret_error("ns", "creds", "secrets \"creds\" not found")),
+                EventType::Warning,
+                "ProvisioningFailed",
+                "error getting secret creds in namespace ns: secrets \"creds\" not found",
+            ),
+            (
+                provisioning_failed(
+                    &crate::provision::PvBuildError::CapacityTooSmall {
+                        returned: 1,
+                        requested: 2,
+                    }
+                    .to_string(),
+                ),
+                EventType::Warning,
+                "ProvisioningFailed",
+                "created volume capacity 1 less than requested capacity 2",
+            ),
+            (
+                provisioning_infeasible("rpc error: code = InvalidArgument desc = no"),
+                EventType::Warning,
+                "ProvisioningFailed",
+                "Volume provisioning failed with infeasible error. Retries will be delayed. rpc error: code = InvalidArgument desc = no",
             ),
             (
                 external_populator(),
@@ -187,5 +235,18 @@ mod tests {
             assert_eq!(note.message, message);
         }
         assert_eq!(EventType::Warning.as_str(), "Warning");
+    }
+
+    #[test]
+    fn api_errors_read_like_gos() {
+        let not_found = kube::Error::Api(Box::new(kube::core::Status {
+            message: "secrets \"creds\" not found".into(),
+            reason: "NotFound".into(),
+            code: 404,
+            ..Default::default()
+        }));
+        assert_eq!(kube_error_text(&not_found), "secrets \"creds\" not found");
+        let other = kube::Error::LinesCodecMaxLineLengthExceeded;
+        assert_eq!(kube_error_text(&other), other.to_string());
     }
 }

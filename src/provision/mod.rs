@@ -88,6 +88,7 @@ pub mod events;
 mod finalizer;
 #[cfg(test)]
 mod fixtures;
+pub mod infeasible;
 pub mod node_deployment;
 mod outcome;
 mod plan;

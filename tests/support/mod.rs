@@ -321,11 +321,12 @@ impl Env {
     /// A Node with the driver's topology label and its CSINode, as the
     /// kubelet and the node-driver-registrar would create them.
     pub async fn add_node(&self, name: &str) {
+        let key = &self.driver.topology_key;
         self.create(json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {csi_hostpath::TOPOLOGY_KEY: name}}}))
+            "metadata": {"name": name, "labels": {key: name}}}))
             .await;
         self.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": name},
-            "spec": {"drivers": [{"name": self.driver_name, "nodeID": name, "topologyKeys": [csi_hostpath::TOPOLOGY_KEY]}]}}))
+            "spec": {"drivers": [{"name": self.driver_name, "nodeID": name, "topologyKeys": [key]}]}}))
             .await;
     }
 

@@ -47,9 +47,16 @@ const SAVE_ATTEMPTS: u32 = 5;
 /// Processes one claim key; schedules its own retries.
 pub async fn process(ctx: &Arc<Context>, key: &ClaimKey) {
     match provision(ctx, key).await {
-        Next::Done => ctx.claims.forget(key),
+        Next::Done => {
+            ctx.claims.forget(key);
+            ctx.infeasible.forget(&key.uid);
+        }
         Next::Retry => {
             let delay = ctx.claims.add_rate_limited(key.clone());
+            tracing::debug!(claim = %key, ?delay, "retrying claim");
+        }
+        Next::RetryAfter(delay) => {
+            ctx.claims.add_after(key.clone(), delay);
             tracing::debug!(claim = %key, ?delay, "retrying claim");
         }
     }
@@ -58,6 +65,8 @@ pub async fn process(ctx: &Arc<Context>, key: &ClaimKey) {
 pub(super) enum Next {
     Done,
     Retry,
+    /// Retry after exactly this delay, outside the backoff (infeasible).
+    RetryAfter(std::time::Duration),
 }
 
 fn cached_claim(ctx: &Context, key: &ClaimKey) -> Option<Arc<PersistentVolumeClaim>> {
@@ -128,6 +137,10 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         tracing::debug!(claim = %key, class = %class_name, "storage class not in the cache yet");
         return Next::Retry;
     };
+    if let Some(wait) = ctx.infeasible.delay(&key.uid, &class, &claim) {
+        tracing::debug!(claim = %key, ?wait, "the last request was infeasible and neither the claim nor its class changed; waiting");
+        return Next::RetryAfter(wait);
+    }
 
     // Already provisioned (the PV cache uses the real naming scheme).
     let pv_name = match volume_name(
@@ -138,12 +151,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         Ok(name) => name,
         Err(e) => {
             tracing::warn!(claim = %key, error = %e, "cannot name the volume");
-            note(
-                ctx,
-                &claim,
-                notes::provisioning_failed(&class_name, &e.to_string()),
-            )
-            .await;
+            note(ctx, &claim, notes::provisioning_failed(&e.to_string())).await;
             return Next::Retry;
         }
     };
@@ -234,16 +242,12 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         match ctx.secret_data(secret).await {
             Ok(data) => request.secrets = data,
             Err(e) => {
-                let message = format!(
-                    "failed to get secret {}/{}: {e}",
-                    secret.namespace, secret.name
+                let message = notes::secret_error(
+                    &secret.namespace,
+                    &secret.name,
+                    &notes::kube_error_text(&e),
                 );
-                note(
-                    ctx,
-                    &claim,
-                    notes::provisioning_failed(&class_name, &message),
-                )
-                .await;
+                note(ctx, &claim, notes::provisioning_failed(&message)).await;
                 return Next::Retry;
             }
         }
@@ -261,12 +265,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             crate::metrics::provision_failed(&class_name, source_kind(&claim));
             // The driver answered with something we cannot record: delete
             // what it created, then try again from scratch.
-            note(
-                ctx,
-                &claim,
-                notes::provisioning_failed(&class_name, &e.to_string()),
-            )
-            .await;
+            note(ctx, &claim, notes::provisioning_failed(&e.to_string())).await;
             if let Some(id) = e.volume_to_delete(&response)
                 && let Err(del) = ctx.driver.delete_volume(id, request.secrets.clone()).await
             {
@@ -522,12 +521,7 @@ async fn plan_failed(
     }
     crate::metrics::provision_failed(class_name, source_kind(claim));
     tracing::warn!(claim = %claim_name, error = %error, reschedule = error.wants_reschedule(), "cannot provision");
-    note(
-        ctx,
-        claim,
-        notes::provisioning_failed(class_name, &error.to_string()),
-    )
-    .await;
+    note(ctx, claim, notes::provisioning_failed(&error.to_string())).await;
     if error.wants_reschedule() {
         reschedule(ctx, claim).await;
         return Next::Done;
@@ -553,24 +547,24 @@ async fn create_failed(
     match outcome {
         CreateVolumeOutcome::InBackground => {
             // The volume may still appear: keep the frozen request.
-            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+            note(ctx, claim, notes::provisioning_failed(&text)).await;
         }
         CreateVolumeOutcome::Final => {
-            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+            note(ctx, claim, notes::provisioning_failed(&text)).await;
             ctx.finish(&uid);
             requeue_clone_source(ctx, claim);
         }
         CreateVolumeOutcome::Infeasible => {
-            note(
-                ctx,
-                claim,
-                notes::provisioning_infeasible(class_name, &text),
-            )
-            .await;
+            note(ctx, claim, notes::provisioning_infeasible(&text)).await;
             ctx.finish(&uid);
+            let class = ctx.caches.classes.store().get(&ObjectRef::new(class_name));
+            ctx.infeasible.mark(&uid, class.as_deref(), claim);
+            if class.is_some() {
+                return Next::RetryAfter(ctx.infeasible.retry_interval_max());
+            }
         }
         CreateVolumeOutcome::Reschedule => {
-            note(ctx, claim, notes::provisioning_failed(class_name, &text)).await;
+            note(ctx, claim, notes::provisioning_failed(&text)).await;
             ctx.finish(&uid);
             reschedule(ctx, claim).await;
             return Next::Done;

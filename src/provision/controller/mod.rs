@@ -39,9 +39,10 @@ use crate::caches::{Caches, Kind};
 use crate::csi::Driver;
 use crate::events::Recorder;
 use crate::informer::Change;
+use crate::provision::infeasible::InfeasibleClaims;
 use crate::provision::node_deployment::{LocalTopology, journal_owner};
 use crate::provision::{
-    ProvisionerConfig, SecretRef, annotated_provisioner, is_our_volume, volume_on_this_node,
+    ProvisionerConfig, SecretRef, is_annotated_for_us, is_our_volume, volume_on_this_node,
 };
 use crate::queue::WorkQueue;
 use crate::shared::Shared;
@@ -99,6 +100,9 @@ pub struct Context {
     /// Node deployment: this node's Node and CSINode, planned with instead
     /// of the cluster's.
     pub local_topology: Option<Arc<LocalTopology>>,
+    /// Claims held back after an infeasible `CreateVolume` (upstream's
+    /// slow retry).
+    pub infeasible: InfeasibleClaims,
     /// Node deployment: claim uid → attempts to take it so far (the
     /// exponent of the wait before the next one).
     owner_attempts: Mutex<HashMap<String, u32>>,
@@ -237,14 +241,15 @@ pub async fn new(
 
     {
         let queue = claims.clone();
-        let driver_name = config.driver_name.clone();
+        let filter_config = config.clone();
         let claims_store = caches.claims.store();
         caches.claims.on_change(move |change| {
             let claim = match change {
                 Change::Applied(claim) => {
-                    // Cheap filter: only claims annotated for us (or being
-                    // finished after deletion, which the Deleted arm covers).
-                    if annotated_provisioner(claim) != Some(driver_name.as_str()) {
+                    // Cheap filter: only claims annotated for us (or for
+                    // an in-tree plugin that migrates to us), or being
+                    // finished after deletion, which the Deleted arm covers.
+                    if !is_annotated_for_us(claim, &filter_config) {
                         return;
                     }
                     claim
@@ -292,6 +297,7 @@ pub async fn new(
         in_flight: Mutex::default(),
         deleted_volumes: Mutex::default(),
         local_topology,
+        infeasible: InfeasibleClaims::new(shared.backoff.max),
         owner_attempts: Mutex::default(),
         workers: shared.workers.max(1),
         unstarted_journal: Mutex::new(Some((store, inbox))),

@@ -63,16 +63,19 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// From [`BIN_DIR_VAR`] or [`ENVTEST_VAR`]; `etcd` from that folder or
+    /// From [`BIN_DIR_VAR`] or [`ENVTEST_VAR`], else the workspace's
+    /// `target/k8s` where `install.sh` puts them; `etcd` from that folder or
     /// `PATH`. Needs at least `kube-apiserver`.
     pub fn from_env() -> Result<Binaries, Error> {
+        let default_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/k8s");
         let dir = std::env::var_os(BIN_DIR_VAR)
             .filter(|v| !v.is_empty())
             .or_else(|| std::env::var_os(ENVTEST_VAR).filter(|v| !v.is_empty()))
             .map(PathBuf::from)
+            .or_else(|| default_dir.join("kube-apiserver").is_file().then_some(default_dir))
             .ok_or_else(|| {
                 Error::Unavailable(format!(
-                    "neither {BIN_DIR_VAR} nor {ENVTEST_VAR} is set (run `../shared/k8s/install.sh target/k8s` and set {BIN_DIR_VAR}=target/k8s)"
+                    "neither {BIN_DIR_VAR} nor {ENVTEST_VAR} is set and target/k8s has no kube-apiserver"
                 ))
             })?;
         let dir = dir
@@ -560,7 +563,7 @@ impl Drop for ControlPlane {
 pub fn skip(test: &str, why: &str) {
     let _ = writeln!(
         std::io::stderr(),
-        "SKIPPED real-cluster test {test}: {why}; set {BIN_DIR_VAR} (or {ENVTEST_VAR}) to a folder with kube-apiserver and kube-controller-manager to run it"
+        "SKIPPED real-cluster test {test}: {why}; to run it, unpack the binaries with `../shared/k8s/install.sh target/k8s` or set {BIN_DIR_VAR} (or {ENVTEST_VAR}) to a folder with kube-apiserver and kube-controller-manager"
     );
 }
 
