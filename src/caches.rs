@@ -2,6 +2,10 @@
 //! every loop. A kind is watched only when some loop asked for it
 //! ([`Caches::want`]) before [`Caches::start`], so a sidecar with the
 //! optional loops off never watches Pods or StatefulSets.
+//!
+//! Claims and volumes are re-announced every [`RESYNC_PERIOD`] (upstream's
+//! provisioning library resyncs them every 15 minutes too), so a change
+//! missed for any reason is acted on at the latest then.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -15,7 +19,11 @@ use kube::Client;
 use kube::api::Api;
 use kube::runtime::watcher;
 
-use crate::informer::Informer;
+use crate::informer::{Informer, Waiting};
+use crate::trim::Trim;
+
+/// How often claims and volumes are re-announced to every loop.
+pub const RESYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 /// The kinds we can watch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -84,9 +92,15 @@ impl Caches {
 
     /// Starts one watch per wanted kind.
     pub fn start(&self, client: &Client) {
-        fn spawn<K>(informer: &Arc<Informer<K>>, client: &Client)
-        where
-            K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+        // Cluster-wide for both scopes: `Api::all` lists namespaced kinds
+        // in every namespace.
+        fn spawn<K>(
+            informer: &Arc<Informer<K>>,
+            client: &Client,
+            resync: Option<std::time::Duration>,
+        ) where
+            K: kube::Resource<DynamicType = ()>
+                + Trim
                 + Clone
                 + serde::de::DeserializeOwned
                 + std::fmt::Debug
@@ -96,35 +110,45 @@ impl Caches {
         {
             let informer = Arc::clone(informer);
             let api: Api<K> = Api::all(client.clone());
-            tokio::spawn(async move { informer.run(api, watcher::Config::default(), None).await });
-        }
-        fn spawn_namespaced<K>(informer: &Arc<Informer<K>>, client: &Client)
-        where
-            K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-                + Clone
-                + serde::de::DeserializeOwned
-                + std::fmt::Debug
-                + Send
-                + Sync
-                + 'static,
-        {
-            let informer = Arc::clone(informer);
-            let api: Api<K> = Api::all(client.clone());
-            tokio::spawn(async move { informer.run(api, watcher::Config::default(), None).await });
+            tokio::spawn(
+                async move { informer.run(api, watcher::Config::default(), resync).await },
+            );
         }
         for kind in self.wanted() {
             match kind {
-                Kind::Claims => spawn_namespaced(&self.claims, client),
-                Kind::Volumes => spawn(&self.volumes, client),
-                Kind::Classes => spawn(&self.classes, client),
-                Kind::Nodes => spawn(&self.nodes, client),
-                Kind::CsiNodes => spawn(&self.csi_nodes, client),
-                Kind::AttributesClasses => spawn(&self.attributes_classes, client),
-                Kind::Attachments => spawn(&self.attachments, client),
-                Kind::Pods => spawn_namespaced(&self.pods, client),
-                Kind::StatefulSets => spawn_namespaced(&self.stateful_sets, client),
+                Kind::Claims => spawn(&self.claims, client, Some(RESYNC_PERIOD)),
+                Kind::Volumes => spawn(&self.volumes, client, Some(RESYNC_PERIOD)),
+                Kind::Classes => spawn(&self.classes, client, None),
+                Kind::Nodes => spawn(&self.nodes, client, None),
+                Kind::CsiNodes => spawn(&self.csi_nodes, client, None),
+                Kind::AttributesClasses => spawn(&self.attributes_classes, client, None),
+                Kind::Attachments => spawn(&self.attachments, client, None),
+                Kind::Pods => spawn(&self.pods, client, None),
+                Kind::StatefulSets => spawn(&self.stateful_sets, client, None),
             }
         }
+    }
+
+    /// The wanted kinds whose cache is not filled yet, with why (for
+    /// `/readyz`); empty once every cache is ready.
+    pub fn not_ready(&self) -> Vec<(Kind, Waiting)> {
+        self.wanted()
+            .into_iter()
+            .filter_map(|kind| {
+                let waiting = match kind {
+                    Kind::Claims => self.claims.waiting(),
+                    Kind::Volumes => self.volumes.waiting(),
+                    Kind::Classes => self.classes.waiting(),
+                    Kind::Nodes => self.nodes.waiting(),
+                    Kind::CsiNodes => self.csi_nodes.waiting(),
+                    Kind::AttributesClasses => self.attributes_classes.waiting(),
+                    Kind::Attachments => self.attachments.waiting(),
+                    Kind::Pods => self.pods.waiting(),
+                    Kind::StatefulSets => self.stateful_sets.waiting(),
+                };
+                waiting.map(|w| (kind, w))
+            })
+            .collect()
     }
 
     /// Waits until every wanted kind has its initial list.

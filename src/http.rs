@@ -48,12 +48,20 @@ pub enum HttpError {
 pub type ProbeFn =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
+/// Says what the process still waits for before it can work (`Ok` when
+/// nothing): `/readyz` fails while it does.
+pub type ReadyFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// What the endpoint serves.
 #[derive(Clone)]
 pub struct Routes {
     pub metrics_path: String,
     /// `None` for `--metrics-address`: metrics only, as upstream.
     pub health: Option<(Health, ProbeFn)>,
+    /// `/readyz` also requires this (the watch caches filled); `/healthz`
+    /// does not, so a pod that cannot list (RBAC) is reported not ready
+    /// instead of being restarted in a loop.
+    pub ready: Option<ReadyFn>,
     /// `--enable-pprof`: `/debug/pprof/` explains that there is no Go
     /// profiler instead of a bare 404, so whoever follows a Go runbook
     /// learns what to do instead.
@@ -175,6 +183,9 @@ async fn handle(routes: &Routes, req: Request<Incoming>) -> Response<Full<Bytes>
             Ok(()) => text(StatusCode::OK, "ok\n".into()),
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
         },
+        "/readyz" if let Some(Err(waiting)) = routes.ready.as_ref().map(|ready| ready()) => {
+            text(StatusCode::INTERNAL_SERVER_ERROR, format!("{waiting}\n"))
+        }
         "/healthz" | "/readyz" => match tokio::time::timeout(PROBE_TIMEOUT, probe()).await {
             Ok(Ok(())) => text(StatusCode::OK, "ok\n".into()),
             Ok(Err(e)) => text(
@@ -227,6 +238,17 @@ mod tests {
 
     #[tokio::test]
     async fn routes_answer() {
+        let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let caches_ready: ReadyFn = {
+            let synced = Arc::clone(&synced);
+            Arc::new(move || {
+                if synced.load(std::sync::atomic::Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("waiting for the watch cache of persistentvolumeclaims: forbidden".into())
+                }
+            })
+        };
         let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let probe: ProbeFn = {
             let ready = Arc::clone(&ready);
@@ -241,6 +263,7 @@ mod tests {
             Routes {
                 metrics_path: "/m".into(),
                 health: Some((Health::disabled(), probe)),
+                ready: Some(caches_ready),
                 pprof: true,
             },
         )
@@ -273,6 +296,12 @@ mod tests {
         assert!(body.contains("# EOF"), "{body}");
         assert_eq!(get(addr, "/healthz/leader-election").await.0, 200);
         assert_eq!(get(addr, "/healthz").await.0, 200);
+        // Not ready while a cache waits (liveness is not affected).
+        let (status, body) = get(addr, "/readyz").await;
+        assert_eq!(status, 500);
+        assert!(body.contains("persistentvolumeclaims: forbidden"), "{body}");
+        synced.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(get(addr, "/readyz").await.0, 200);
         ready.store(false, std::sync::atomic::Ordering::SeqCst);
         let (status, body) = get(addr, "/readyz").await;
         assert_eq!(status, 500);
@@ -289,6 +318,7 @@ mod tests {
             Routes {
                 metrics_path: "/metrics".into(),
                 health: None,
+                ready: None,
                 pprof: false,
             },
         )
@@ -303,6 +333,7 @@ mod tests {
             Routes {
                 metrics_path: "/metrics".into(),
                 health: None,
+                ready: None,
                 pprof: false,
             },
         )

@@ -23,4 +23,6 @@ pub mod releaser;
 pub mod retention;
 pub mod shared;
 pub mod startup;
+pub mod trim;
 pub mod wellknown;
+pub mod writes;

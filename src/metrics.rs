@@ -101,6 +101,11 @@ struct QueueLabels {
     name: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CapabilityLabels {
+    capability: String,
+}
+
 /// No labels; a family so that the metric is absent until first set (the
 /// capacity gauges exist only with `--enable-capacity`, as upstream). It is
 /// encoded `name{} value`, which Prometheus reads as no labels.
@@ -137,6 +142,7 @@ struct Metrics {
     queue_longest: Family<QueueLabels, FloatGauge>,
     queue_probes: Mutex<Vec<(&'static str, ProcessingProbe)>>,
     leader: Family<QueueLabels, Gauge>,
+    capability: Family<CapabilityLabels, Gauge>,
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
     capacity_obsolete: Family<NoLabels, Gauge>,
@@ -200,6 +206,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         queue_longest: Family::default(),
         queue_probes: Mutex::default(),
         leader: Family::default(),
+        capability: Family::default(),
         capacity_goal: Family::default(),
         capacity_current: Family::default(),
         capacity_obsolete: Family::default(),
@@ -309,6 +316,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "leader_election_master_status",
         "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
         m.leader.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_capability_enabled",
+        "Whether an optional capability of this sidecar is in use (1) or was turned off at start because the cluster does not serve or RBAC does not allow what it needs (0): journal (the write-ahead journal ConfigMap), volume_attributes_class.",
+        m.capability.clone(),
     );
     register(
         &mut registry,
@@ -786,6 +800,16 @@ pub fn set_leader(name: &str, leading: bool) {
         .leader
         .get_or_create(&queue(name))
         .set(i64::from(leading));
+}
+
+/// Whether an optional capability is in use (see the metric's help).
+pub fn set_capability(capability: &str, enabled: bool) {
+    METRICS
+        .capability
+        .get_or_create(&CapabilityLabels {
+            capability: capability.to_owned(),
+        })
+        .set(i64::from(enabled));
 }
 
 /// The capacity loop's object counts (upstream's `csistoragecapacities_*`

@@ -137,6 +137,15 @@ pub async fn run(
     };
     let capacity_settings = capacity_settings(&options, &driver)?;
     let mut config = provisioner_config(&options, &driver);
+    if config.volume_attributes_class_enabled {
+        let probe = probe_volume_attributes_classes(&client).await;
+        let (enabled, why_not) = volume_attributes_class_gate(&probe);
+        if let Some(why_not) = why_not {
+            tracing::warn!(gate = "VolumeAttributesClass", "{why_not}");
+        }
+        config.volume_attributes_class_enabled = enabled;
+        crate::metrics::set_capability("volume_attributes_class", enabled);
+    }
     if let Some(node_name) = &node_name {
         let info = tokio::select! {
             info = driver.node_info() => info.map_err(RunError::NodeInfo)?,
@@ -184,7 +193,7 @@ pub async fn run(
     let health = elector
         .as_ref()
         .map_or_else(leader::Health::disabled, |e| e.health());
-    start_http(&options, health, &driver).await?;
+    start_http(&options, health, &driver, caches_ready(&shared.caches)).await?;
 
     tracing::info!(driver = %config.driver_name, journal_namespace = %namespace, workers = shared.workers, "starting the provisioning loop");
     // Caches fill while we wait for leadership, so a new leader starts
@@ -297,6 +306,7 @@ async fn start_http(
     options: &Options,
     health: leader::Health,
     driver: &Driver,
+    ready: http::ReadyFn,
 ) -> Result<(), HttpError> {
     let (flag, address, health) = if !options.http_endpoint.is_empty() {
         let probe_driver = driver.clone();
@@ -328,10 +338,82 @@ async fn start_http(
             // Upstream serves pprof on --http-endpoint only.
             pprof: options.enable_pprof && health.is_some(),
             health,
+            ready: Some(ready),
         },
     )
     .await?;
     Ok(())
+}
+
+/// What a list of storage.k8s.io/v1 VolumeAttributesClasses answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum VolumeAttributesClassProbe {
+    Served,
+    /// 404: the API server does not serve the v1 kind (Kubernetes ≤ 1.33).
+    NotServed,
+    /// 403: RBAC does not allow listing it.
+    Forbidden(String),
+    /// Any other failure: cannot tell now.
+    Unknown(String),
+}
+
+async fn probe_volume_attributes_classes(client: &kube::Client) -> VolumeAttributesClassProbe {
+    use k8s_openapi::api::storage::v1::VolumeAttributesClass;
+    let api: kube::Api<VolumeAttributesClass> = kube::Api::all(client.clone());
+    match api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => VolumeAttributesClassProbe::Served,
+        Err(kube::Error::Api(s)) if s.code == 404 => VolumeAttributesClassProbe::NotServed,
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            VolumeAttributesClassProbe::Forbidden(s.message.clone())
+        }
+        Err(e) => VolumeAttributesClassProbe::Unknown(e.to_string()),
+    }
+}
+
+/// Upstream 6.0 turns the VolumeAttributesClass gate off by itself when
+/// the v1 kind is not served or cannot be read; a cache of it would
+/// otherwise never fill and nothing would be provisioned. Returns whether
+/// the gate stays on, and the line to log when it does not (or when it
+/// cannot be told).
+fn volume_attributes_class_gate(probe: &VolumeAttributesClassProbe) -> (bool, Option<String>) {
+    match probe {
+        VolumeAttributesClassProbe::Served => (true, None),
+        VolumeAttributesClassProbe::NotServed => (
+            false,
+            Some("turned off: the API server does not serve storage.k8s.io/v1 VolumeAttributesClass (Kubernetes 1.33 or older); claims naming a VolumeAttributesClass are provisioned without its parameters".to_owned()),
+        ),
+        VolumeAttributesClassProbe::Forbidden(message) => (
+            false,
+            Some(format!("turned off: RBAC does not allow list/watch of volumeattributesclasses ({message}); grant the rule of deploy/kubernetes/base/rbac.yaml to pass VolumeAttributesClass parameters to CreateVolume")),
+        ),
+        VolumeAttributesClassProbe::Unknown(error) => (
+            true,
+            Some(format!("cannot tell whether VolumeAttributesClasses can be read ({error}); keeping the gate on")),
+        ),
+    }
+}
+
+/// `/readyz`: ready once every watch cache is filled; else which are not
+/// and why (a forbidden list names itself here, not only in the log).
+fn caches_ready(caches: &Arc<Caches>) -> http::ReadyFn {
+    let caches = Arc::clone(caches);
+    Arc::new(move || {
+        let waiting = caches.not_ready();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<String> = waiting
+            .iter()
+            .map(|(kind, why)| match why {
+                crate::informer::Waiting::Listing => format!("{kind:?}: listing"),
+                crate::informer::Waiting::Failing(e) => format!("{kind:?}: {e}"),
+            })
+            .collect();
+        Err(format!("waiting for the watch caches: {}", list.join("; ")))
+    })
 }
 
 /// The loops behind feature gates, each present only when its gate is on.
@@ -523,6 +605,45 @@ pub async fn termination_signal() {
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(error = %e, "cannot install signal handlers; only Ctrl-C will stop the process");
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod vac_tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_follows_what_the_cluster_allows() {
+        use VolumeAttributesClassProbe as P;
+        let cases = [
+            (P::Served, true, None),
+            (
+                P::NotServed,
+                false,
+                Some("does not serve storage.k8s.io/v1"),
+            ),
+            (
+                P::Forbidden("forbidden: user x".into()),
+                false,
+                Some("RBAC does not allow"),
+            ),
+            (
+                P::Unknown("connection reset".into()),
+                true,
+                Some("keeping the gate on"),
+            ),
+        ];
+        for (probe, enabled, message) in cases {
+            let (on, why) = volume_attributes_class_gate(&probe);
+            assert_eq!(on, enabled, "{probe:?}");
+            match message {
+                None => assert!(why.is_none(), "{probe:?}: {why:?}"),
+                Some(m) => assert!(
+                    why.as_deref().is_some_and(|w| w.contains(m)),
+                    "{probe:?}: {why:?}"
+                ),
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use serde_json::json;
-use support::{Backend, ClusterConfig, Env};
+use support::{Backend, ClusterConfig, Env, free_port, http_get};
 
 e2e!(ClusterConfig::standard();
     only_the_leader_provisions_and_a_killed_leader_is_replaced,
@@ -123,37 +123,6 @@ async fn lease(env: &Env) -> Option<Lease> {
         .get_opt(&csi_provisioner::leader::lease_name(&env.driver_name))
         .await
         .expect("get lease")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// A plain HTTP/1.1 GET: status and body.
-async fn http_get(port: u16, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return (0, String::new());
-    };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return (0, String::new());
-    }
-    let mut out = String::new();
-    let _ = stream.read_to_string(&mut out).await;
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 async fn only_the_leader_provisions_and_a_killed_leader_is_replaced(backend: Backend) {

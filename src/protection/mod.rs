@@ -23,15 +23,15 @@
 //! same name during a re-list still frees its old claims); PV and
 //! StorageClass changes (they can make a claim ours).
 
+pub mod index;
 pub mod live;
 pub mod verdict;
 pub mod worker;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::{Client, ResourceExt};
 
 use crate::caches::{Caches, Kind};
@@ -81,6 +81,8 @@ pub struct Protection {
     pub(crate) caches: Arc<Caches>,
     pub(crate) queue: WorkQueue<ClaimName>,
     pub(crate) live: live::LivePods,
+    /// Which cached pods reference which claim.
+    pub(crate) pods_by_claim: Arc<Mutex<index::PodsByClaim>>,
     workers: usize,
 }
 
@@ -106,29 +108,25 @@ pub fn new(shared: &Shared) -> Arc<Protection> {
             }
         });
     }
+    let pods_by_claim: Arc<Mutex<index::PodsByClaim>> = Arc::default();
     {
-        // Claims each pod referenced when last seen: a pod's new version (or
-        // a new pod of the same name seen only after a re-list) may not
-        // reference them any more, and they may be waiting for it to go.
-        // Keyed by the pod's namespace/name (same shape as a claim's).
-        let seen: Mutex<HashMap<ClaimName, Vec<ClaimName>>> = Mutex::default();
+        // Claims a pod references now and referenced when last seen: a
+        // pod's new version (or a new pod of the same name seen only after
+        // a re-list) may not reference them any more, and they may be
+        // waiting for it to go.
         let queue = queue.clone();
+        let pods_by_claim = Arc::clone(&pods_by_claim);
         caches.pods.on_change(move |change| {
-            let (pod, deleted): (&Pod, bool) = match change {
-                Change::Applied(pod) => (pod, false),
-                Change::Deleted(pod) => (pod, true),
+            let (pod, now) = match change {
+                Change::Applied(pod) => (pod, verdict::referenced_claims(pod)),
+                Change::Deleted(pod) => (pod, Vec::new()),
             };
             let key = ClaimName::new(pod.namespace().unwrap_or_default(), pod.name_any());
-            let now = verdict::referenced_claims(pod);
-            let before = {
-                let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-                if deleted || now.is_empty() {
-                    seen.remove(&key)
-                } else {
-                    seen.insert(key, now.clone())
-                }
-            };
-            for claim in now.into_iter().chain(before.into_iter().flatten()) {
+            let touched = pods_by_claim
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .set(key, now);
+            for claim in touched {
                 queue.add(claim);
             }
         });
@@ -165,6 +163,7 @@ pub fn new(shared: &Shared) -> Arc<Protection> {
         client: shared.client.clone(),
         config: ProvisionerConfig::with_defaults(shared.driver_name.clone()),
         live: live::LivePods::new(shared.client.clone(), LIVE_LIST_WINDOW),
+        pods_by_claim,
         caches,
         queue,
         workers: shared.workers.max(1),

@@ -66,12 +66,15 @@ async fn reconcile(ctx: &Protection, key: &ClaimName) -> Result<(), ProtectionEr
         .and_then(|name| ctx.caches.volumes.store().get(&ObjectRef::new(name)));
     let ours = verdict::is_our_claim(&claim, class.as_deref(), volume.as_deref(), &ctx.config);
     let cached: Vec<Arc<Pod>> = if ours {
-        ctx.caches
-            .pods
-            .store()
-            .state()
-            .into_iter()
-            .filter(|pod| pod.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
+        let names = ctx
+            .pods_by_claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pods_using(key);
+        let pods = ctx.caches.pods.store();
+        names
+            .iter()
+            .filter_map(|pod| pods.get(&ObjectRef::new(&pod.name).within(&pod.namespace)))
             .collect()
     } else {
         Vec::new()

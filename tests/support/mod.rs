@@ -447,8 +447,14 @@ impl Env {
     /// As [`Env::start_sidecar`], with extra environment variables (e.g.
     /// `POD_NAME`).
     pub async fn start_sidecar_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) {
-        assert!(self.sidecar.is_none(), "sidecar already running");
         let kubeconfig = self.sidecar_kubeconfig(extra).await;
+        self.start_sidecar_as(&kubeconfig, extra, env);
+    }
+
+    /// Starts the sidecar with `kubeconfig` (e.g. of a user bound to other
+    /// rules than deploy/'s) instead of the harness's.
+    pub fn start_sidecar_as(&mut self, kubeconfig: &Path, extra: &[&str], env: &[(&str, &str)]) {
+        assert!(self.sidecar.is_none(), "sidecar already running");
         self.sidecar_runs += 1;
         let mut command = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
         command
@@ -614,8 +620,17 @@ impl Env {
         plane
             .audit()
             .into_iter()
-            .filter(|r| r.user.username == user && r.code() == 403)
-            .map(|r| format!("{} {}", r.verb, r.request_uri))
+            .filter(|r| r.user.username == user && r.code() == 403 && !r.during_startup())
+            .map(|r| {
+                format!(
+                    "{} {} {} {} at {}",
+                    r.verb,
+                    r.resource(),
+                    r.namespace(),
+                    r.request_uri,
+                    r.stage_timestamp
+                )
+            })
             .collect()
     }
 
@@ -1083,4 +1098,36 @@ pub fn finalizers(pv: &PersistentVolume) -> Vec<String> {
 
 pub fn state_dir(env: &Env) -> &Path {
     &env.driver.state_dir
+}
+
+/// A free TCP port on 127.0.0.1 (for `--http-endpoint`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A plain HTTP/1.1 GET: status and body.
+pub async fn http_get(port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return (0, String::new());
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return (0, String::new());
+    }
+    let mut out = String::new();
+    let _ = stream.read_to_string(&mut out).await;
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }

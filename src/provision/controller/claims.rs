@@ -24,7 +24,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::journal::JournalEntry;
@@ -578,14 +578,7 @@ async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim) {
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
     let patch = serde_json::json!({"metadata": {"annotations": {wk::ANN_SELECTED_NODE: null}}});
-    if let Err(e) = api
-        .patch(
-            &claim.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
+    if let Err(e) = crate::writes::merge_patch(&api, &claim.name_any(), &patch).await {
         tracing::warn!(claim = %claim.name_any(), error = %e, "cannot remove the selected-node annotation");
     }
 }
@@ -804,7 +797,11 @@ async fn edit_source_finalizers(
 ) -> Result<(), kube::Error> {
     async fn edit<K>(api: Api<K>, name: &str, finalizer: &str, add: bool) -> Result<(), kube::Error>
     where
-        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
     {
         for _ in 0..5 {
             let Some(obj) = api.get_opt(name).await? else {
@@ -821,10 +818,7 @@ async fn edit_source_finalizers(
                 finalizers.retain(|f| f != finalizer);
             }
             let patch = finalizer_patch(finalizers, obj.resource_version());
-            match api
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
+            match crate::writes::merge_patch(&api, name, &patch).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),

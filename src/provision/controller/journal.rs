@@ -61,6 +61,14 @@ pub enum JournalError {
     Stopped,
 }
 
+impl JournalError {
+    /// RBAC refuses access to the journal (the upstream sidecar's stock
+    /// rules grant nothing on ConfigMaps).
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, JournalError::Api { source: kube::Error::Api(s), .. } if s.code == 403)
+    }
+}
+
 impl JournalEntry {
     /// Freezes `request` (secrets stripped: they never leave memory).
     pub fn new(
@@ -335,6 +343,22 @@ impl JournalStore {
         let (journal, inbox) = channel();
         self.start_with(inbox);
         journal
+    }
+
+    /// Runs without a journal: every record is accepted at once and nothing
+    /// is written. For a sidecar that may not read or write its ConfigMap;
+    /// it then has the upstream sidecar's guarantees, no more (a claim
+    /// deleted while its CreateVolume is in flight across a restart leaks
+    /// the volume, upstream #486).
+    pub fn start_disabled(inbox: JournalInbox) {
+        let mut rx = inbox.0;
+        tokio::spawn(async move {
+            while let Some(command) = rx.recv().await {
+                if let Command::Add(_, _, done) = command {
+                    let _ = done.send(Ok(()));
+                }
+            }
+        });
     }
 
     /// Starts the writer task on an inbox made earlier with [`channel`]

@@ -320,8 +320,26 @@ impl Context {
         else {
             return Ok(());
         };
-        let recovered = store.load().await?;
-        store.start_with(inbox);
+        let recovered = match store.load().await {
+            Ok(recovered) => {
+                crate::metrics::set_capability("journal", true);
+                store.start_with(inbox);
+                recovered
+            }
+            Err(e) if e.is_forbidden() => {
+                crate::metrics::set_capability("journal", false);
+                tracing::warn!(
+                    journal = %format!("{}/{}", store.namespace(), store.name()),
+                    error = %e,
+                    "running WITHOUT the write-ahead journal: RBAC does not allow get, create and update of configmaps in this namespace (the upstream sidecar's stock rules do not). \
+                     Provisioning and deletion work as with the upstream sidecar, but a claim deleted while its CreateVolume is in flight across a restart of this sidecar can leak its volume (upstream issue #486). \
+                     Grant the configmaps rule of deploy/kubernetes/base/rbac.yaml to turn the journal on"
+                );
+                JournalStore::start_disabled(inbox);
+                std::collections::BTreeMap::new()
+            }
+            Err(e) => return Err(e),
+        };
         self.resume(recovered);
         self.spawn_workers();
         Ok(())

@@ -20,7 +20,7 @@ use csi_proto::v1::GetCapacityRequest;
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
 use super::claims::{Next, TopologyObjects, fetch_source};
@@ -84,10 +84,7 @@ pub(super) async fn become_owner(ctx: &Arc<Context>, key: &ClaimKey, class: &Sto
         };
         let patch = become_owner_patch(&node.node_name, resource_version, &key.uid);
         let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &key.namespace);
-        match api
-            .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        match crate::writes::merge_patch(&api, &key.name, &patch).await {
             Ok(_) => {
                 ctx.forget_owner_attempts(&key.uid);
                 tracing::info!(claim = %key, node = %node.node_name, "became the owner of the claim: selected-node set to this node");

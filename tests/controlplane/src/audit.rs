@@ -35,6 +35,8 @@ pub struct Request {
     pub request_received_timestamp: String,
     #[serde(default)]
     pub stage_timestamp: String,
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -84,6 +86,14 @@ impl Request {
             self.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
         )
+    }
+
+    /// Answered by an API server that had not finished starting (its RBAC
+    /// caches may be empty: a 403 then says nothing about the rules).
+    pub fn during_startup(&self) -> bool {
+        self.annotations
+            .get("apiserver.k8s.io/startup")
+            .is_some_and(|v| v.contains("early=true"))
     }
 
     pub fn namespace(&self) -> &str {

@@ -1,0 +1,185 @@
+//! End-to-end: swap the image in an existing Go-sidecar deployment and
+//! nothing breaks. The sidecar runs on a real API server as a user bound to
+//! exactly the upstream project's stock RBAC (tests/fixtures), with the
+//! flags of upstream's deploy/kubernetes/deployment.yaml plus every
+//! component-base logging flag, and must provision and delete. What the
+//! stock rules do not allow (the journal ConfigMap, VolumeAttributesClasses,
+//! `patch` on claims) is named once at start, not retried in a hot loop.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{Backend, ClusterConfig, Env, free_port, http_get};
+
+e2e_real!(ClusterConfig::standard();
+    stock_upstream_rbac_and_flags_provision_and_delete,
+    rbac_without_volume_attributes_classes_turns_the_gate_off_once,
+);
+
+fn stock_rules() -> (Value, Value) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/upstream-v6.3-rbac.yaml"
+    ))
+    .expect("fixture");
+    let rules: Value = serde_yaml::from_str(&text).expect("fixture YAML");
+    (
+        rules["clusterRules"].clone(),
+        rules["namespaceRules"].clone(),
+    )
+}
+
+/// How many log lines contain `needle`.
+fn lines_with(env: &Env, needle: &str) -> usize {
+    env.logs().lines().filter(|l| l.contains(needle)).count()
+}
+
+async fn stock_upstream_rbac_and_flags_provision_and_delete(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let plane = env.plane().expect("real cluster");
+    let user = format!("stock-{}", env.id);
+    let (cluster_rules, namespace_rules) = stock_rules();
+    env.grant_rules(&user, cluster_rules, namespace_rules).await;
+    let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
+    env.storage_class("fast", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    let port = free_port();
+    let http = format!("--http-endpoint=127.0.0.1:{port}");
+    // deploy/kubernetes/deployment.yaml of upstream, then every logging
+    // flag of component-base.
+    env.start_sidecar_as(
+        &kubeconfig,
+        &[
+            "--leader-election",
+            &http,
+            "--logging-format=text",
+            "--log-flush-frequency=5s",
+            "--vmodule=claims=4",
+            "--log-text-split-stream=false",
+            "--log-json-split-stream=false",
+            "--log-text-info-buffer-size=0",
+            "--log-json-info-buffer-size=0",
+        ],
+        &[],
+    );
+
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    // WaitForFirstConsumer: the scheduler's choice, then our reschedule
+    // path is not needed; the selected node comes from the test.
+    let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    claims
+        .patch(
+            "data",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {support::SELECTED_NODE: env.node}}}),
+            ),
+        )
+        .await
+        .expect("select node");
+    let pv = env.wait_bound(&env.ns, "data").await;
+    let pv_name = pv.metadata.name.clone().expect("pv name");
+    assert!(
+        support::finalizers(&pv).contains(&support::FINALIZER.to_owned()),
+        "the PV carries our finalizer (PVs: patch is in the stock rules)"
+    );
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
+        (env.pv(&pv_name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
+    })
+    .await;
+
+    // What the stock rules do not allow is said once, at start.
+    assert_eq!(
+        lines_with(&env, "running WITHOUT the write-ahead journal"),
+        1,
+        "{}",
+        env.logs()
+    );
+    assert_eq!(
+        lines_with(
+            &env,
+            "RBAC does not allow list/watch of volumeattributesclasses"
+        ),
+        1,
+        "{}",
+        env.logs()
+    );
+    let (status, metrics) = http_get(port, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("csi_provisioner_capability_enabled{capability=\"journal\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "csi_provisioner_capability_enabled{capability=\"volume_attributes_class\"} 0"
+        ),
+        "{metrics}"
+    );
+    assert_eq!(http_get(port, "/readyz").await.0, 200, "ready");
+    // No hot loop of refused requests: the journal read and the
+    // VolumeAttributesClass probe, each once.
+    let refused: Vec<_> = plane
+        .audit()
+        .into_iter()
+        .filter(|r| r.user.username == user && r.code() == 403)
+        .map(|r| format!("{} {}", r.verb, r.request_uri))
+        .collect();
+    assert!(refused.len() <= 2, "refused requests: {refused:#?}");
+    env.assert_consistent().await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+/// The API server serves storage.k8s.io/v1 VolumeAttributesClass, but RBAC
+/// forbids reading it: upstream turns the gate off; so do we, and the
+/// claim is provisioned (before, the cache waited for ever).
+async fn rbac_without_volume_attributes_classes_turns_the_gate_off_once(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let plane = env.plane().expect("real cluster");
+    let user = format!("novac-{}", env.id);
+    // deploy/'s rules minus volumeattributesclasses.
+    env.grant_deploy_rbac(&user, &[]).await;
+    let cluster_role = format!("{user}-{}", env.id);
+    let mut role = env
+        .get(
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            "",
+            &cluster_role,
+        )
+        .await
+        .expect("cluster role");
+    for rule in role["rules"].as_array_mut().into_iter().flatten() {
+        if let Some(resources) = rule["resources"].as_array_mut() {
+            resources.retain(|r| r != "volumeattributesclasses");
+        }
+    }
+    env.replace(role).await;
+    let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let port = free_port();
+    let http = format!("--http-endpoint=127.0.0.1:{port}");
+    env.start_sidecar_as(&kubeconfig, &[&http], &[]);
+    env.provision(&env.ns, "data", "fast").await;
+    assert_eq!(
+        lines_with(
+            &env,
+            "RBAC does not allow list/watch of volumeattributesclasses"
+        ),
+        1,
+        "{}",
+        env.logs()
+    );
+    assert_eq!(
+        lines_with(&env, "running WITHOUT the write-ahead journal"),
+        0,
+        "the journal is allowed here"
+    );
+    assert_eq!(http_get(port, "/readyz").await.0, 200);
+}
