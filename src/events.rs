@@ -2,9 +2,26 @@
 //! way client-go's recorder writes them (so `kubectl describe` shows them),
 //! at most once per transition: a PVC whose provisioning keeps failing with
 //! the same error gets one `ProvisioningFailed` event, not one per retry.
+//!
+//! Events never delay the work they describe. Recording one only queues it
+//! ([`EventQueue`]); background senders write them with what is left of the
+//! client's rate budget ([`crate::ratelimit`]: PV creates and journal writes
+//! go first). In the queue a newer event of an object replaces an older one
+//! of the same reason, and a `Provisioning` note waits
+//! [`PROVISIONING_NOTE_DELAY`] and is superseded by the outcome when that
+//! comes first: a volume made in a second gets one event
+//! (`ProvisioningSucceeded`), not two, and a claim whose CreateVolume takes
+//! longer still shows that it is being worked on. When the queue is full
+//! the oldest event is dropped and counted
+//! (`csi_provisioner_events_dropped_total`), as client-go's broadcaster
+//! drops events under pressure.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -139,13 +156,109 @@ pub fn build_event(
     }
 }
 
-/// Writes events; a failure to write one is logged and otherwise ignored,
-/// because an event must never block or fail the operation it describes.
+/// How long a `Provisioning` note waits in the queue: long enough that a
+/// fast provisioning reports only its outcome.
+pub const PROVISIONING_NOTE_DELAY: Duration = Duration::from_secs(2);
+
+/// The reason superseded by any later event of the same object.
+const SUPERSEDED_REASON: &str = "Provisioning";
+
+/// Events waiting to be sent; the most `client-go` keeps queued too.
+pub const QUEUE_CAPACITY: usize = 1000;
+
+/// Events written at once.
+const SENDERS: usize = 4;
+
+/// One event waiting to be written.
+#[derive(Debug, Clone)]
+pub struct Queued {
+    pub uid: String,
+    pub reason: String,
+    pub event: Event,
+    /// Not sent before this instant.
+    pub not_before: Instant,
+}
+
+/// What [`EventQueue::push`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    Queued,
+    /// It replaced one or more queued events of the same object.
+    Coalesced,
+    /// The queue was full: the oldest event was dropped to make room.
+    DroppedOldest,
+}
+
+/// The queue of events to write: pure, so its rules are tested alone.
+#[derive(Debug)]
+pub struct EventQueue {
+    items: VecDeque<Queued>,
+    capacity: usize,
+}
+
+impl EventQueue {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            items: VecDeque::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Queues `item`; a queued event of the same object with the same
+    /// reason, or a `Provisioning` note of it, is replaced.
+    pub fn push(&mut self, item: Queued) -> Pushed {
+        let before = self.items.len();
+        self.items.retain(|queued| {
+            !(queued.uid == item.uid
+                && (queued.reason == item.reason || queued.reason == SUPERSEDED_REASON))
+        });
+        let coalesced = self.items.len() < before;
+        let mut pushed = if coalesced {
+            Pushed::Coalesced
+        } else {
+            Pushed::Queued
+        };
+        if self.items.len() >= self.capacity {
+            self.items.pop_front();
+            pushed = Pushed::DroppedOldest;
+        }
+        self.items.push_back(item);
+        pushed
+    }
+
+    /// Takes the oldest event that may be sent at `now`.
+    pub fn pop_ready(&mut self, now: Instant) -> Option<Queued> {
+        let index = self.items.iter().position(|q| q.not_before <= now)?;
+        self.items.remove(index)
+    }
+
+    /// When the next held event becomes sendable (`None`: nothing queued).
+    pub fn next_ready_at(&self) -> Option<Instant> {
+        self.items.iter().map(|q| q.not_before).min()
+    }
+}
+
+/// Writes events in the background; a failure to write one is logged and
+/// otherwise ignored, because an event must never block or fail the
+/// operation it describes.
 pub struct Recorder {
     client: Client,
     component: String,
     host: String,
-    filter: TransitionFilter,
+    filter: Arc<TransitionFilter>,
+    queue: Arc<Mutex<EventQueue>>,
+    wake: Arc<Notify>,
+    /// The senders, started with the first event (a recorder may be made
+    /// outside a runtime).
+    senders: OnceLock<()>,
 }
 
 impl Recorder {
@@ -154,12 +267,15 @@ impl Recorder {
             client,
             component: component.into(),
             host: host.into(),
-            filter: TransitionFilter::default(),
+            filter: Arc::default(),
+            queue: Arc::new(Mutex::new(EventQueue::new(QUEUE_CAPACITY))),
+            wake: Arc::default(),
+            senders: OnceLock::new(),
         }
     }
 
-    /// Records the event unless the same one was the last recorded for this
-    /// object. Returns whether it was written.
+    /// Queues the event unless the same one was the last recorded for this
+    /// object. Returns whether it was queued.
     pub async fn record<K>(
         &self,
         obj: &K,
@@ -183,22 +299,58 @@ impl Recorder {
             &self.host,
             Timestamp::now(),
         );
-        let namespace = event.metadata.namespace.clone().unwrap_or_default();
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        match api.create(&PostParams::default(), &event).await {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::warn!(
-                    object = %obj.name_any(),
-                    reason,
-                    error = %e,
-                    "could not record event"
-                );
-                // Let the next identical event try again.
-                self.filter.unrecord(&uid, reason);
-                false
+        let delay = if reason == SUPERSEDED_REASON {
+            PROVISIONING_NOTE_DELAY
+        } else {
+            Duration::ZERO
+        };
+        let pushed = self
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Queued {
+                uid,
+                reason: reason.to_owned(),
+                event,
+                not_before: Instant::now() + delay,
+            });
+        match pushed {
+            Pushed::Queued => {}
+            Pushed::Coalesced => crate::metrics::count_event_coalesced(),
+            Pushed::DroppedOldest => {
+                crate::metrics::count_event_dropped();
+                tracing::debug!(object = %obj.name_any(), reason, "event queue full: dropped the oldest event");
             }
         }
+        self.start_senders();
+        self.wake.notify_one();
+        true
+    }
+
+    fn start_senders(&self) {
+        self.senders.get_or_init(|| {
+            for _ in 0..SENDERS {
+                let client = self.client.clone();
+                let queue = Arc::clone(&self.queue);
+                let wake = Arc::clone(&self.wake);
+                let filter = Arc::clone(&self.filter);
+                tokio::spawn(send_events(client, queue, wake, filter));
+            }
+        });
+    }
+
+    /// Waits (at most `timeout`) for the queued events to be sent: at
+    /// shutdown, so the outcome of the last operations is not lost.
+    pub async fn flush(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.queued() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Events queued and not yet sent.
+    pub fn queued(&self) -> usize {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Records one of the provisioning flow's notes (reason and wording as
@@ -218,6 +370,48 @@ impl Recorder {
     /// Drops the memory of an object that is gone.
     pub fn forget(&self, uid: &str) {
         self.filter.forget(uid);
+    }
+}
+
+/// One sender: takes the next sendable event, writes it (the client's rate
+/// limiter gives events only spare slots), repeats.
+async fn send_events(
+    client: Client,
+    queue: Arc<Mutex<EventQueue>>,
+    wake: Arc<Notify>,
+    filter: Arc<TransitionFilter>,
+) {
+    loop {
+        let (next, held_until) = {
+            let mut queue = queue.lock().unwrap_or_else(|p| p.into_inner());
+            (queue.pop_ready(Instant::now()), queue.next_ready_at())
+        };
+        let Some(item) = next else {
+            match held_until {
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = wake.notified() => {}
+                    }
+                }
+                None => wake.notified().await,
+            }
+            continue;
+        };
+        // Another sender may find more work.
+        wake.notify_one();
+        let namespace = item.event.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
+        if let Err(e) = api.create(&PostParams::default(), &item.event).await {
+            tracing::warn!(
+                object = %item.event.involved_object.name.as_deref().unwrap_or_default(),
+                reason = %item.reason,
+                error = %e,
+                "could not record event"
+            );
+            // Let the next identical event try again.
+            filter.unrecord(&item.uid, &item.reason);
+        }
     }
 }
 
@@ -321,5 +515,73 @@ mod tests {
         assert_eq!(ev.metadata.namespace.as_deref(), Some("default"));
         assert_eq!(ev.type_.as_deref(), Some("Warning"));
         assert_eq!(ev.source.and_then(|s| s.host), None);
+    }
+
+    fn queued(uid: &str, reason: &str, at: Instant) -> Queued {
+        Queued {
+            uid: uid.to_owned(),
+            reason: reason.to_owned(),
+            event: Event::default(),
+            not_before: at,
+        }
+    }
+
+    #[test]
+    fn the_outcome_supersedes_a_provisioning_note_still_queued() {
+        let t0 = Instant::now();
+        let mut q = EventQueue::new(10);
+        assert_eq!(
+            q.push(queued("u1", "Provisioning", t0 + PROVISIONING_NOTE_DELAY)),
+            Pushed::Queued
+        );
+        assert_eq!(
+            q.push(queued("u2", "Provisioning", t0 + PROVISIONING_NOTE_DELAY)),
+            Pushed::Queued
+        );
+        assert_eq!(
+            q.push(queued("u1", "ProvisioningSucceeded", t0)),
+            Pushed::Coalesced
+        );
+        assert_eq!(q.len(), 2);
+        // u1's outcome goes at once; u2's note is held.
+        assert_eq!(
+            q.pop_ready(t0).map(|i| i.reason),
+            Some("ProvisioningSucceeded".to_owned())
+        );
+        assert!(q.pop_ready(t0).is_none());
+        assert_eq!(q.next_ready_at(), Some(t0 + PROVISIONING_NOTE_DELAY));
+        // A slow provisioning shows its note once the delay passed.
+        let later = t0 + PROVISIONING_NOTE_DELAY;
+        assert_eq!(q.pop_ready(later).map(|i| i.uid), Some("u2".to_owned()));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_newer_event_of_the_same_reason_replaces_the_queued_one_others_stay() {
+        let t0 = Instant::now();
+        let mut q = EventQueue::new(10);
+        q.push(queued("u1", "ProvisioningFailed", t0));
+        q.push(queued("u1", "VolumeFailedDelete", t0));
+        assert_eq!(
+            q.push(queued("u1", "ProvisioningFailed", t0)),
+            Pushed::Coalesced
+        );
+        let reasons: Vec<String> = std::iter::from_fn(|| q.pop_ready(t0))
+            .map(|i| i.reason)
+            .collect();
+        assert_eq!(reasons, ["VolumeFailedDelete", "ProvisioningFailed"]);
+    }
+
+    #[test]
+    fn a_full_queue_drops_its_oldest_event() {
+        let t0 = Instant::now();
+        let mut q = EventQueue::new(2);
+        q.push(queued("u1", "A", t0));
+        q.push(queued("u2", "A", t0));
+        assert_eq!(q.push(queued("u3", "A", t0)), Pushed::DroppedOldest);
+        let uids: Vec<String> = std::iter::from_fn(|| q.pop_ready(t0))
+            .map(|i| i.uid)
+            .collect();
+        assert_eq!(uids, ["u2", "u3"]);
     }
 }

@@ -143,6 +143,8 @@ struct Metrics {
     queue_probes: Mutex<Vec<(&'static str, ProcessingProbe)>>,
     leader: Family<QueueLabels, Gauge>,
     capability: Family<CapabilityLabels, Gauge>,
+    events_dropped: Family<NoLabels, Counter>,
+    events_coalesced: Family<NoLabels, Counter>,
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
     capacity_obsolete: Family<NoLabels, Gauge>,
@@ -207,6 +209,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         queue_probes: Mutex::default(),
         leader: Family::default(),
         capability: Family::default(),
+        events_dropped: Family::default(),
+        events_coalesced: Family::default(),
         capacity_goal: Family::default(),
         capacity_current: Family::default(),
         capacity_obsolete: Family::default(),
@@ -323,6 +327,20 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "csi_provisioner_capability_enabled",
         "Whether an optional capability of this sidecar is in use (1) or was turned off at start because the cluster does not serve or RBAC does not allow what it needs (0): journal (the write-ahead journal ConfigMap), volume_attributes_class.",
         m.capability.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_events_dropped",
+        "Events dropped because the queue of events waiting for spare API budget was full.",
+        m.events_dropped.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_events_coalesced",
+        "Events replaced in the queue by a newer event of the same object (a Provisioning note by its outcome, or a repeat of the same reason).",
+        m.events_coalesced.clone(),
     );
     register(
         &mut registry,
@@ -800,6 +818,14 @@ pub fn set_leader(name: &str, leading: bool) {
         .leader
         .get_or_create(&queue(name))
         .set(i64::from(leading));
+}
+
+pub fn count_event_dropped() {
+    METRICS.events_dropped.get_or_create(&NoLabels {}).inc();
+}
+
+pub fn count_event_coalesced() {
+    METRICS.events_coalesced.get_or_create(&NoLabels {}).inc();
 }
 
 /// Whether an optional capability is in use (see the metric's help).

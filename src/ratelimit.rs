@@ -7,6 +7,12 @@
 //! Watches are not limited: a watch is one long request, and client-go
 //! does not charge its reconnects against the budget of writes either.
 //!
+//! Events get what is left of the general budget: an event request is sent
+//! only when a token is free *now*, never by reserving a future slot, so a
+//! queue of PV creates (which reserve slots ahead) is never delayed by
+//! events. Under pressure events wait in the recorder's queue, where they
+//! are coalesced or dropped ([`crate::events`]).
+//!
 //! Lease requests (leader election) have a bucket of their own with the
 //! same rate and burst, as upstream gives leader election its own clientset:
 //! a leader busy provisioning must not miss its renew deadline because its
@@ -87,6 +93,30 @@ impl TokenBucket {
         (next - self.tolerance).saturating_duration_since(now)
     }
 
+    /// Takes a slot only if one is free now (nobody waits for the next
+    /// slots and the burst is not spent); never reserves ahead.
+    pub fn try_acquire_now(&self, now: Instant) -> bool {
+        let mut tat = self.tat.lock().unwrap_or_else(|p| p.into_inner());
+        let base = match *tat {
+            Some(t) if t > now => t,
+            _ => now,
+        };
+        let next = base + self.interval;
+        if next.saturating_duration_since(now) > self.tolerance {
+            return false;
+        }
+        *tat = Some(next);
+        true
+    }
+
+    /// Waits until a slot is free now, leaving every reserved slot to its
+    /// owner (for requests of lower priority than the ones that reserve).
+    pub async fn acquire_spare(&self) {
+        while !self.try_acquire_now(Instant::now()) {
+            tokio::time::sleep(self.interval).await;
+        }
+    }
+
     /// Waits for the next slot.
     pub async fn acquire(&self) {
         let wait = self.reserve(Instant::now());
@@ -105,6 +135,8 @@ pub enum Budget {
     Capacity,
     /// Leases (leader election).
     Election,
+    /// Events: the general budget's spare slots only.
+    Events,
     /// Everything else.
     General,
 }
@@ -123,6 +155,7 @@ pub fn budget_of(uri: &http::Uri) -> Budget {
     match group_and_resource(uri.path()) {
         Some(("storage.k8s.io", "csistoragecapacities")) => Budget::Capacity,
         Some(("coordination.k8s.io", "leases")) => Budget::Election,
+        Some(("" | "events.k8s.io", "events")) => Budget::Events,
         _ => Budget::General,
     }
 }
@@ -178,7 +211,7 @@ impl RateLimitLayer {
             Budget::Watch => None,
             Budget::Capacity => self.capacity.clone(),
             Budget::Election => self.election.clone(),
-            Budget::General => self.general.clone(),
+            Budget::General | Budget::Events => self.general.clone(),
         }
     }
 }
@@ -233,11 +266,14 @@ where
     }
 
     fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
-        let bucket = self.limits.bucket(budget_of(request.uri()));
+        let budget = budget_of(request.uri());
+        let bucket = self.limits.bucket(budget);
         let mut inner = self.inner.clone();
         Box::pin(async move {
-            if let Some(bucket) = bucket {
-                bucket.acquire().await;
+            match (bucket, budget) {
+                (Some(bucket), Budget::Events) => bucket.acquire_spare().await,
+                (Some(bucket), _) => bucket.acquire().await,
+                (None, _) => {}
             }
             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             inner.call(request).await
@@ -259,6 +295,26 @@ mod tests {
         let t0 = Instant::now();
         let waits: Vec<u128> = (0..6).map(|_| bucket.reserve(t0).as_millis()).collect();
         assert_eq!(waits, [0, 0, 0, 100, 200, 300]);
+    }
+
+    #[test]
+    fn spare_slots_go_only_where_nobody_reserved() {
+        let bucket = TokenBucket::new(10.0, 2).expect("limited");
+        let t0 = Instant::now();
+        assert!(bucket.try_acquire_now(t0), "a full bucket has a spare slot");
+        assert_eq!(bucket.reserve(t0), Duration::ZERO, "the burst's last token");
+        // Writers queue up: the next slots are theirs.
+        assert_eq!(bucket.reserve(t0), Duration::from_millis(100));
+        assert_eq!(bucket.reserve(t0), Duration::from_millis(200));
+        assert!(
+            !bucket.try_acquire_now(t0),
+            "nothing spare while writers wait"
+        );
+        assert!(!bucket.try_acquire_now(at(t0, 150)));
+        // Once the queue is served and the bucket refilled, events flow.
+        assert!(bucket.try_acquire_now(at(t0, 1_000)));
+        // A spare take does not delay the next writer beyond a full bucket.
+        assert_eq!(bucket.reserve(at(t0, 1_000)), Duration::ZERO);
     }
 
     #[test]
@@ -364,6 +420,12 @@ mod tests {
             ("/api/v1/namespaces/leases", Budget::General),
             ("/apis/other.io/v1/csistoragecapacities", Budget::General),
             ("/version", Budget::General),
+            ("/api/v1/namespaces/ns/events", Budget::Events),
+            (
+                "/apis/events.k8s.io/v1/namespaces/ns/events",
+                Budget::Events,
+            ),
+            ("/apis/other.io/v1/namespaces/ns/events", Budget::General),
         ];
         for (uri, want) in cases {
             let uri: http::Uri = uri.parse().expect("uri");

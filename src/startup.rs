@@ -260,6 +260,7 @@ pub async fn run(
         }
         lost = lease_lost(&mut leadership) => return Err(lost.into()),
     }
+    shared.recorder.flush(EVENT_FLUSH).await;
     if let Some(leadership) = leadership {
         leadership.step_down().await;
     }
@@ -274,6 +275,9 @@ async fn lease_lost(leadership: &mut Option<leader::Leadership>) -> leader::Lead
         None => std::future::pending().await,
     }
 }
+
+/// How long a clean exit waits for queued events to be written.
+const EVENT_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Extra time after `--timeout` for workers to record the outcome of their
 /// last CSI call.
