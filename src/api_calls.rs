@@ -70,7 +70,7 @@ pub const PROVISIONER: &[ApiCall] = &[
     ApiCall {
         group: "",
         resource: "configmaps",
-        verbs: &["get", "create", "update"],
+        verbs: &["list", "create", "update", "delete"],
         namespaced_only: true,
     },
 ];

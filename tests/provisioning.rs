@@ -371,24 +371,16 @@ async fn sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothin
     env.kill_sidecar();
     env.delete_pvc(&env.ns, "doomed").await;
     env.clear_faults();
-    let journal_name = format!("{}-provisioner-journal", env.driver_name);
-    let journal = env
-        .get("v1", "ConfigMap", &env.ns, &journal_name)
-        .await
-        .expect("journal written before CreateVolume");
+    let journal = env.journal().await;
     assert_eq!(
-        journal["data"].as_object().map(|d| d.len()),
-        Some(1),
-        "{journal}"
+        journal.len(),
+        1,
+        "journal written before CreateVolume: {journal:?}"
     );
 
     env.start_sidecar(&[]).await;
     env.wait_for("journal emptied", Duration::from_secs(30), || async {
-        let journal = env.get("v1", "ConfigMap", &env.ns, &journal_name).await?;
-        journal["data"]
-            .as_object()
-            .is_none_or(|d| d.is_empty())
-            .then_some(())
+        env.journal().await.is_empty().then_some(())
     })
     .await;
     assert!(env.backend_volumes().is_empty(), "{}", env.logs());

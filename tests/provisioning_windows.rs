@@ -18,11 +18,7 @@ e2e!(ClusterConfig::standard();
 );
 
 async fn journal_entries(env: &Env) -> usize {
-    let journal = format!("{}-provisioner-journal", env.driver_name);
-    env.get("v1", "ConfigMap", &env.ns, &journal)
-        .await
-        .and_then(|cm| cm["data"].as_object().map(|d| d.len()))
-        .unwrap_or(0)
+    env.journal().await.len()
 }
 
 /// Killed after the PV was saved but before its journal entry was pruned:

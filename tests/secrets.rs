@@ -44,8 +44,7 @@ async fn secret_values_appear_nowhere(backend: Backend) {
         Some("backend-creds"),
         "the deletion secret is referenced by name"
     );
-    let journal_name = format!("{}-provisioner-journal", env.driver_name);
-    let journal = env.get("v1", "ConfigMap", &env.ns, &journal_name).await;
+    let journal = env.journal().await;
     env.delete_pvc(&env.ns, "data").await;
     env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
         (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())

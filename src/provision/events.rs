@@ -70,6 +70,19 @@ pub fn provisioning_failed(error: &str) -> EventNote {
     }
 }
 
+/// On the claim, when the write-ahead journal cannot take its operation
+/// (too large, or too many in flight): CreateVolume is not called, the
+/// claim is retried with backoff.
+pub fn journal_refused(reason: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Warning,
+        reason: wk::REASON_PROVISIONING_FAILED,
+        message: format!(
+            "cannot record the operation in the write-ahead journal, not provisioning yet: {reason}"
+        ),
+    }
+}
+
 /// On the claim, when the driver refused the request as invalid
 /// (`InvalidArgument`) and it is not retried before `--retry-interval-max`
 /// unless the claim or its class changes.

@@ -891,6 +891,26 @@ impl Env {
             .collect()
     }
 
+    /// The write-ahead journal's entries (claim uid → entry JSON) over all
+    /// its segments (ConfigMaps `<driver>-provisioner-journal-<n>`).
+    pub async fn journal(&self) -> std::collections::BTreeMap<String, String> {
+        let prefix = format!("{}-provisioner-journal", self.driver_name);
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(self.client.clone(), &self.ns)
+            .list(&Default::default())
+            .await
+            .expect("list configmaps")
+            .items
+            .into_iter()
+            .filter(|cm| {
+                cm.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .flat_map(|cm| cm.data.unwrap_or_default())
+            .collect()
+    }
+
     /// (reason, message) of the events about the PV `name` (events of
     /// cluster-scoped objects are in `default`).
     pub async fn pv_events(&self, name: &str) -> Vec<(String, String)> {

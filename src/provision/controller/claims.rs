@@ -216,6 +216,9 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref());
             if let Err(e) = ctx.journal.record(&key.uid, entry).await {
                 tracing::warn!(claim = %key, error = %e, "cannot record the operation in the journal; not calling CreateVolume yet");
+                if let super::journal::JournalError::Rejected { rejection, .. } = &e {
+                    note(ctx, &claim, notes::journal_refused(&rejection.to_string())).await;
+                }
                 return Next::Retry;
             }
             ctx.set_in_flight(&key.uid, op.clone());

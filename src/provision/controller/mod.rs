@@ -331,7 +331,7 @@ impl Context {
                 tracing::warn!(
                     journal = %format!("{}/{}", store.namespace(), store.name()),
                     error = %e,
-                    "running WITHOUT the write-ahead journal: RBAC does not allow get, create and update of configmaps in this namespace (the upstream sidecar's stock rules do not). \
+                    "running WITHOUT the write-ahead journal: RBAC does not allow list, create, update and delete of configmaps in this namespace (the upstream sidecar's stock rules do not). \
                      Provisioning and deletion work as with the upstream sidecar, but a claim deleted while its CreateVolume is in flight across a restart of this sidecar can leak its volume (upstream issue #486). \
                      Grant the configmaps rule of deploy/kubernetes/base/rbac.yaml to turn the journal on"
                 );

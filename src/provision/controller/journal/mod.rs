@@ -1,0 +1,737 @@
+//! The write-ahead journal of in-flight `CreateVolume` calls.
+//!
+//! Upstream leaks a backend volume when the sidecar dies after
+//! `CreateVolume` started and the claim is deleted before it restarts
+//! (kubernetes-csi/external-provisioner#486): "in progress" lived only in
+//! memory. Here every claim uid is written to a ConfigMap owned by the
+//! sidecar *before* its first `CreateVolume`, together with the frozen
+//! request (without secrets) and the secret reference. After a restart every
+//! journal entry is resumed: if the claim still exists provisioning simply
+//! continues; if it is gone the same `CreateVolume` is repeated (the volume
+//! name is deterministic, so a volume that was created is returned, one that
+//! was not is created) and then deleted. An entry is removed once the PV is
+//! saved or the volume is known not to exist.
+//!
+//! Storage and cost ([`segments`]): the entries live in ConfigMaps of
+//! bounded size, *segments* `<driver>-provisioner-journal-<n>`. Entries of
+//! concurrent claims share one write of the open segment; removals ride on
+//! its next write or a short idle flush; a full segment is closed, never
+//! rewritten, and deleted once none of its entries is needed. So a write
+//! costs the same however many claims are in flight (up to
+//! [`Limits::max_entries`]; beyond that a claim gets an event and waits),
+//! and a burst of N claims costs far fewer than N extra writes. A PVC
+//! finalizer would cost two writes per claim always, and would touch users'
+//! objects. The single ConfigMap `<driver>-provisioner-journal` of earlier
+//! versions is read as a closed segment, so an upgrade loses nothing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use base64::Engine as _;
+use csi_proto::v1::CreateVolumeRequest;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::provision::SecretRef;
+
+pub mod segments;
+
+pub use segments::{Limits, Rejection};
+use segments::{Plan, Segments, Write};
+
+/// One in-flight claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JournalEntry {
+    pub namespace: String,
+    pub name: String,
+    pub volume_name: String,
+    /// The frozen `CreateVolumeRequest`, protobuf in base64, secrets empty.
+    pub request: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_namespace: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal entry for claim uid {uid}: {reason}")]
+    BadEntry { uid: String, reason: String },
+    #[error("journal ConfigMap {namespace}/{name}: {source}")]
+    Api {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("journal entry for claim uid {uid} not recorded: {rejection}")]
+    Rejected { uid: String, rejection: Rejection },
+    #[error("journal writer stopped")]
+    Stopped,
+}
+
+impl JournalError {
+    /// RBAC refuses access to the journal (the upstream sidecar's stock
+    /// rules grant nothing on ConfigMaps).
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, JournalError::Api { source: kube::Error::Api(s), .. } if s.code == 403)
+    }
+}
+
+impl JournalEntry {
+    /// Freezes `request` (secrets stripped: they never leave memory).
+    pub fn new(
+        namespace: &str,
+        name: &str,
+        request: &CreateVolumeRequest,
+        secret: Option<&SecretRef>,
+    ) -> Self {
+        let mut stored = request.clone();
+        stored.secrets.clear();
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            volume_name: request.name.clone(),
+            request: base64::engine::general_purpose::STANDARD.encode(stored.encode_to_vec()),
+            secret_name: secret.map(|s| s.name.clone()),
+            secret_namespace: secret.map(|s| s.namespace.clone()),
+        }
+    }
+
+    pub fn request(&self) -> Result<CreateVolumeRequest, String> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&self.request)
+            .map_err(|e| format!("request is not base64: {e}"))?;
+        CreateVolumeRequest::decode(bytes.as_slice())
+            .map_err(|e| format!("request does not decode: {e}"))
+    }
+
+    pub fn secret(&self) -> Option<SecretRef> {
+        match (&self.secret_name, &self.secret_namespace) {
+            (Some(name), Some(namespace)) => Some(SecretRef {
+                name: name.clone(),
+                namespace: namespace.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Reads every entry of the ConfigMap's data. Entries that do not parse are
+/// returned as errors so the caller can log them by uid; they are kept in
+/// the ConfigMap (a human may need them to find a leaked volume).
+pub fn parse_entries(
+    data: &BTreeMap<String, String>,
+) -> (BTreeMap<String, JournalEntry>, Vec<JournalError>) {
+    let mut entries = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (uid, json) in data {
+        match serde_json::from_str::<JournalEntry>(json) {
+            Ok(entry) => match entry.request() {
+                Ok(_) => {
+                    entries.insert(uid.clone(), entry);
+                }
+                Err(reason) => errors.push(JournalError::BadEntry {
+                    uid: uid.clone(),
+                    reason,
+                }),
+            },
+            Err(e) => errors.push(JournalError::BadEntry {
+                uid: uid.clone(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    (entries, errors)
+}
+
+/// A name for the journal ConfigMap derived from the driver name, valid as
+/// a DNS subdomain.
+pub fn journal_name(driver: &str) -> String {
+    let sanitized: String = driver
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = format!("{}-provisioner-journal", sanitized.trim_matches(['-', '.']));
+    name.chars().take(253).collect()
+}
+
+enum Command {
+    Add(String, JournalEntry, oneshot::Sender<Result<(), AddError>>),
+    Remove(String),
+}
+
+/// Why an entry was not recorded.
+#[derive(Debug, Clone)]
+enum AddError {
+    Rejected(Rejection),
+    Failed(String),
+}
+
+/// The handle workers use. Cheap to clone.
+#[derive(Clone)]
+pub struct Journal {
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Journal {
+    /// Records `uid` and waits until it is stored. Only after this returns
+    /// `Ok` may `CreateVolume` be called for the claim.
+    pub async fn record(&self, uid: &str, entry: JournalEntry) -> Result<(), JournalError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Add(uid.to_owned(), entry, tx))
+            .map_err(|_| JournalError::Stopped)?;
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(AddError::Rejected(rejection))) => Err(JournalError::Rejected {
+                uid: uid.to_owned(),
+                rejection,
+            }),
+            Ok(Err(AddError::Failed(reason))) => Err(JournalError::BadEntry {
+                uid: uid.to_owned(),
+                reason,
+            }),
+            Err(_) => Err(JournalError::Stopped),
+        }
+    }
+
+    /// Forgets `uid` (its PV is saved or its volume is gone). Flushed lazily:
+    /// a stale entry only causes a harmless check after a restart.
+    pub fn forget(&self, uid: &str) {
+        let _ = self.commands.send(Command::Remove(uid.to_owned()));
+    }
+}
+
+/// The writer's inbox until [`JournalStore::start_with`] runs it.
+pub struct JournalInbox(mpsc::UnboundedReceiver<Command>);
+
+/// A journal handle and the inbox its writer will read.
+pub fn channel() -> (Journal, JournalInbox) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Journal { commands: tx }, JournalInbox(rx))
+}
+
+/// The label every segment carries (and the single journal ConfigMap of
+/// earlier versions carried): what [`JournalStore::load`] lists.
+const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "csi-provisioner");
+
+/// Owns the journal's ConfigMaps ([`segments`]): loads them at start-up
+/// and serialises writes.
+pub struct JournalStore {
+    api: Api<ConfigMap>,
+    name: String,
+    namespace: String,
+    segments: Segments,
+    /// Segments to delete whose deletion failed: retried with the next
+    /// write or idle flush.
+    pending_deletes: BTreeSet<String>,
+}
+
+/// Removals wait at most this long for a write to ride on.
+const IDLE_FLUSH: Duration = Duration::from_secs(2);
+
+/// After the first record of a batch, how long more may join it: under a
+/// burst many workers record at once, and one write for all of them is
+/// cheaper than one each; a lone claim waits this long more.
+const BATCH_WINDOW: Duration = Duration::from_millis(5);
+
+impl JournalStore {
+    pub fn new(client: kube::Client, namespace: &str, driver: &str) -> Self {
+        Self::with_limits(client, namespace, driver, Limits::default())
+    }
+
+    pub fn with_limits(
+        client: kube::Client,
+        namespace: &str,
+        driver: &str,
+        limits: Limits,
+    ) -> Self {
+        let name = journal_name(driver);
+        Self {
+            api: Api::namespaced(client, namespace),
+            segments: Segments::new(&name, limits),
+            name,
+            namespace: namespace.to_owned(),
+            pending_deletes: BTreeSet::new(),
+        }
+    }
+
+    /// The base name: segments are `<name>-<n>`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn api_error(&self, name: &str, source: kube::Error) -> JournalError {
+        JournalError::Api {
+            namespace: self.namespace.clone(),
+            name: name.to_owned(),
+            source,
+        }
+    }
+
+    /// Reads every segment (one list; creating nothing yet) and returns the
+    /// entries to resume.
+    pub async fn load(&mut self) -> Result<BTreeMap<String, JournalEntry>, JournalError> {
+        let list = self
+            .api
+            .list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)))
+            .await
+            .map_err(|e| self.api_error(&self.name.clone(), e))?;
+        let mut found: Vec<(u64, ConfigMap)> = list
+            .items
+            .into_iter()
+            .filter_map(|cm| {
+                let seq = self.segments.sequence_of(cm.metadata.name.as_deref()?)?;
+                Some((seq, cm))
+            })
+            .collect();
+        // Older segments first: a uid written twice resumes its latest entry.
+        found.sort_by_key(|(seq, _)| *seq);
+        let mut recovered = BTreeMap::new();
+        for (_, cm) in found {
+            let name = cm.metadata.name.clone().unwrap_or_default();
+            let data = cm.data.unwrap_or_default();
+            let (entries, errors) = parse_entries(&data);
+            for e in errors {
+                tracing::error!(journal = %name, "{e}; kept for inspection");
+            }
+            // Unparsable entries keep their segment alive (a human may need
+            // them to find a leaked volume).
+            self.segments.load(&name, data.keys().cloned());
+            recovered.extend(entries);
+        }
+        Ok(recovered)
+    }
+
+    /// Creates or replaces one segment (unconditionally: only the leader
+    /// writes the journal, and a segment is only ever written by the
+    /// process that planned it).
+    async fn put(
+        &self,
+        name: &str,
+        data: &BTreeMap<String, String>,
+        exists: bool,
+    ) -> Result<(), JournalError> {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    MANAGED_BY.0.to_owned(),
+                    MANAGED_BY.1.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            data: Some(data.clone()),
+            ..ConfigMap::default()
+        };
+        let first = if exists {
+            self.api.replace(name, &PostParams::default(), &cm).await
+        } else {
+            self.api.create(&PostParams::default(), &cm).await
+        };
+        let second = match first {
+            Ok(_) => return Ok(()),
+            // Deleted by someone: write it again (issue 11 case 5).
+            Err(kube::Error::Api(s)) if exists && s.code == 404 => {
+                tracing::warn!(journal = %name, "journal segment was deleted by someone; writing it again");
+                self.api.create(&PostParams::default(), &cm).await
+            }
+            // Left by an attempt whose reply was lost.
+            Err(kube::Error::Api(s)) if !exists && s.code == 409 => {
+                self.api.replace(name, &PostParams::default(), &cm).await
+            }
+            Err(e) => return Err(self.api_error(name, e)),
+        };
+        second.map(|_| ()).map_err(|e| self.api_error(name, e))
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), JournalError> {
+        match self.api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(self.api_error(name, e)),
+        }
+    }
+
+    /// Writes a batch. `Ok` once every add is durable (refused adds are in
+    /// the returned plan); the segment layout is adopted only then.
+    async fn write(
+        &mut self,
+        adds: &BTreeMap<String, String>,
+        removes: &BTreeSet<String>,
+    ) -> Result<Plan, JournalError> {
+        let (plan, next) = self.segments.plan(adds, removes);
+        for write in &plan.writes {
+            match write {
+                Write::Create { name, data } => self.put(name, data, false).await?,
+                Write::Replace { name, data } => self.put(name, data, true).await?,
+                Write::Delete { .. } => {}
+            }
+        }
+        self.segments = next;
+        for write in &plan.writes {
+            if let Write::Delete { name } = write {
+                self.pending_deletes.insert(name.clone());
+            }
+        }
+        self.delete_pending().await;
+        Ok(plan)
+    }
+
+    async fn delete_pending(&mut self) {
+        for name in std::mem::take(&mut self.pending_deletes) {
+            if let Err(e) = self.delete(&name).await {
+                tracing::warn!("{e}; will delete it later");
+                self.pending_deletes.insert(name);
+            }
+        }
+    }
+
+    /// Starts the writer task and returns the handle for workers.
+    pub fn start(self) -> Journal {
+        let (journal, inbox) = channel();
+        self.start_with(inbox);
+        journal
+    }
+
+    /// Runs without a journal: every record is accepted at once and nothing
+    /// is written. For a sidecar that may not read or write its ConfigMaps;
+    /// it then has the upstream sidecar's guarantees, no more (a claim
+    /// deleted while its CreateVolume is in flight across a restart leaks
+    /// the volume, upstream #486).
+    pub fn start_disabled(inbox: JournalInbox) {
+        let mut rx = inbox.0;
+        tokio::spawn(async move {
+            while let Some(command) = rx.recv().await {
+                if let Command::Add(_, _, done) = command {
+                    let _ = done.send(Ok(()));
+                }
+            }
+        });
+    }
+
+    /// Starts the writer task on an inbox made earlier with [`channel`]
+    /// (the handle can exist before the journal is loaded, e.g. while
+    /// waiting for leadership).
+    pub fn start_with(self, inbox: JournalInbox) {
+        tokio::spawn(self.run(inbox.0));
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        let mut pending_removes: BTreeSet<String> = BTreeSet::new();
+        loop {
+            let idle = pending_removes.is_empty() && self.pending_deletes.is_empty();
+            let first = if idle {
+                rx.recv().await
+            } else {
+                match tokio::time::timeout(IDLE_FLUSH, rx.recv()).await {
+                    Ok(cmd) => cmd,
+                    Err(_) => {
+                        let removes = std::mem::take(&mut pending_removes);
+                        if let Err(e) = self.write(&BTreeMap::new(), &removes).await {
+                            tracing::warn!("{e}; will retry removing {} entries", removes.len());
+                            pending_removes = removes;
+                        }
+                        continue;
+                    }
+                }
+            };
+            let Some(first) = first else { return };
+            if matches!(first, Command::Add(..)) {
+                tokio::time::sleep(BATCH_WINDOW).await;
+            }
+            // Take everything already waiting: one write for the batch.
+            let mut batch = vec![first];
+            while let Ok(cmd) = rx.try_recv() {
+                batch.push(cmd);
+            }
+            let mut adds: BTreeMap<String, String> = BTreeMap::new();
+            let mut waiters: HashMap<String, Vec<oneshot::Sender<Result<(), AddError>>>> =
+                HashMap::new();
+            for cmd in batch {
+                match cmd {
+                    Command::Add(uid, entry, done) => {
+                        pending_removes.remove(&uid);
+                        // Serialising a plain struct of strings cannot fail.
+                        adds.insert(
+                            uid.clone(),
+                            serde_json::to_string(&entry).unwrap_or_default(),
+                        );
+                        waiters.entry(uid).or_default().push(done);
+                    }
+                    Command::Remove(uid) => {
+                        adds.remove(&uid);
+                        for done in waiters.remove(&uid).unwrap_or_default() {
+                            // Removed before it was written: the caller gave
+                            // up; it must not call CreateVolume.
+                            let _ = done.send(Err(AddError::Failed(
+                                "removed before it was stored".to_owned(),
+                            )));
+                        }
+                        pending_removes.insert(uid);
+                    }
+                }
+            }
+            if adds.is_empty() {
+                continue;
+            }
+            let removes = std::mem::take(&mut pending_removes);
+            match self.write(&adds, &removes).await {
+                Ok(plan) => {
+                    for (uid, rejection) in plan.rejected {
+                        for done in waiters.remove(&uid).unwrap_or_default() {
+                            let _ = done.send(Err(AddError::Rejected(rejection.clone())));
+                        }
+                    }
+                    for done in waiters.into_values().flatten() {
+                        let _ = done.send(Ok(()));
+                    }
+                }
+                Err(e) => {
+                    pending_removes = removes;
+                    let reason = e.to_string();
+                    for done in waiters.into_values().flatten() {
+                        let _ = done.send(Err(AddError::Failed(reason.clone())));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_proto::v1::CapacityRange;
+
+    fn request(name: &str) -> CreateVolumeRequest {
+        CreateVolumeRequest {
+            name: name.to_owned(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 1 << 20,
+                limit_bytes: 0,
+            }),
+            parameters: [("kind".to_owned(), "fast".to_owned())].into(),
+            secrets: [("password".to_owned(), "hunter2".to_owned())].into(),
+            ..CreateVolumeRequest::default()
+        }
+    }
+
+    #[test]
+    fn entries_freeze_the_request_without_secrets() {
+        let secret = SecretRef {
+            name: "creds".into(),
+            namespace: "ns".into(),
+        };
+        let entry = JournalEntry::new("ns", "data", &request("pvc-1"), Some(&secret));
+        assert_eq!(entry.volume_name, "pvc-1");
+        let json = serde_json::to_string(&entry).expect("json");
+        assert!(!json.contains("hunter2"), "{json}");
+        let back = entry.request().expect("decodes");
+        assert!(back.secrets.is_empty());
+        assert_eq!(
+            back.parameters.get("kind").map(String::as_str),
+            Some("fast")
+        );
+        assert_eq!(entry.secret(), Some(secret));
+        let no_secret = JournalEntry::new("ns", "data", &request("pvc-1"), None);
+        assert_eq!(no_secret.secret(), None);
+        assert!(
+            !serde_json::to_string(&no_secret)
+                .expect("json")
+                .contains("secret")
+        );
+    }
+
+    #[test]
+    fn parse_keeps_good_entries_and_reports_bad_ones() {
+        let good = serde_json::to_string(&JournalEntry::new("ns", "a", &request("pvc-a"), None))
+            .expect("json");
+        let mut bad_request = JournalEntry::new("ns", "b", &request("pvc-b"), None);
+        bad_request.request = "!!!".into();
+        let data = BTreeMap::from([
+            ("uid-a".to_owned(), good),
+            (
+                "uid-b".to_owned(),
+                serde_json::to_string(&bad_request).expect("json"),
+            ),
+            ("uid-c".to_owned(), "{not json".to_owned()),
+        ]);
+        let (entries, errors) = parse_entries(&data);
+        assert_eq!(entries.keys().collect::<Vec<_>>(), vec!["uid-a"]);
+        assert_eq!(errors.len(), 2);
+        assert!(errors.iter().any(|e| e.to_string().contains("uid-b")));
+    }
+
+    #[test]
+    fn journal_names_are_valid() {
+        assert_eq!(
+            journal_name("hostpath.csi.k8s.io"),
+            "hostpath.csi.k8s.io-provisioner-journal"
+        );
+        assert_eq!(
+            journal_name("Weird_Driver"),
+            "weird-driver-provisioner-journal"
+        );
+        assert!(journal_name(&"x".repeat(300)).len() <= 253);
+    }
+
+    mod store {
+        use super::*;
+        use kube_testserver::{TestServer, Verb};
+
+        const DRIVER: &str = "hostpath.csi.k8s.io";
+
+        fn entry(i: usize) -> JournalEntry {
+            JournalEntry::new(
+                "ns",
+                &format!("claim-{i}"),
+                &request(&format!("pvc-{i}")),
+                None,
+            )
+        }
+
+        fn segments(server: &TestServer) -> BTreeMap<String, usize> {
+            server
+                .list::<ConfigMap>(Some("ns"))
+                .into_iter()
+                .map(|cm| {
+                    let len = cm.data.as_ref().map_or(0, BTreeMap::len);
+                    (cm.metadata.name.unwrap_or_default(), len)
+                })
+                .collect()
+        }
+
+        /// Issue 11 case 4 and issue 13: 10,000 claims in flight; every
+        /// write stays small (a bounded segment), none fails at the API's
+        /// 1 MiB limit, and an entry too large alone is refused, not the
+        /// batch it rides in.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn ten_thousand_in_flight_with_bounded_writes_and_oversized_entries_refused() {
+            let server = TestServer::new();
+            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
+            assert!(store.load().await.expect("load").is_empty());
+            let journal = store.start();
+            let mut tasks = Vec::new();
+            for i in 0..10_000 {
+                let journal = journal.clone();
+                tasks.push(tokio::spawn(async move {
+                    journal.record(&format!("uid-{i}"), entry(i)).await
+                }));
+            }
+            // One entry too large for any ConfigMap, in the same burst.
+            let mut huge = entry(99_999);
+            huge.request = "x".repeat(600 * 1024);
+            let refused = journal.record("uid-huge", huge).await;
+            assert!(
+                matches!(
+                    &refused,
+                    Err(JournalError::Rejected {
+                        rejection: Rejection::TooLarge { .. },
+                        ..
+                    })
+                ),
+                "{refused:?}"
+            );
+            for task in tasks {
+                task.await.expect("task").expect("recorded");
+            }
+            let layout = segments(&server);
+            let total: usize = layout.values().sum();
+            assert_eq!(total, 10_000, "{layout:?}");
+            assert!(
+                layout
+                    .values()
+                    .all(|n| *n <= Limits::default().segment_entries)
+            );
+            let largest = server
+                .list::<ConfigMap>(Some("ns"))
+                .iter()
+                .map(|cm| serde_json::to_vec(cm).map_or(0, |v| v.len()))
+                .max()
+                .unwrap_or(0);
+            assert!(largest < 1024 * 1024, "a segment of {largest} bytes");
+            let writes = server.request_count(Verb::Create, "configmaps")
+                + server.request_count(Verb::Update, "configmaps");
+            assert!(writes < 2_000, "{writes} writes for 10,000 entries");
+
+            // Everything done: the segments go.
+            for i in 0..10_000 {
+                journal.forget(&format!("uid-{i}"));
+            }
+            tokio::time::timeout(Duration::from_secs(20), async {
+                while !segments(&server).is_empty() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("every segment deleted");
+        }
+
+        /// Issue 11 case 5: someone deletes the journal; later records are
+        /// written (durably: a restart still resumes them).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_deleted_journal_is_written_again() {
+            let server = TestServer::new();
+            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
+            store.load().await.expect("load");
+            let journal = store.start();
+            journal.record("uid-1", entry(1)).await.expect("recorded");
+            for name in segments(&server).keys() {
+                server
+                    .delete_object("v1", "ConfigMap", "ns", name)
+                    .expect("delete");
+            }
+            journal
+                .record("uid-2", entry(2))
+                .await
+                .expect("recorded after the deletion");
+            let mut again = JournalStore::new(server.client(), "ns", DRIVER);
+            let recovered = again.load().await.expect("load");
+            assert!(recovered.contains_key("uid-2"), "{recovered:?}");
+        }
+
+        /// The single ConfigMap of earlier versions is resumed and deleted
+        /// when done.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_journal_of_an_earlier_version_is_resumed() {
+            let server = TestServer::new();
+            let old = serde_json::to_string(&entry(7)).expect("json");
+            server
+                .create_object(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": journal_name(DRIVER), "namespace": "ns",
+                        "labels": {"app.kubernetes.io/managed-by": "csi-provisioner"}},
+                    "data": {"uid-7": old}}))
+                .expect("old journal");
+            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
+            let recovered = store.load().await.expect("load");
+            assert_eq!(recovered.keys().collect::<Vec<_>>(), ["uid-7"]);
+            let journal = store.start();
+            journal.record("uid-8", entry(8)).await.expect("recorded");
+            journal.forget("uid-7");
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while segments(&server).contains_key(&journal_name(DRIVER)) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("the old journal deleted once its entry is done");
+        }
+    }
+}
