@@ -66,6 +66,7 @@ impl TransitionFilter {
             return false;
         }
         by_reason.insert(reason.to_owned(), message.to_owned());
+        crate::metrics::set_remembered("event_filter", last.len());
         true
     }
 
@@ -78,10 +79,9 @@ impl TransitionFilter {
     }
 
     pub fn forget(&self, uid: &str) {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.remove(uid);
+        crate::metrics::set_remembered("event_filter", last.len());
     }
 
     /// Objects remembered.

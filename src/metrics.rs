@@ -102,6 +102,11 @@ struct QueueLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhatLabels {
+    what: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CapabilityLabels {
     capability: String,
 }
@@ -144,6 +149,7 @@ struct Metrics {
     leader: Family<QueueLabels, Gauge>,
     capability: Family<CapabilityLabels, Gauge>,
     events_dropped: Family<NoLabels, Counter>,
+    remembered: Family<WhatLabels, Gauge>,
     events_coalesced: Family<NoLabels, Counter>,
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
@@ -210,6 +216,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         leader: Family::default(),
         capability: Family::default(),
         events_dropped: Family::default(),
+        remembered: Family::default(),
         events_coalesced: Family::default(),
         capacity_goal: Family::default(),
         capacity_current: Family::default(),
@@ -327,6 +334,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "csi_provisioner_capability_enabled",
         "Whether an optional capability of this sidecar is in use (1) or was turned off at start because the cluster does not serve or RBAC does not allow what it needs (0): journal (the write-ahead journal ConfigMap), volume_attributes_class.",
         m.capability.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_remembered_objects",
+        "Objects remembered between events, by what for: event_filter (the last event of each object), deleted_volumes (PVs whose backend volume is deleted), in_flight (operations whose volume may exist without a PV). Each must fall back as objects go.",
+        m.remembered.clone(),
     );
     register(
         &mut registry,
@@ -818,6 +832,16 @@ pub fn set_leader(name: &str, leading: bool) {
         .leader
         .get_or_create(&queue(name))
         .set(i64::from(leading));
+}
+
+/// How many objects a map of `what` remembers now.
+pub fn set_remembered(what: &str, count: usize) {
+    METRICS
+        .remembered
+        .get_or_create(&WhatLabels {
+            what: what.to_owned(),
+        })
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
 }
 
 pub fn count_event_dropped() {

@@ -533,6 +533,7 @@ pub fn provisioner_config(options: &Options, driver: &Driver) -> ProvisionerConf
         create_delete_snapshot: info.controller.has(ControllerCap::CreateDeleteSnapshot),
         modify_volume: info.controller.has(ControllerCap::ModifyVolume),
         single_node_multi_writer: info.controller.has(ControllerCap::SingleNodeMultiWriter),
+        publish_unpublish_volume: info.controller.has(ControllerCap::PublishUnpublishVolume),
     };
     config
 }

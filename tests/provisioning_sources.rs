@@ -17,6 +17,7 @@ e2e!(ClusterConfig::standard();
     a_clone_copies_its_source_and_protects_it_meanwhile,
     a_driver_down_at_start_is_waited_for,
     a_volume_still_attached_waits_for_the_detach,
+    without_attach_support_volume_attachments_are_ignored,
     a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume,
 );
 
@@ -211,10 +212,12 @@ async fn a_driver_down_at_start_is_waited_for(backend: Backend) {
     env.assert_consistent().await;
 }
 
-/// Upstream #1574: a Released volume still attached to a node waits quietly
-/// (one Normal event) and is deleted once detached.
+/// Upstream #1574: with a driver that attaches volumes
+/// (PUBLISH_UNPUBLISH_VOLUME), a Released volume still attached to a node is
+/// not deleted: a Warning `VolumeFailedDelete` with upstream's wording, once
+/// for the whole wait (not once per retry), and deleted once detached.
 async fn a_volume_still_attached_waits_for_the_detach(backend: Backend) {
-    let mut env = Env::new(backend).await;
+    let mut env = Env::new_with_driver(backend, |c| c.controller_publish = true).await;
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
     env.start_sidecar(&[]).await;
@@ -227,11 +230,15 @@ async fn a_volume_still_attached_waits_for_the_detach(backend: Backend) {
     )
     .await;
     env.delete_pvc(&env.ns, "data").await;
+    let expected = format!(
+        "persistentvolume {name} is still attached to node {}",
+        env.node
+    );
     env.wait_for("detach wait reported", Duration::from_secs(20), || async {
         env.pv_events(&name)
             .await
             .iter()
-            .any(|(_, m)| m.contains("still attached"))
+            .any(|(reason, m)| reason == "VolumeFailedDelete" && *m == expected)
             .then_some(())
     })
     .await;
@@ -258,6 +265,36 @@ async fn a_volume_still_attached_waits_for_the_detach(backend: Backend) {
         || async {
             (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
         },
+    )
+    .await;
+}
+
+/// A driver that does not attach volumes has no VolumeAttachments to wait
+/// for (upstream does not even watch them then): a stray one is ignored.
+async fn without_attach_support_volume_attachments_are_ignored(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    let (_, name) = env.provision(&env.ns, "data", "fast").await;
+    env.create(
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": format!("attachment-{}", env.id)},
+        "spec": {"attacher": env.driver_name.as_str(), "nodeName": env.node.as_str(),
+                 "source": {"persistentVolumeName": name}}}),
+    )
+    .await;
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("deleted", Duration::from_secs(30), || async {
+        (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(env.sidecar_request_count("watch", "volumeattachments"), 0);
+    env.delete(
+        "storage.k8s.io/v1",
+        "VolumeAttachment",
+        "",
+        &format!("attachment-{}", env.id),
     )
     .await;
 }

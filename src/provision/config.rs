@@ -16,6 +16,10 @@ pub struct DriverCapabilities {
     /// Controller `SINGLE_NODE_MULTI_WRITER`: ReadWriteOnce / ReadWriteOncePod map
     /// to the finer single-node modes instead of `SINGLE_NODE_WRITER`.
     pub single_node_multi_writer: bool,
+    /// Controller `PUBLISH_UNPUBLISH_VOLUME`: volumes are attached through
+    /// VolumeAttachments, so a volume still attached is not deleted (as
+    /// upstream, which watches VolumeAttachments only then).
+    pub publish_unpublish_volume: bool,
 }
 
 /// `--node-deployment`: one provisioner per node for node-local volumes.

@@ -143,10 +143,12 @@ pub fn delete_failed(error: &str) -> EventNote {
     }
 }
 
-/// On the volume, while a VolumeAttachment still holds it: a wait, not an error.
+/// On the volume, while a VolumeAttachment still holds it: a failed delete
+/// with upstream's wording, retried with backoff (and, here, recorded once
+/// per transition rather than once per retry).
 pub fn delete_waiting_for_detach(volume_name: &str, node: &str) -> EventNote {
     EventNote {
-        event_type: EventType::Normal,
+        event_type: EventType::Warning,
         reason: wk::REASON_VOLUME_FAILED_DELETE,
         message: super::delete::still_attached_message(volume_name, node),
     }
@@ -237,7 +239,7 @@ mod tests {
             ),
             (
                 delete_waiting_for_detach("pvc-1", "node-a"),
-                EventType::Normal,
+                EventType::Warning,
                 "VolumeFailedDelete",
                 "persistentvolume pvc-1 is still attached to node node-a",
             ),

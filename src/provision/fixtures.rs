@@ -37,6 +37,7 @@ pub fn config() -> ProvisionerConfig {
             create_delete_snapshot: true,
             modify_volume: true,
             single_node_multi_writer: false,
+            publish_unpublish_volume: false,
         },
         ..ProvisionerConfig::with_defaults(DRIVER)
     }

@@ -456,7 +456,7 @@ impl Env {
     pub fn start_sidecar_as(&mut self, kubeconfig: &Path, extra: &[&str], env: &[(&str, &str)]) {
         assert!(self.sidecar.is_none(), "sidecar already running");
         self.sidecar_runs += 1;
-        let mut command = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+        let mut command = Command::new(sidecar_binary());
         command
             .arg(format!("--csi-address={}", self.driver.endpoint.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -1058,6 +1058,15 @@ impl Drop for Env {
             let _ = tx.send(());
         }
     }
+}
+
+/// The sidecar binary under test: this build's, or the one named by
+/// `CSI_PROVISIONER_BIN` (to show that a test fails on an older build).
+pub fn sidecar_binary() -> PathBuf {
+    std::env::var_os("CSI_PROVISIONER_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")))
 }
 
 /// The kustomize components of `deploy/` the sidecar needs with `args`.

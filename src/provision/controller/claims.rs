@@ -40,8 +40,8 @@ use crate::provision::{
 };
 use crate::wellknown as wk;
 
-/// How often saving a PV is tried before the new volume is given up and
-/// deleted (upstream tries five times too).
+/// Attempts to save a PV within one pass; then the claim is retried with
+/// backoff (the volume kept), for as long as it takes.
 const SAVE_ATTEMPTS: u32 = 5;
 
 /// Processes one claim key; schedules its own retries.
@@ -211,9 +211,11 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             let op = InFlight {
                 request: plan.request.clone(),
                 secret: plan.provisioner_secret.clone(),
+                retain: plan.reclaim_policy == "Retain",
             };
             let entry =
-                JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref());
+                JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref())
+                    .retained(op.retain);
             if let Err(e) = ctx.journal.record(&key.uid, entry).await {
                 tracing::warn!(claim = %key, error = %e, "cannot record the operation in the journal; not calling CreateVolume yet");
                 if let super::journal::JournalError::Rejected { rejection, .. } = &e {
@@ -309,10 +311,25 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             requeue_clone_source(ctx, &claim);
             Next::Done
         }
-        SaveOutcome::Orphan(reason) | SaveOutcome::Failed(reason) => {
+        SaveOutcome::Failed(reason) => {
+            // The PV may exist after all (created, answer lost): the volume
+            // must not be deleted (issue 11 case 2). The operation stays in
+            // flight and journalled; the retry repeats the same CreateVolume
+            // (same volume) and the save, for ever, as upstream does.
             crate::metrics::provision_failed(&class_name, source_kind(&claim));
-            // The new volume cannot be recorded: delete it so it does not
-            // leak, and retry the claim later.
+            tracing::warn!(claim = %key, volume = %plan.volume_name, error = %reason, "saving the PV failed; will retry (the volume is kept)");
+            note(
+                ctx,
+                &claim,
+                notes::pv_save_failed(&key.namespace, &key.name, &reason),
+            )
+            .await;
+            Next::Retry
+        }
+        SaveOutcome::Orphan(reason) => {
+            crate::metrics::provision_failed(&class_name, source_kind(&claim));
+            // A PV of that name records another claim or volume: ours can
+            // never be recorded under it, so delete it (upstream #1469).
             let volume_id = response
                 .volume
                 .as_ref()
@@ -526,8 +543,10 @@ async fn plan_failed(
     tracing::warn!(claim = %claim_name, error = %error, reschedule = error.wants_reschedule(), "cannot provision");
     note(ctx, claim, notes::provisioning_failed(&error.to_string())).await;
     if error.wants_reschedule() {
-        reschedule(ctx, claim).await;
-        return Next::Done;
+        return match reschedule(ctx, claim).await {
+            Ok(()) => Next::Done,
+            Err(()) => Next::Retry,
+        };
     }
     Next::Retry
 }
@@ -569,20 +588,30 @@ async fn create_failed(
         CreateVolumeOutcome::Reschedule => {
             note(ctx, claim, notes::provisioning_failed(&text)).await;
             ctx.finish(&uid);
-            reschedule(ctx, claim).await;
-            return Next::Done;
+            // Until the annotation is gone the scheduler cannot pick another
+            // node: a failed patch is retried (issue 11 case 7).
+            return match reschedule(ctx, claim).await {
+                Ok(()) => Next::Done,
+                Err(()) => Next::Retry,
+            };
         }
     }
     Next::Retry
 }
 
 /// Lets the scheduler pick another node: drop the selected-node annotation.
-async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim) {
+/// A claim that is gone needs nothing.
+async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), ()> {
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
     let patch = serde_json::json!({"metadata": {"annotations": {wk::ANN_SELECTED_NODE: null}}});
-    if let Err(e) = crate::writes::merge_patch(&api, &claim.name_any(), &patch).await {
-        tracing::warn!(claim = %claim.name_any(), error = %e, "cannot remove the selected-node annotation");
+    match crate::writes::merge_patch(&api, &claim.name_any(), &patch).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => {
+            tracing::warn!(claim = %claim.name_any(), error = %e, "cannot remove the selected-node annotation; will retry");
+            Err(())
+        }
     }
 }
 
@@ -595,14 +624,27 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     let Some(op) = ctx.in_flight(&key.uid) else {
         return Next::Done;
     };
-    // Saved as a PV after all: the PV owns the volume now.
-    if ctx
-        .caches
-        .volumes
-        .store()
-        .get(&ObjectRef::new(&op.request.name))
-        .is_some_and(|pv| claim_uid_of(&pv) == Some(key.uid.as_str()))
+    // Saved as a PV after all: the PV owns the volume now. Asked live: the
+    // cache may not have seen a PV whose create just committed.
+    match Api::<PersistentVolume>::all(ctx.client.clone())
+        .get_opt(&op.request.name)
+        .await
     {
+        Ok(Some(pv)) if claim_uid_of(&pv) == Some(key.uid.as_str()) => {
+            ctx.finish(&key.uid);
+            return Next::Done;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(claim = %key, error = %e, "cannot tell whether the PV was saved; will look again");
+            return Next::Retry;
+        }
+    }
+    // A Retain class keeps its volumes: one that a PV held (deleted since)
+    // must not be deleted by a replay; one that never got a PV is left too,
+    // and said so, rather than risk deleting data.
+    if op.retain {
+        tracing::warn!(claim = %key, volume = %op.request.name, "the claim is gone and its class retains volumes: the volume, if it was created, is kept on the backend");
         ctx.finish(&key.uid);
         return Next::Done;
     }
@@ -828,7 +870,14 @@ async fn edit_source_finalizers(
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        // Still conflicting: not done. The caller retries rather than
+        // clone or restore from an unprotected source (issue 11 case 9).
+        Err(kube::Error::Api(Box::new(kube::core::Status::failure(
+            &format!(
+                "the finalizer of {name} could not be changed: it kept changing (5 conflicts)"
+            ),
+            "Conflict",
+        ))))
     }
     match finalizer.kind {
         DataSourceKind::Claim => {

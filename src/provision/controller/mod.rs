@@ -80,6 +80,10 @@ impl std::fmt::Display for ClaimKey {
 pub struct InFlight {
     pub request: CreateVolumeRequest,
     pub secret: Option<SecretRef>,
+    /// The class's reclaim policy is Retain: a volume of this operation
+    /// whose claim is gone is kept, never deleted (its PV, if one was
+    /// saved and then deleted, was meant to keep it: issue 11 case 10).
+    pub retain: bool,
 }
 
 /// Everything a worker needs.
@@ -96,7 +100,7 @@ pub struct Context {
     pub in_flight: Mutex<HashMap<String, InFlight>>,
     /// PV uids whose backend volume is known deleted, so the update events
     /// that follow do not call `DeleteVolume` again (upstream #1235).
-    pub deleted_volumes: Mutex<HashSet<String>>,
+    pub deleted_volumes: Arc<Mutex<HashSet<String>>>,
     /// Node deployment: this node's Node and CSINode, planned with instead
     /// of the cluster's.
     pub local_topology: Option<Arc<LocalTopology>>,
@@ -126,20 +130,20 @@ impl Context {
     }
 
     pub fn set_in_flight(&self, uid: &str, op: InFlight) {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(uid.to_owned(), op);
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        in_flight.insert(uid.to_owned(), op);
+        crate::metrics::set_remembered("in_flight", in_flight.len());
     }
 
     /// The operation is over (PV saved, or no volume exists): forget it here
     /// and in the journal.
     pub fn finish(&self, uid: &str) {
-        let removed = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+        let removed = {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            let removed = in_flight.remove(uid);
+            crate::metrics::set_remembered("in_flight", in_flight.len());
+            removed
+        };
         if removed.is_some() {
             self.journal.forget(uid);
         }
@@ -210,12 +214,12 @@ pub async fn new(
     journal_namespace: &str,
 ) -> Result<Arc<Context>, journal::JournalError> {
     let caches = Arc::clone(&shared.caches);
-    let mut kinds = vec![
-        Kind::Claims,
-        Kind::Volumes,
-        Kind::Classes,
-        Kind::Attachments,
-    ];
+    let mut kinds = vec![Kind::Claims, Kind::Volumes, Kind::Classes];
+    // Only drivers that attach volumes have VolumeAttachments to wait for
+    // (upstream watches them only then too).
+    if config.capabilities.publish_unpublish_volume {
+        kinds.push(Kind::Attachments);
+    }
     // In node mode the topology is this node's own (upstream does not
     // watch Nodes there either: they generate much traffic).
     let local_topology = config
@@ -270,9 +274,15 @@ pub async fn new(
             }
         });
     }
+    // PV uids whose backend volume is known deleted; a PV that is gone is
+    // forgotten here and in the event filter, so neither grows with the
+    // number of PVs ever deleted (issue 11 case 12).
+    let deleted_volumes: Arc<Mutex<HashSet<String>>> = Arc::default();
     {
         let queue = volumes.clone();
         let config = config.clone();
+        let deleted_volumes = Arc::clone(&deleted_volumes);
+        let recorder = Arc::clone(&shared.recorder);
         caches.volumes.on_change(move |change| match change {
             Change::Applied(pv) => {
                 // Node mode: other nodes' PVs are theirs to manage (their
@@ -281,7 +291,15 @@ pub async fn new(
                     queue.add(pv.name_any());
                 }
             }
-            Change::Deleted(pv) => queue.forget(&pv.name_any()),
+            Change::Deleted(pv) => {
+                queue.forget(&pv.name_any());
+                if let Some(uid) = pv.uid() {
+                    let mut deleted = deleted_volumes.lock().unwrap_or_else(|p| p.into_inner());
+                    deleted.remove(&uid);
+                    crate::metrics::set_remembered("deleted_volumes", deleted.len());
+                    recorder.forget(&uid);
+                }
+            }
         });
     }
 
@@ -295,7 +313,7 @@ pub async fn new(
         claims: claims.clone(),
         volumes: volumes.clone(),
         in_flight: Mutex::default(),
-        deleted_volumes: Mutex::default(),
+        deleted_volumes,
         local_topology,
         infeasible: InfeasibleClaims::new(shared.backoff.max),
         owner_attempts: Mutex::default(),
@@ -355,6 +373,7 @@ impl Context {
                         InFlight {
                             request,
                             secret: entry.secret(),
+                            retain: entry.retain,
                         },
                     );
                     self.claims.add(ClaimKey {

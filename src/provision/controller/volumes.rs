@@ -59,7 +59,14 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             FinalizerChange::Remove => remove_finalizer_patch(pv.finalizers(), wk::FINALIZER_PV),
         };
         if let Some(patch) = patch {
-            return apply_json_patch(&api, name, patch, &format!("{change:?} finalizer")).await;
+            let uid = pv.uid().unwrap_or_default();
+            return apply_json_patch(
+                &api,
+                name,
+                guard_uid(patch, &uid),
+                &format!("{change:?} finalizer"),
+            )
+            .await;
         }
     }
 
@@ -73,22 +80,26 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         .unwrap_or_else(|p| p.into_inner())
         .contains(&uid);
     if !already_deleted {
-        let attachments: Vec<Arc<VolumeAttachment>> = ctx.caches.attachments.store().state();
-        let refs: Vec<&VolumeAttachment> = attachments.iter().map(AsRef::as_ref).collect();
-        if let Some(node) = attached_node(name, &refs) {
-            // A wait state (upstream #1574), not an error storm: one Normal
-            // event per transition, retried with backoff.
-            ctx.recorder
-                .record_note(&*pv, &notes::delete_waiting_for_detach(name, node))
-                .await;
-            return Err(Retry::Backoff);
-        }
-        let started = std::time::Instant::now();
         let class_name = pv
             .spec
             .as_ref()
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default();
+        if ctx.config.capabilities.publish_unpublish_volume {
+            let attachments: Vec<Arc<VolumeAttachment>> = ctx.caches.attachments.store().state();
+            let refs: Vec<&VolumeAttachment> = attachments.iter().map(AsRef::as_ref).collect();
+            if let Some(node) = attached_node(name, &refs) {
+                // Upstream #1574: a failed delete as upstream reports it
+                // (Warning VolumeFailedDelete, counted), retried with
+                // backoff; the event once per transition, not per retry.
+                crate::metrics::delete_failed(&class_name);
+                ctx.recorder
+                    .record_note(&*pv, &notes::delete_waiting_for_detach(name, node))
+                    .await;
+                return Err(Retry::Backoff);
+            }
+        }
+        let started = std::time::Instant::now();
         let class = ctx.caches.classes.store().get(&ObjectRef::new(&class_name));
         let plan = match plan_delete(&pv, class.as_deref()) {
             Ok(plan) => plan,
@@ -103,6 +114,14 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         let secrets = match &plan.secret {
             Some(secret) => match ctx.secret_data(secret).await {
                 Ok(data) => data,
+                // Gone (its namespace was deleted with the claim) or not
+                // readable: delete without credentials, as upstream does
+                // ("the secret may have already been deleted"); waiting
+                // would keep the PV and leak the volume for ever.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => {
+                    tracing::warn!(volume = %name, secret = %format!("{}/{}", secret.namespace, secret.name), error = %s.message, "deletion secret not available; calling DeleteVolume without credentials");
+                    Default::default()
+                }
                 Err(e) => {
                     crate::metrics::delete_failed(&class_name);
                     let message = format!(
@@ -127,10 +146,14 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
                 .await;
             return Err(Retry::Backoff);
         }
-        ctx.deleted_volumes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(uid.clone());
+        {
+            let mut deleted = ctx
+                .deleted_volumes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            deleted.insert(uid.clone());
+            crate::metrics::set_remembered("deleted_volumes", deleted.len());
+        }
         crate::metrics::delete_succeeded(&class_name, started.elapsed());
         tracing::info!(volume = %name, "backend volume deleted");
     }
@@ -146,17 +169,41 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         };
         match api.delete(name, &params).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            // The uid precondition failed: the name belongs to a new PV now;
+            // ours is gone, and the new one's finalizer is not ours to touch
+            // (issue 11 case 11).
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::info!(volume = %name, "the PV was replaced by another of the same name; nothing left to do");
+                return Ok(());
+            }
             Err(e) => {
                 tracing::warn!(volume = %name, error = %e, "deleting the PV failed");
                 return Err(Retry::Backoff);
             }
         }
     }
-    if let Some(patch) = remove_finalizer_patch(pv.finalizers(), wk::FINALIZER_PV) {
+    if let Some(patch) = finalizer_removal_patch(pv.finalizers(), &uid) {
         apply_json_patch(&api, name, patch, "remove finalizer").await?;
     }
     Ok(())
+}
+
+/// The JSON patch that removes our finalizer from the PV with `uid` (and
+/// from no other PV of the same name); `None` when it is not there.
+pub fn finalizer_removal_patch(finalizers: &[String], uid: &str) -> Option<serde_json::Value> {
+    remove_finalizer_patch(finalizers, wk::FINALIZER_PV).map(|patch| guard_uid(patch, uid))
+}
+
+/// Makes a JSON patch apply only to the PV with `uid`: a PV deleted and
+/// re-created under the same name meanwhile fails the `test` (422), so a
+/// finalizer is never removed from the wrong PV.
+fn guard_uid(patch: serde_json::Value, uid: &str) -> serde_json::Value {
+    let mut ops = vec![serde_json::json!({"op": "test", "path": "/metadata/uid", "value": uid})];
+    if let serde_json::Value::Array(rest) = patch {
+        ops.extend(rest);
+    }
+    serde_json::Value::Array(ops)
 }
 
 /// Applies a JSON patch built from the cached object. Its `test` operation

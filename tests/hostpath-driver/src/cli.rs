@@ -57,6 +57,20 @@ pub struct Cli {
     #[arg(long, value_name = "KEY", default_value = TOPOLOGY_KEY)]
     pub topology_key: String,
 
+    /// Advertise PUBLISH_UNPUBLISH_VOLUME and answer ControllerPublish /
+    /// ControllerUnpublish (bookkeeping only).
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value = "false",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = parse_go_bool
+    )]
+    pub enable_controller_publish: bool,
+
     /// Fault injection file (JSON, re-read at every call); unset: none.
     #[arg(long, value_name = "PATH")]
     pub faults_file: Option<PathBuf>,
@@ -192,6 +206,7 @@ impl Cli {
             topology_key: self.topology_key,
             faults_file: self.faults_file.unwrap_or_default(),
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
+            controller_publish: self.enable_controller_publish,
         })
     }
 

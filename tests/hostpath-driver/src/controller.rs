@@ -935,8 +935,9 @@ impl Driver {
     }
 }
 
-fn controller_capabilities() -> Vec<csi::ControllerServiceCapability> {
+fn controller_capabilities(controller_publish: bool) -> Vec<csi::ControllerServiceCapability> {
     use controller_service_capability::rpc::Type;
+    let publish = controller_publish.then_some(Type::PublishUnpublishVolume);
     [
         Type::CreateDeleteVolume,
         Type::CreateDeleteSnapshot,
@@ -950,6 +951,7 @@ fn controller_capabilities() -> Vec<csi::ControllerServiceCapability> {
         Type::SingleNodeMultiWriter,
     ]
     .into_iter()
+    .chain(publish)
     .map(|t| csi::ControllerServiceCapability {
         r#type: Some(controller_service_capability::Type::Rpc(
             controller_service_capability::Rpc { r#type: t as i32 },
@@ -992,9 +994,50 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        let id = request.into_inner().volume_id;
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
         self.call("ControllerPublishVolume", target(&id), async {
-            Err(unimplemented("ControllerPublishVolume"))
+            if !self.inner.config.controller_publish {
+                return Err(unimplemented("ControllerPublishVolume"));
+            }
+            if req.volume_id.is_empty() {
+                return Err(Status::invalid_argument("volume_id is empty"));
+            }
+            if req.node_id.is_empty() {
+                return Err(Status::invalid_argument("node_id is empty"));
+            }
+            let Some(capability) = req.volume_capability.as_ref() else {
+                return Err(Status::invalid_argument("volume_capability is missing"));
+            };
+            parse_capability(capability)?;
+            let mut state = self.state();
+            if !state.volumes.contains_key(&req.volume_id) {
+                return Err(Status::not_found(format!(
+                    "volume {} not found",
+                    req.volume_id
+                )));
+            }
+            if req.node_id != self.inner.config.node_id {
+                return Err(Status::not_found(format!("node {} not found", req.node_id)));
+            }
+            let nodes = state
+                .controller_published
+                .entry(req.volume_id.clone())
+                .or_default();
+            match nodes.get(&req.node_id) {
+                Some(readonly) if *readonly != req.readonly => {
+                    return Err(Status::already_exists(format!(
+                        "volume {} is published to node {} with readonly={readonly}",
+                        req.volume_id, req.node_id
+                    )));
+                }
+                _ => {
+                    nodes.insert(req.node_id.clone(), req.readonly);
+                }
+            }
+            Ok(csi::ControllerPublishVolumeResponse {
+                publish_context: Default::default(),
+            })
         })
         .await
     }
@@ -1003,9 +1046,28 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        let id = request.into_inner().volume_id;
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
         self.call("ControllerUnpublishVolume", target(&id), async {
-            Err(unimplemented("ControllerUnpublishVolume"))
+            if !self.inner.config.controller_publish {
+                return Err(unimplemented("ControllerUnpublishVolume"));
+            }
+            if req.volume_id.is_empty() {
+                return Err(Status::invalid_argument("volume_id is empty"));
+            }
+            // An unknown volume or node is already unpublished: OK.
+            let mut state = self.state();
+            if let Some(nodes) = state.controller_published.get_mut(&req.volume_id) {
+                if req.node_id.is_empty() {
+                    nodes.clear();
+                } else {
+                    nodes.remove(&req.node_id);
+                }
+                if nodes.is_empty() {
+                    state.controller_published.remove(&req.volume_id);
+                }
+            }
+            Ok(csi::ControllerUnpublishVolumeResponse {})
         })
         .await
     }
@@ -1046,7 +1108,7 @@ impl Controller for Driver {
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         self.call("ControllerGetCapabilities", None, async {
             Ok(csi::ControllerGetCapabilitiesResponse {
-                capabilities: controller_capabilities(),
+                capabilities: controller_capabilities(self.inner.config.controller_publish),
             })
         })
         .await

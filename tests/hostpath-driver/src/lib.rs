@@ -74,6 +74,11 @@ pub struct Config {
     pub faults_file: PathBuf,
     /// `vendor_version` reported by `GetPluginInfo`.
     pub vendor_version: String,
+    /// Advertise `PUBLISH_UNPUBLISH_VOLUME` and answer ControllerPublish /
+    /// ControllerUnpublish (bookkeeping only: a volume is "attached" to
+    /// this driver's node). Off by default: a provisioner next to a driver
+    /// that attaches volumes waits for VolumeAttachments to go.
+    pub controller_publish: bool,
 }
 
 impl Config {
@@ -93,6 +98,7 @@ impl Config {
             topology_key: TOPOLOGY_KEY.to_owned(),
             faults_file: dir.join("faults.json"),
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
+            controller_publish: false,
         }
     }
 }

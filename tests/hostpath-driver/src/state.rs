@@ -43,6 +43,8 @@ pub(crate) struct State {
     pub(crate) snapshots: BTreeMap<String, SnapshotRecord>,
     pub(crate) snapshot_names: HashMap<String, String>,
     pub(crate) reserved: BTreeMap<String, u64>,
+    /// `--enable-controller-publish`: volume id → node id → readonly.
+    pub(crate) controller_published: BTreeMap<String, BTreeMap<String, bool>>,
 }
 
 impl State {

@@ -853,3 +853,92 @@ async fn concurrent_identical_creates_make_one_volume() {
     );
     server.stop().await.expect("clean stop");
 }
+
+/// `--enable-controller-publish`: the capability is advertised and the
+/// calls follow the spec's error rules; without it they are unimplemented.
+#[tokio::test]
+async fn controller_publish_is_opt_in_and_follows_the_spec() {
+    use csi_proto::v1::controller_service_capability::rpc::Type;
+    for enabled in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let server = Server::start_in(dir.path(), |c| c.controller_publish = enabled).await;
+        let mut client = server.controller();
+        let caps = client
+            .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+            .await
+            .expect("caps")
+            .into_inner();
+        let advertised = caps.capabilities.iter().any(|c| {
+            matches!(&c.r#type, Some(csi::controller_service_capability::Type::Rpc(rpc)) if rpc.r#type == Type::PublishUnpublishVolume as i32)
+        });
+        assert_eq!(advertised, enabled);
+        let volume = client
+            .create_volume(create_req("pub", 1 << 20))
+            .await
+            .expect("create")
+            .into_inner()
+            .volume
+            .expect("volume");
+        let node = server.config.node_id.clone();
+        let publish = |node: &str, readonly: bool| csi::ControllerPublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: node.to_owned(),
+            volume_capability: Some(rwo()),
+            readonly,
+            ..Default::default()
+        };
+        let first = client
+            .controller_publish_volume(publish(&node, false))
+            .await;
+        if !enabled {
+            assert_eq!(
+                first.expect_err("unimplemented").code(),
+                Code::Unimplemented
+            );
+            continue;
+        }
+        first.expect("published");
+        client
+            .controller_publish_volume(publish(&node, false))
+            .await
+            .expect("idempotent");
+        let code = |r: Result<
+            tonic::Response<csi::ControllerPublishVolumeResponse>,
+            tonic::Status,
+        >| { r.expect_err("refused").code() };
+        assert_eq!(
+            code(client.controller_publish_volume(publish(&node, true)).await),
+            Code::AlreadyExists
+        );
+        assert_eq!(
+            code(
+                client
+                    .controller_publish_volume(publish("other-node", false))
+                    .await
+            ),
+            Code::NotFound
+        );
+        let mut missing = publish(&node, false);
+        missing.volume_id = "nope".into();
+        assert_eq!(
+            code(client.controller_publish_volume(missing).await),
+            Code::NotFound
+        );
+        let mut no_cap = publish(&node, false);
+        no_cap.volume_capability = None;
+        assert_eq!(
+            code(client.controller_publish_volume(no_cap).await),
+            Code::InvalidArgument
+        );
+        for _ in 0..2 {
+            client
+                .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+                    volume_id: volume.volume_id.clone(),
+                    node_id: node.clone(),
+                    ..Default::default()
+                })
+                .await
+                .expect("unpublished (and again: idempotent)");
+        }
+    }
+}

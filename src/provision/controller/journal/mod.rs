@@ -56,6 +56,9 @@ pub struct JournalEntry {
     pub secret_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_namespace: Option<String>,
+    /// The class's reclaim policy was Retain (see `InFlight::retain`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retain: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +102,14 @@ impl JournalEntry {
             request: base64::engine::general_purpose::STANDARD.encode(stored.encode_to_vec()),
             secret_name: secret.map(|s| s.name.clone()),
             secret_namespace: secret.map(|s| s.namespace.clone()),
+            retain: false,
         }
+    }
+
+    /// Marks the operation's volume as one to keep when its claim is gone.
+    pub fn retained(mut self, retain: bool) -> Self {
+        self.retain = retain;
+        self
     }
 
     pub fn request(&self) -> Result<CreateVolumeRequest, String> {

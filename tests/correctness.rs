@@ -1,0 +1,328 @@
+//! Issue 11: ways to leak a volume, lose data or get stuck, each
+//! reproduced by a test named after the case. Cases 1, 4, 5 and 13 are in
+//! `tests/api_server_restart.rs`, `src/informer.rs`, the journal's unit
+//! tests and `src/trim.rs` / `src/protection/index.rs`. Set
+//! `CSI_PROVISIONER_BIN` to run these against another build of the sidecar
+//! (they fail on the build of the issue's `main`).
+
+mod support;
+
+use std::time::Duration;
+
+use csi_hostpath::faults::Fault;
+use kube_testserver::{RequestMatch, Verb};
+use serde_json::json;
+use support::{Backend, ClusterConfig, Env, http_get};
+
+e2e!(ClusterConfig::standard();
+    a_deleted_secret_does_not_block_the_deletion_of_a_volume,
+    remembered_objects_fall_back_when_their_objects_go,
+);
+
+/// Case 2: the PV create committed but its answer was lost, and the next
+/// attempts fail: the volume must not be deleted while its PV exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_pv_save_never_deletes_a_volume_whose_pv_may_exist() {
+    // Needs the API test server: PV creates are made to fail.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    // Every PV create of the sidecar fails for a while ...
+    env.api().fail_next(
+        12,
+        RequestMatch::new(Verb::Create, "persistentvolumes"),
+        500,
+    );
+    env.start_sidecar(&[]).await;
+    let claim = env
+        .create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    let uid = claim.metadata.uid.clone().expect("uid");
+    let volume = env
+        .wait_for(
+            "backend volume created",
+            Duration::from_secs(20),
+            || async { env.backend_volumes().into_iter().next() },
+        )
+        .await;
+    // ... but the first one had committed: the PV is there (written through
+    // the server's direct access, which faults do not touch).
+    let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+        "namespace": env.ns, "name": "data", "uid": uid});
+    env.api()
+        .create_object(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": format!("pvc-{uid}"),
+                "annotations": {"pv.kubernetes.io/provisioned-by": env.driver_name},
+                "finalizers": [support::FINALIZER]},
+            "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "5Mi"},
+                "persistentVolumeReclaimPolicy": "Delete", "storageClassName": env.class("fast"),
+                "claimRef": claim_ref,
+                "csi": {"driver": env.driver_name, "volumeHandle": volume.id}}}))
+        .expect("the PV as the lost create left it");
+    // Long enough for every failing attempt of the first pass and more.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        env.backend_volumes().iter().any(|v| v.id == volume.id),
+        "the volume of an existing PV was deleted\n{}",
+        env.logs()
+    );
+    env.wait_bound(&env.ns, "data").await;
+    env.assert_consistent().await;
+}
+
+/// Case 3: the deletion secret is gone (its namespace was deleted with the
+/// claim): delete without credentials, as upstream, instead of keeping the
+/// PV and the volume for ever.
+async fn a_deleted_secret_does_not_block_the_deletion_of_a_volume(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "creds", "namespace": env.ns}, "stringData": {"password": "x"}}))
+        .await;
+    env.storage_class(
+        "secret",
+        "Immediate",
+        "Delete",
+        json!({"csi.storage.k8s.io/provisioner-secret-name": "creds",
+               "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}"}),
+    )
+    .await;
+    env.start_sidecar(&[]).await;
+    let (_, name) = env.provision(&env.ns, "data", "secret").await;
+    env.delete("v1", "Secret", &env.ns, "creds").await;
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
+        (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
+    })
+    .await;
+    env.assert_consistent().await;
+}
+
+/// Case 7: removing the selected-node annotation after RESOURCE_EXHAUSTED
+/// fails once: it is retried, not forgotten (the claim would stay Pending
+/// on a node that cannot hold it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reschedule_is_retried() {
+    // Needs the API test server: the claim patch is made to fail.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    env.set_faults(vec![Fault::error(
+        "CreateVolume",
+        tonic::Code::ResourceExhausted,
+    )]);
+    let ns = env.ns.clone();
+    env.api().fail_next(
+        2,
+        RequestMatch::new(Verb::Patch, "persistentvolumeclaims")
+            .namespace(&ns)
+            .name("late"),
+        500,
+    );
+    env.start_sidecar(&[]).await;
+    env.create_pvc(
+        &env.ns,
+        "late",
+        "late",
+        "5Mi",
+        json!({"metadata": {"annotations": {support::SELECTED_NODE: env.node.as_str()}}}),
+    )
+    .await;
+    env.wait_for("selected node removed", Duration::from_secs(30), || async {
+        let pvc = env.pvc(&env.ns, "late").await?;
+        let annotations = pvc.metadata.annotations.unwrap_or_default();
+        (!annotations.contains_key(support::SELECTED_NODE)).then_some(())
+    })
+    .await;
+    assert!(env.backend_volumes().is_empty());
+}
+
+/// Case 9: the clone source's finalizer could not be added (conflicts
+/// each time): the clone must wait, not go on from an unprotected source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_on_the_source_finalizer_keep_the_clone_waiting() {
+    // Needs the API test server: conflicts are injected.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    env.provision(&env.ns, "source", "fast").await;
+    let ns = env.ns.clone();
+    let source_patches = || {
+        RequestMatch::new(Verb::Patch, "persistentvolumeclaims")
+            .namespace(&ns)
+            .name("source")
+    };
+    // More conflicts than one pass tries.
+    env.api().fail_next(8, source_patches(), 409);
+    env.api().reset_counters();
+    env.create_pvc(
+        &env.ns,
+        "copy",
+        "fast",
+        "5Mi",
+        json!({"spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "source"}}}),
+    )
+    .await;
+    env.wait_bound(&env.ns, "copy").await;
+    // The finalizer was added (a successful patch of the source) before the
+    // clone's PV was created.
+    let log = env.api().requests();
+    let protected_at = log
+        .iter()
+        .position(|r| r.verb == Verb::Patch && r.name == "source" && r.status == 200);
+    let cloned_at = log
+        .iter()
+        .position(|r| r.verb == Verb::Create && r.resource == "persistentvolumes");
+    assert!(
+        matches!((protected_at, cloned_at), (Some(p), Some(c)) if p < c),
+        "the clone was made from an unprotected source: {log:?}\n{}",
+        env.logs()
+    );
+    env.assert_consistent().await;
+}
+
+/// Case 10: a crash in the lazy-removal window leaves the entry of a claim
+/// whose PV was saved; the claim and its Retain PV are deleted while the
+/// sidecar is down. Resuming the entry must not delete the retained volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_entry_never_deletes_a_retained_volume() {
+    // Needs the API test server: journal writes are made to hang.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("keep", "Immediate", "Retain", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    // The journal's removal of the entry (after the PV is saved) hangs.
+    let (pv, name) = env.provision(&env.ns, "data", "keep").await;
+    for verb in [Verb::Update, Verb::Delete] {
+        env.api().add_latency(
+            RequestMatch::new(verb, "configmaps"),
+            Duration::from_secs(120),
+        );
+    }
+    assert_eq!(env.journal().await.len(), 1, "the entry is still there");
+    env.kill_sidecar();
+    env.api().clear_faults();
+    // Meanwhile: the claim goes; the admin deletes the Released PV (Retain:
+    // the volume stays on the backend, as the user asked).
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("PV released", Duration::from_secs(10), || async {
+        let pv = env.pv(&name).await?;
+        (pv.status?.phase.as_deref() == Some("Released")).then_some(())
+    })
+    .await;
+    env.delete("v1", "PersistentVolume", "", &name).await;
+    let handle = pv
+        .spec
+        .and_then(|s| s.csi)
+        .map(|c| c.volume_handle)
+        .expect("handle");
+    env.start_sidecar(&[]).await;
+    env.wait_for("the entry resumed", Duration::from_secs(20), || async {
+        env.journal().await.is_empty().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        env.backend_volumes().iter().any(|v| v.id == handle),
+        "the retained volume was deleted by a replay\n{}",
+        env.logs()
+    );
+}
+
+/// Case 11: the JSON patch that removes our finalizer applies only to the
+/// PV it was made for: a PV re-created under the same name fails its test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_finalizer_is_never_removed_from_a_pv_that_replaced_ours() {
+    let env = Env::new(Backend::TestServer).await;
+    let pv = |uid_note: &str| {
+        json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pvc-same", "finalizers": [support::FINALIZER],
+                "labels": {"generation": uid_note}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"},
+                "persistentVolumeReclaimPolicy": "Delete",
+                "csi": {"driver": env.driver_name, "volumeHandle": "h"}}})
+    };
+    let first = env.api().create_object(pv("first")).expect("pv");
+    let first_uid = first["metadata"]["uid"].as_str().expect("uid").to_owned();
+    // Ours goes; another takes the name.
+    let mut gone = env
+        .api()
+        .get_object("v1", "PersistentVolume", "", "pvc-same")
+        .expect("pv");
+    gone["metadata"]["finalizers"] = json!([]);
+    env.api().update_object(gone).expect("release");
+    env.api()
+        .delete_object("v1", "PersistentVolume", "", "pvc-same")
+        .expect("delete");
+    env.api().create_object(pv("second")).expect("new pv");
+    // The patch our deletion path sends for the first PV.
+    let patch = csi_provisioner::provision::controller::volumes::finalizer_removal_patch(
+        &[support::FINALIZER.to_owned()],
+        &first_uid,
+    )
+    .expect("a patch");
+    let api: kube::Api<k8s_openapi::api::core::v1::PersistentVolume> =
+        kube::Api::all(env.client.clone());
+    let patch: json_patch::Patch = serde_json::from_value(patch).expect("patch");
+    let refused = api
+        .patch(
+            "pvc-same",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::<()>::Json(patch),
+        )
+        .await;
+    assert!(refused.is_err(), "the new PV's finalizer was removed");
+    let second = env.pv("pvc-same").await.expect("second pv");
+    assert_eq!(support::finalizers(&second), [support::FINALIZER]);
+}
+
+/// Case 12: what the sidecar remembers per object falls back to zero once
+/// the objects are gone (measured through its own gauges).
+async fn remembered_objects_fall_back_when_their_objects_go(backend: Backend) {
+    const CLAIMS: usize = 40;
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let port = support::free_port();
+    let http = format!("--http-endpoint=127.0.0.1:{port}");
+    env.start_sidecar(&[&http]).await;
+    for i in 0..CLAIMS {
+        env.create_pvc(&env.ns, &format!("c{i}"), "fast", "1Mi", json!({}))
+            .await;
+    }
+    for i in 0..CLAIMS {
+        env.wait_bound(&env.ns, &format!("c{i}")).await;
+    }
+    for i in 0..CLAIMS {
+        env.delete_pvc(&env.ns, &format!("c{i}")).await;
+    }
+    env.wait_for(
+        "every PV and volume gone",
+        Duration::from_secs(60),
+        || async { (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(()) },
+    )
+    .await;
+    let gauge = |body: &str, what: &str| -> Option<i64> {
+        body.lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "csi_provisioner_remembered_objects{{what=\"{what}\"}}"
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    env.wait_for(
+        "remembered objects back to zero",
+        Duration::from_secs(20),
+        || async {
+            let (_, body) = http_get(port, "/metrics").await;
+            let values: Vec<Option<i64>> = ["event_filter", "deleted_volumes", "in_flight"]
+                .iter()
+                .map(|w| gauge(&body, w))
+                .collect();
+            values.iter().all(|v| *v == Some(0)).then_some(())
+        },
+    )
+    .await;
+}
