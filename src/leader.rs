@@ -371,8 +371,12 @@ impl Elector {
 
     /// One round. API errors and lost races count as "not holding".
     async fn try_acquire_or_renew(&self) -> Result<Round, kube::Error> {
-        let now = Instant::now();
         let existing = self.api.get_opt(&self.config.name).await?;
+        // Observed when the answer arrived, as client-go does: the record
+        // may have been renewed while the request was under way, so a time
+        // taken before it would age the lease by the request's latency and
+        // let a slow candidate take over from a live leader.
+        let now = Instant::now();
         let record = existing.as_ref().map(Record::of);
         let since = record.as_ref().map_or(now, |r| self.observe(r, now));
         let decision = decide(
@@ -390,7 +394,7 @@ impl Elector {
                     .api
                     .create(&PostParams::default(), &self.lease(&new, None))
                     .await?;
-                self.observe(&Record::of(&created), now);
+                self.observe(&Record::of(&created), Instant::now());
                 Ok(Round::Holding)
             }
             Decision::Update(new) => {
@@ -402,7 +406,7 @@ impl Elector {
                         &self.lease(&new, existing),
                     )
                     .await?;
-                self.observe(&Record::of(&replaced), now);
+                self.observe(&Record::of(&replaced), Instant::now());
                 Ok(Round::Holding)
             }
         }
@@ -890,5 +894,70 @@ mod tests {
         assert!(health(leading, at(35), LD, tol).is_ok());
         let err = health(leading, at(36), LD, tol).expect_err("late");
         assert!(err.contains("renew"), "{err}");
+    }
+
+    /// Issue 11 case 8: a slow GET that returns a record renewed while it
+    /// was under way must not age that record by the request's latency.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_read_of_a_fresh_renewal_does_not_shorten_the_lease() {
+        use kube_testserver::{RequestMatch, TestServer, Verb};
+        const LEASE: Duration = Duration::from_secs(2);
+        let server = TestServer::new();
+        let wall_now = || {
+            k8s_openapi::jiff::Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+                .to_string()
+        };
+        server
+            .create_object(serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "l", "namespace": "ns"},
+                "spec": {"holderIdentity": "other", "leaseDurationSeconds": 2,
+                         "acquireTime": wall_now(), "renewTime": wall_now(), "leaseTransitions": 0},
+            }))
+            .expect("lease");
+        let elector = Elector::new(
+            server.client(),
+            Config {
+                namespace: "ns".into(),
+                name: "l".into(),
+                identity: "me".into(),
+                lease_duration: LEASE,
+                renew_deadline: Duration::from_millis(1900),
+                retry_period: Duration::from_millis(100),
+                labels: BTreeMap::new(),
+                release_on_exit: false,
+            },
+        );
+        // The candidate's first read takes 1.5 s; 1 s in, the holder renews.
+        server.add_latency(
+            RequestMatch::new(Verb::Get, "leases"),
+            Duration::from_millis(1500),
+        );
+        let started = Instant::now();
+        let candidate = {
+            let elector = Arc::clone(&elector);
+            tokio::spawn(async move { elector.acquire().await })
+        };
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let mut lease = server
+            .get_object("coordination.k8s.io/v1", "Lease", "ns", "l")
+            .expect("lease");
+        lease["spec"]["renewTime"] = serde_json::json!(wall_now());
+        server.update_object(lease).expect("renewed");
+        let renewed = started.elapsed();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        server.clear_faults();
+        // The holder stops renewing now. The lease it renewed is valid for
+        // LEASE after the renewal: nobody may take it over before.
+        let _leadership = tokio::time::timeout(Duration::from_secs(10), candidate)
+            .await
+            .expect("taken over in the end")
+            .expect("task");
+        let took = started.elapsed();
+        assert!(
+            took >= renewed + LEASE,
+            "took over {took:?} after start, but the lease was renewed {renewed:?} after start and lasts {LEASE:?}"
+        );
     }
 }
