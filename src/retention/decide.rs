@@ -163,6 +163,12 @@ pub struct ClaimFacts<'a> {
     pub owner_references: &'a [OwnerReference],
     /// The claim has a deletion timestamp.
     pub claim_deleting: bool,
+    /// The claim's labels match the set's selector, as every claim the
+    /// controller-manager creates from a template does. A claim whose name
+    /// only happens to fit (issue 11 case 6: set `redis` with template
+    /// `data-cache` and set `cache-redis` with template `data` both name
+    /// `data-cache-redis-0`) is not this set's.
+    pub labels_match: bool,
 }
 
 /// Why a claim is left as it is although it may not match the policy.
@@ -183,6 +189,9 @@ pub enum LeaveReason {
     DanglingPodReference,
     /// A pod of that name exists but is not controlled by the set.
     PodNotOfSet,
+    /// Its labels do not match the set's selector: its name fits the set
+    /// by accident; it belongs to someone else.
+    NotSelectedBySet,
 }
 
 impl fmt::Display for LeaveReason {
@@ -199,6 +208,9 @@ impl fmt::Display for LeaveReason {
                 "it references its pod, which is gone; the garbage collector handles it"
             }
             LeaveReason::PodNotOfSet => "its pod is not controlled by the StatefulSet",
+            LeaveReason::NotSelectedBySet => {
+                "its labels do not match the StatefulSet's selector (the name fits by accident)"
+            }
         })
     }
 }
@@ -240,6 +252,9 @@ fn names(r: &OwnerReference, api_version: &str, kind: &str, name: &str) -> bool 
 pub fn decide(f: &ClaimFacts<'_>) -> Decision {
     if f.claim_deleting {
         return Decision::Leave(LeaveReason::ClaimDeleting);
+    }
+    if !f.labels_match {
+        return Decision::Leave(LeaveReason::NotSelectedBySet);
     }
     let pod_uid = match f.pod {
         PodState::NotOfSet => return Decision::Leave(LeaveReason::PodNotOfSet),
@@ -538,6 +553,7 @@ pub fn plan_set<'p>(
                 .as_deref()
                 .unwrap_or_default(),
             claim_deleting: claim.metadata.deletion_timestamp.is_some(),
+            labels_match: selector_matches(&set.spec.selector, claim.metadata.labels.as_ref()),
         };
         plans.push(ClaimPlan {
             claim: name.to_owned(),
@@ -548,6 +564,35 @@ pub fn plan_set<'p>(
     }
     plans.sort_by_key(|p| p.ordinal);
     Ok(plans)
+}
+
+/// Whether `labels` satisfy a label selector (matchLabels and every
+/// matchExpressions requirement: In, NotIn, Exists, DoesNotExist). An
+/// empty selector selects everything, as in Kubernetes; an unknown
+/// operator selects nothing.
+pub fn selector_matches(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> bool {
+    let empty = std::collections::BTreeMap::new();
+    let labels = labels.unwrap_or(&empty);
+    let simple = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let value = labels.get(&e.key);
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    simple && expressions
 }
 
 /// The JSON patch (RFC 6902) replacing a claim's owner references with

@@ -70,6 +70,7 @@ fn facts<'a>(
         pod,
         owner_references: refs,
         claim_deleting: false,
+        labels_match: true,
     }
 }
 
@@ -854,4 +855,99 @@ fn patches_touch_only_owner_references_and_are_guarded() {
     let patch: json_patch::Patch =
         serde_json::from_value(owner_references_patch("u", "7", &[], &[set_ref()])).expect("patch");
     assert!(json_patch::patch(&mut newer, &patch).is_err());
+}
+
+#[test]
+fn label_selectors_match_as_in_kubernetes() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    let labels: std::collections::BTreeMap<String, String> = [
+        ("app".to_owned(), "web".to_owned()),
+        ("tier".to_owned(), "db".to_owned()),
+    ]
+    .into();
+    let req = |key: &str, op: &str, values: &[&str]| LabelSelectorRequirement {
+        key: key.into(),
+        operator: op.into(),
+        values: Some(values.iter().map(|v| (*v).to_owned()).collect()),
+    };
+    let selector =
+        |match_labels: &[(&str, &str)], exprs: Vec<LabelSelectorRequirement>| LabelSelector {
+            match_labels: Some(
+                match_labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            match_expressions: Some(exprs),
+        };
+    let cases = [
+        (LabelSelector::default(), true),
+        (selector(&[("app", "web")], vec![]), true),
+        (selector(&[("app", "db")], vec![]), false),
+        (selector(&[("missing", "x")], vec![]), false),
+        (
+            selector(&[], vec![req("tier", "In", &["db", "cache"])]),
+            true,
+        ),
+        (selector(&[], vec![req("tier", "In", &["cache"])]), false),
+        (selector(&[], vec![req("tier", "NotIn", &["cache"])]), true),
+        (selector(&[], vec![req("tier", "NotIn", &["db"])]), false),
+        (selector(&[], vec![req("gone", "NotIn", &["x"])]), true),
+        (selector(&[], vec![req("app", "Exists", &[])]), true),
+        (selector(&[], vec![req("gone", "Exists", &[])]), false),
+        (selector(&[], vec![req("gone", "DoesNotExist", &[])]), true),
+        (selector(&[], vec![req("app", "DoesNotExist", &[])]), false),
+        (selector(&[], vec![req("app", "Bogus", &["web"])]), false),
+        (
+            selector(&[("app", "web")], vec![req("tier", "In", &["cache"])]),
+            false,
+        ),
+    ];
+    for (selector, want) in cases {
+        assert_eq!(
+            selector_matches(&selector, Some(&labels)),
+            want,
+            "{selector:?}"
+        );
+    }
+    assert!(!selector_matches(
+        &selector(&[("app", "web")], vec![]),
+        None
+    ));
+}
+
+/// Issue 11 case 6: set `redis` (template `data-cache`, whenScaled=Delete,
+/// scaled to 0) and set `cache-redis` (template `data`) both name a claim
+/// `data-cache-redis-0`; it carries `cache-redis`'s labels. `redis` must
+/// leave it alone, neither delete it nor give it an owner.
+#[test]
+fn a_claim_whose_name_only_fits_is_not_the_sets() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let fast = class("fast", DRIVER, None);
+    let classes = [&fast];
+    let mut redis = full_set(("Delete", "Retain"), 0, &[("data-cache", Some("fast"))]);
+    redis.metadata.name = Some("redis".into());
+    redis.spec.selector = LabelSelector {
+        match_labels: Some([("app".to_owned(), "redis".to_owned())].into()),
+        match_expressions: None,
+    };
+    let mut theirs = claim_with_class("data-cache-redis-0", Some("fast"));
+    theirs.metadata.labels = Some([("app".to_owned(), "cache-redis".to_owned())].into());
+    let mut ours = claim_with_class("data-cache-redis-1", Some("fast"));
+    ours.metadata.labels = Some([("app".to_owned(), "redis".to_owned())].into());
+    let plans = plan_set(&redis, &[&theirs, &ours], |_| None, &classes, DRIVER).expect("planned");
+    let decisions: Vec<(&str, &Decision)> = plans
+        .iter()
+        .map(|p| (p.claim.as_str(), &p.decision))
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            (
+                "data-cache-redis-0",
+                &Decision::Leave(LeaveReason::NotSelectedBySet)
+            ),
+            ("data-cache-redis-1", &Decision::DeleteClaim),
+        ]
+    );
 }

@@ -422,6 +422,17 @@ impl Context {
                     tracing::info!(claim = %name, statefulset = %key, "not adding owner references yet: {reason}");
                     return Ok(());
                 }
+                // A pod reference condemns the claim to go with its pod. The
+                // cache may show the pod of a scale-up before the scale-up
+                // itself: confirm with the live set that the ordinal is
+                // still out of range (issue 11 case 6).
+                let adds_pod = wanted
+                    .iter()
+                    .any(|w| w.kind == "Pod" && !current.iter().any(|c| c.uid == w.uid));
+                if adds_pod && !self.live_set_condemns(key, plan, &name).await? {
+                    tracing::info!(claim = %name, statefulset = %key, ordinal = plan.ordinal, "not making the pod own the claim: the live StatefulSet does not condemn its ordinal");
+                    return Ok(());
+                }
                 tracing::info!(
                     claim = %name, statefulset = %key, %policy, condemned = plan.condemned,
                     from = %describe(current), to = %describe(wanted),
@@ -431,6 +442,26 @@ impl Context {
                     .await
             }
             Decision::DeleteClaim => self.delete_condemned(key, plan, claim, &name).await,
+        }
+    }
+
+    /// Whether the StatefulSet, read live, still puts `plan`'s ordinal out of
+    /// range (a set that is gone condemns nothing).
+    async fn live_set_condemns(
+        &self,
+        key: &SetKey,
+        plan: &ClaimPlan,
+        claim: &str,
+    ) -> Result<bool, RetentionError> {
+        let sets: Api<StatefulSet> = Api::namespaced(self.client.clone(), &key.namespace);
+        match sets.get_opt(&key.name).await {
+            Ok(Some(set)) => Ok(decide::Ordinals::of(&set).condemned(plan.ordinal)),
+            Ok(None) => Ok(false),
+            Err(source) => Err(RetentionError::ReadSet {
+                set: key.to_string(),
+                claim: claim.to_owned(),
+                source,
+            }),
         }
     }
 
