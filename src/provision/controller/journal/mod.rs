@@ -50,8 +50,13 @@ pub struct JournalEntry {
     pub namespace: String,
     pub name: String,
     pub volume_name: String,
-    /// The frozen `CreateVolumeRequest`, protobuf in base64, secrets empty.
+    /// The frozen `CreateVolumeRequest`, protobuf in base64, secrets empty;
+    /// deflated first when [`JournalEntry::compressed`].
     pub request: String,
+    /// The request is deflated (large requests: a topology that lists
+    /// thousands of nodes compresses to a small fraction).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compressed: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -95,11 +100,19 @@ impl JournalEntry {
     ) -> Self {
         let mut stored = request.clone();
         stored.secrets.clear();
+        let bytes = stored.encode_to_vec();
+        let deflated = (bytes.len() > COMPRESS_ABOVE)
+            .then(|| deflate(&bytes))
+            .flatten()
+            .filter(|d| d.len() < bytes.len());
+        let compressed = deflated.is_some();
+        let bytes = deflated.unwrap_or(bytes);
         Self {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             volume_name: request.name.clone(),
-            request: base64::engine::general_purpose::STANDARD.encode(stored.encode_to_vec()),
+            request: base64::engine::general_purpose::STANDARD.encode(bytes),
+            compressed,
             secret_name: secret.map(|s| s.name.clone()),
             secret_namespace: secret.map(|s| s.namespace.clone()),
             retain: false,
@@ -116,6 +129,11 @@ impl JournalEntry {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(&self.request)
             .map_err(|e| format!("request is not base64: {e}"))?;
+        let bytes = if self.compressed {
+            inflate(&bytes).map_err(|e| format!("request does not inflate: {e}"))?
+        } else {
+            bytes
+        };
         CreateVolumeRequest::decode(bytes.as_slice())
             .map_err(|e| format!("request does not decode: {e}"))
     }
@@ -129,6 +147,27 @@ impl JournalEntry {
             _ => None,
         }
     }
+}
+
+/// Requests larger than this (protobuf bytes) are deflated.
+const COMPRESS_ABOVE: usize = 4096;
+
+fn deflate(bytes: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Write as _;
+    let mut encoder =
+        flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(bytes).ok()?;
+    encoder.finish().ok()
+}
+
+fn inflate(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    // A frozen request is at most a few MiB; refuse to inflate a bomb.
+    flate2::read::DeflateDecoder::new(bytes)
+        .take(64 << 20)
+        .read_to_end(&mut out)?;
+    Ok(out)
 }
 
 /// Reads every entry of the ConfigMap's data. Entries that do not parse are
@@ -567,6 +606,33 @@ mod tests {
                 .expect("json")
                 .contains("secret")
         );
+    }
+
+    #[test]
+    fn large_requests_are_stored_deflated_and_read_back() {
+        // A topology of 6,000 nodes: ~1 MiB as protobuf.
+        let mut big = request("pvc-big");
+        big.accessibility_requirements = Some(csi_proto::v1::TopologyRequirement {
+            requisite: (0..6000)
+                .map(|i| csi_proto::v1::Topology {
+                    segments: [(
+                        "topology.hostpath.csi/node".to_owned(),
+                        format!("node-{i:05}"),
+                    )]
+                    .into(),
+                })
+                .collect(),
+            preferred: Vec::new(),
+        });
+        let entry = JournalEntry::new("ns", "big", &big, None);
+        assert!(entry.compressed);
+        let json = serde_json::to_string(&entry).expect("json");
+        assert!(json.len() < 100 * 1024, "{} bytes", json.len());
+        let mut expected = big.clone();
+        expected.secrets.clear();
+        assert_eq!(entry.request().expect("decodes"), expected);
+        // Small ones stay plain.
+        assert!(!JournalEntry::new("ns", "a", &request("pvc-a"), None).compressed);
     }
 
     #[test]
