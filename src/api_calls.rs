@@ -56,10 +56,12 @@ pub const PROVISIONER: &[ApiCall] = &[
     call("storage.k8s.io", "volumeattachments", WATCH),
     call("", "secrets", &["get"]),
     call("", "events", &["create", "patch"]),
+    // get and patch: the source-protection finalizer of a restore; list:
+    // the sweep of orphaned finalizers (src/snapshot_sweep).
     call(
         "snapshot.storage.k8s.io",
         "volumesnapshots",
-        &["get", "patch"],
+        &["get", "list", "patch"],
     ),
     call(
         "snapshot.storage.k8s.io",

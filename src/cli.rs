@@ -348,15 +348,16 @@ pub const WITHOUT_EFFECT: &[(&str, &str)] = &[
         "log-json-info-buffer-size",
         "logs are written unbuffered, line by line",
     ),
+    (
+        "cloning-protection-threads",
+        "the cloning-protection finalizer of a clone source is added and removed by the claim workers (--worker-threads) as part of each clone, not by a separate controller",
+    ),
 ];
 
 /// Flags that are parsed and validated but whose behaviour has not been
 /// built yet. Each one that is set on the command line is reported once at
 /// start-up, so nobody believes a setting took effect when it did not.
-pub const NOT_YET_IMPLEMENTED: &[&str] = &[
-    "cloning-protection-threads",
-    "snapshot-orphan-sweep-interval",
-];
+pub const NOT_YET_IMPLEMENTED: &[&str] = &[];
 
 impl Options {
     /// Parses `args` (including the program name) like the Go sidecar would.

@@ -22,6 +22,7 @@ pub mod ratelimit;
 pub mod releaser;
 pub mod retention;
 pub mod shared;
+pub mod snapshot_sweep;
 pub mod startup;
 pub mod trim;
 pub mod wellknown;

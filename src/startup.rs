@@ -199,12 +199,20 @@ pub async fn run(
     // Caches fill while we wait for leadership, so a new leader starts
     // from warm caches; nothing is written before the lease is ours.
     let capacity_driver = driver.clone();
+    let restores_snapshots = config.capabilities.create_delete_snapshot;
     let start = async {
         let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
         // Embedded loops (DESIGN §5–§7) register their cache handlers and
         // kinds now; they start working only with the provisioning loop,
         // after the lease is ours.
         let mut embedded = EmbeddedLoops::new(&shared, &options);
+        if !options.snapshot_orphan_sweep_interval.is_zero() && restores_snapshots {
+            embedded.snapshot_sweep = Some(crate::snapshot_sweep::Sweep::new(
+                shared.client.clone(),
+                Arc::clone(&shared.caches),
+                options.snapshot_orphan_sweep_interval,
+            ));
+        }
         if let Some(settings) = capacity_settings {
             embedded.capacity =
                 Some(crate::capacity::new(&shared, capacity_driver, settings).await?);
@@ -428,6 +436,9 @@ struct EmbeddedLoops {
     /// `--enable-capacity` (not a gate; set up by `run`, which needs the
     /// driver and may fail).
     capacity: Option<Arc<crate::capacity::Capacity>>,
+    /// `--snapshot-orphan-sweep-interval` (on by default, as upstream),
+    /// for drivers that restore snapshots.
+    snapshot_sweep: Option<Arc<crate::snapshot_sweep::Sweep>>,
 }
 
 impl EmbeddedLoops {
@@ -456,6 +467,7 @@ impl EmbeddedLoops {
             releaser,
             retention,
             capacity: None,
+            snapshot_sweep: None,
         }
     }
 
@@ -473,6 +485,9 @@ impl EmbeddedLoops {
         if let Some(capacity) = &self.capacity {
             capacity.start();
         }
+        if let Some(sweep) = &self.snapshot_sweep {
+            sweep.start();
+        }
     }
 
     fn shut_down(&self) {
@@ -487,6 +502,9 @@ impl EmbeddedLoops {
         }
         if let Some(capacity) = &self.capacity {
             capacity.shut_down();
+        }
+        if let Some(sweep) = &self.snapshot_sweep {
+            sweep.shut_down();
         }
     }
 }

@@ -340,3 +340,64 @@ async fn a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume(backend: 
         .expect("foreign PV kept");
     assert_eq!(handle(&foreign), "foreign", "the other PV is left alone");
 }
+
+/// Issue 12 item 4: a snapshot-source finalizer left behind (a crash, a
+/// claim deleted mid-restore) is removed by the sweep once no pending claim
+/// restores from the snapshot; one still needed is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_snapshot_finalizers_are_swept() {
+    // The test server serves VolumeSnapshots (a real cluster needs the CRDs).
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    const FINALIZER: &str = "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
+    for name in ["orphan", "needed"] {
+        env.api()
+            .create_object(json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                "metadata": {"name": name, "namespace": env.ns, "finalizers": [FINALIZER, "example.com/keep"]},
+                "spec": {"source": {"volumeSnapshotContentName": "c"}}}))
+            .expect("snapshot");
+    }
+    // A claim still waiting to be restored from "needed" (not ready, so it
+    // stays Pending).
+    env.create_pvc(
+        &env.ns,
+        "restore",
+        "fast",
+        "5Mi",
+        json!({"spec": {"dataSource": {"kind": "VolumeSnapshot", "apiGroup": "snapshot.storage.k8s.io", "name": "needed"}}}),
+    )
+    .await;
+    env.start_sidecar(&["--snapshot-orphan-sweep-interval=1s"])
+        .await;
+    let finalizers = |name: &'static str| {
+        let env = &env;
+        async move {
+            env.api()
+                .get_object(
+                    "snapshot.storage.k8s.io/v1",
+                    "VolumeSnapshot",
+                    &env.ns,
+                    name,
+                )
+                .map(|s| s["metadata"]["finalizers"].clone())
+        }
+    };
+    env.wait_for("the orphan swept", Duration::from_secs(20), || async {
+        (finalizers("orphan").await? == json!(["example.com/keep"])).then_some(())
+    })
+    .await;
+    assert_eq!(
+        finalizers("needed").await,
+        Some(json!([FINALIZER, "example.com/keep"])),
+        "kept while a pending claim restores from it"
+    );
+    // The claim goes: the next sweep frees its snapshot too.
+    env.delete_pvc(&env.ns, "restore").await;
+    env.wait_for(
+        "freed once the claim is gone",
+        Duration::from_secs(20),
+        || async { (finalizers("needed").await? == json!(["example.com/keep"])).then_some(()) },
+    )
+    .await;
+}
