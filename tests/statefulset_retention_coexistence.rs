@@ -446,7 +446,9 @@ async fn create_world(h: &Harness, replicas: i32) -> StatefulSet {
         h.server
             .create_object(json!({
                 "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": format!("data-web-{ordinal}"), "namespace": NS, "ownerReferences": extra},
+                "metadata": {"name": format!("data-web-{ordinal}"), "namespace": NS, "ownerReferences": extra,
+                    // As the controller-manager writes them: the set's selector labels.
+                    "labels": {"app": "web"}},
                 "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
                          "resources": {"requests": {"storage": "1Mi"}}},
             }))
