@@ -321,6 +321,7 @@ async fn remembered_objects_fall_back_when_their_objects_go(backend: Backend) {
                 .iter()
                 .map(|w| gauge(&body, w))
                 .collect();
+            eprintln!("remembered: {values:?}");
             values.iter().all(|v| *v == Some(0)).then_some(())
         },
     )

@@ -79,6 +79,10 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .contains(&uid);
+    if !already_deleted && !still_cached(ctx, name, &uid) {
+        // Gone since this worker read it: its deletion is complete.
+        return Ok(());
+    }
     if !already_deleted {
         let class_name = pv
             .spec
@@ -151,7 +155,13 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
                 .deleted_volumes
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            deleted.insert(uid.clone());
+            // The PV may have gone while DeleteVolume ran (this worker read
+            // it just before its deletion event); remembered then, its uid
+            // would never be forgotten. The deletion handler takes this lock
+            // after the store dropped the PV, so checking under it is exact.
+            if still_cached(ctx, name, &uid) {
+                deleted.insert(uid.clone());
+            }
             crate::metrics::set_remembered("deleted_volumes", deleted.len());
         }
         crate::metrics::delete_succeeded(&class_name, started.elapsed());
@@ -187,6 +197,15 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         apply_json_patch(&api, name, patch, "remove finalizer").await?;
     }
     Ok(())
+}
+
+/// Whether the cache still holds the PV `name` with `uid`.
+fn still_cached(ctx: &Context, name: &str, uid: &str) -> bool {
+    ctx.caches
+        .volumes
+        .store()
+        .get(&ObjectRef::new(name))
+        .is_some_and(|pv| pv.uid().as_deref() == Some(uid))
 }
 
 /// The JSON patch that removes our finalizer from the PV with `uid` (and

@@ -1,0 +1,1080 @@
+//! Side-by-side benchmarks on a real control plane (issue 13): this
+//! sidecar and the upstream Go `csi-provisioner`, one after the other, on
+//! the same kube-apiserver + etcd + kube-controller-manager, with our
+//! `csi-hostpath` driver (in-process) and the upstream Go `hostpathplugin`
+//! (a process). Prints one JSON object per (scenario, binary, driver) and
+//! one `ratio` object per (scenario, driver).
+//!
+//! ```text
+//! cargo bench --bench realcluster                      # every scenario
+//! BENCH_SCENARIOS=backlog,delete cargo bench --bench realcluster
+//! BENCH_SMOKE=1 cargo bench --bench realcluster        # tiny sizes (CI)
+//! ```
+//!
+//! Needs the binaries of `../shared/k8s/install.sh target/k8s` (or
+//! `K8S_BIN_DIR`); without them it says so and exits 0. Requests are counted
+//! from the API server's audit log by user (each sidecar run has a user of
+//! its own, with cluster-admin rights), CPU seconds and peak RSS from
+//! `/proc`. Objects the scenarios need are created concurrently by the
+//! harness, as another user, and never counted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use controlplane::{Binaries, Config, ControlPlane, GuardedChild};
+use futures_util::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+const TOPOLOGY_KEY: &str = "topology.hostpath.csi/node";
+const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Binary {
+    Ours,
+    Upstream,
+}
+
+impl Binary {
+    fn name(self) -> &'static str {
+        match self {
+            Binary::Ours => "ours",
+            Binary::Upstream => "upstream",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DriverKind {
+    /// Our `csi-hostpath`, served in-process.
+    Ours,
+    /// The upstream Go `hostpathplugin`, a process.
+    Upstream,
+}
+
+impl DriverKind {
+    fn name(self) -> &'static str {
+        match self {
+            DriverKind::Ours => "csi-hostpath",
+            DriverKind::Upstream => "hostpathplugin",
+        }
+    }
+}
+
+fn env_usize(name: &str, default: usize, smoke: usize) -> usize {
+    let fallback = if smoke_mode() { smoke } else { default };
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(fallback)
+}
+
+fn smoke_mode() -> bool {
+    std::env::var("BENCH_SMOKE").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat` times.
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / clock_ticks())
+}
+
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn mib(kib: Option<u64>) -> Value {
+    kib.map_or(Value::Null, |k| {
+        json!((k as f64 / 1024.0 * 10.0).round() / 10.0)
+    })
+}
+
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted.get(rank.min(sorted.len() - 1)).copied()
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// Everything one run needs: a namespace, a driver name, a node, a class.
+struct World {
+    plane: Arc<ControlPlane>,
+    admin: kube::Client,
+    dir: tempfile::TempDir,
+    tag: String,
+    ns: String,
+    driver: String,
+    node: String,
+    class: String,
+    driver_kind: DriverKind,
+    socket: PathBuf,
+    state_dir: PathBuf,
+    driver_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    driver_process: Option<GuardedChild>,
+}
+
+impl World {
+    async fn new(plane: &Arc<ControlPlane>, tag: &str, driver_kind: DriverKind) -> World {
+        let admin = plane.admin_client().await.expect("admin client");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let world = World {
+            plane: Arc::clone(plane),
+            admin,
+            tag: tag.to_owned(),
+            ns: format!("bench-{tag}"),
+            driver: format!("{tag}.hostpath.csi.k8s.io"),
+            node: format!("node-{tag}"),
+            class: format!("fast-{tag}"),
+            driver_kind,
+            socket: dir.path().join("csi.sock"),
+            state_dir: dir.path().join("state"),
+            dir,
+            driver_stop: None,
+            driver_process: None,
+        };
+        world
+            .create(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": world.ns}}),
+            )
+            .await;
+        world
+            .create(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": world.node, "labels": {TOPOLOGY_KEY: world.node}}}))
+            .await;
+        world
+            .create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": world.node},
+                "spec": {"drivers": [{"name": world.driver, "nodeID": world.node, "topologyKeys": [TOPOLOGY_KEY]}]}}))
+            .await;
+        world
+            .create(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": world.class}, "provisioner": world.driver,
+                "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}),
+            )
+            .await;
+        world
+    }
+
+    async fn create(&self, object: Value) {
+        if let Err(e) = self.try_create(object.clone()).await {
+            panic!("create {}: {e}", object["metadata"]["name"]);
+        }
+    }
+
+    async fn try_create(&self, object: Value) -> Result<(), kube::Error> {
+        let api_version = object["apiVersion"].as_str().unwrap_or_default();
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(ns) => Api::namespaced_with(self.admin.clone(), ns, &resource),
+            None => Api::all_with(self.admin.clone(), &resource),
+        };
+        let obj: DynamicObject = serde_json::from_value(object).expect("object");
+        match api.create(&PostParams::default(), &obj).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates many objects, 32 at a time.
+    async fn create_many(&self, objects: Vec<Value>) {
+        stream::iter(objects)
+            .map(|o| async move {
+                for attempt in 0..5 {
+                    match self.try_create(o.clone()).await {
+                        Ok(()) => return,
+                        Err(e) if attempt < 4 => {
+                            eprintln!("create failed ({e}); retrying");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        Err(e) => panic!("create: {e}"),
+                    }
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+    }
+
+    fn claim(&self, name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": self.class,
+                     "resources": {"requests": {"storage": "1Mi"}}}})
+    }
+
+    fn start_driver(&mut self) {
+        std::fs::create_dir_all(&self.state_dir).expect("state dir");
+        match self.driver_kind {
+            DriverKind::Ours => {
+                let mut config = csi_hostpath::Config::for_tests(self.dir.path());
+                config.driver_name = self.driver.clone();
+                config.node_id = self.node.clone();
+                config.endpoint = self.socket.clone();
+                config.state_dir = self.state_dir.clone();
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                self.driver_stop = Some(tx);
+                tokio::spawn(async move {
+                    let _ = csi_hostpath::serve(config, async {
+                        let _ = rx.await;
+                    })
+                    .await;
+                });
+            }
+            DriverKind::Upstream => {
+                let bins = self.plane.binaries();
+                let mut cmd = Command::new(bins.path("hostpathplugin"));
+                cmd.arg(format!("-endpoint=unix://{}", self.socket.display()))
+                    .arg(format!("-nodeid={}", self.node))
+                    .arg(format!("-statedir={}", self.state_dir.display()))
+                    .arg(format!("-drivername={}", self.driver))
+                    .arg("-v=1");
+                self.driver_process = Some(
+                    GuardedChild::spawn("hostpathplugin", cmd, &self.dir.path().join("driver.log"))
+                        .expect("hostpathplugin"),
+                );
+            }
+        }
+    }
+
+    /// Backend volumes, as the driver keeps them.
+    fn backend_volumes(&self) -> usize {
+        match self.driver_kind {
+            DriverKind::Ours => csi_hostpath::backend_volumes(&self.state_dir)
+                .map(|v| v.len())
+                .unwrap_or(0),
+            DriverKind::Upstream => std::fs::read_to_string(self.state_dir.join("state.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v["Volumes"].as_array().map(Vec::len))
+                .unwrap_or(0),
+        }
+    }
+
+    /// Starts a sidecar as its own user; returns the process and the user.
+    async fn start_sidecar(&self, binary: Binary, extra: &[String]) -> (GuardedChild, String) {
+        let user = format!("bench-{}-{}", binary.name(), self.tag);
+        let kubeconfig = self
+            .plane
+            .kubeconfig_for(&user, Some("system:masters"))
+            .expect("kubeconfig");
+        let path = match binary {
+            Binary::Ours => PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
+            Binary::Upstream => self.plane.binaries().path("csi-provisioner"),
+        };
+        let mut cmd = Command::new(path);
+        cmd.arg(format!("--csi-address={}", self.socket.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--timeout=30s")
+            .arg("--v=2")
+            .args(extra)
+            .env_remove("KUBECONFIG")
+            .env_remove("RUST_LOG")
+            .env("NAMESPACE", &self.ns);
+        let log = self.dir.path().join(format!("{}.log", binary.name()));
+        let child = GuardedChild::spawn(binary.name(), cmd, &log).expect("sidecar");
+        (child, user)
+    }
+
+    fn sidecar_log(&self, binary: Binary) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{}.log", binary.name())))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(tx) = self.driver_stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// First time each PV of `driver` was seen (by name of its claim), from a
+/// watch of our own.
+#[derive(Clone, Default)]
+struct PvWatch {
+    seen: Arc<Mutex<HashMap<String, Instant>>>,
+    gone: Arc<Mutex<HashMap<String, Instant>>>,
+    with_finalizer: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl PvWatch {
+    fn start(client: kube::Client, driver: String) -> (PvWatch, tokio::task::JoinHandle<()>) {
+        let watch = PvWatch::default();
+        let w = watch.clone();
+        let task = tokio::spawn(async move {
+            let api: Api<PersistentVolume> = Api::all(client);
+            let stream = watcher(api, watcher::Config::default());
+            futures_util::pin_mut!(stream);
+            while let Ok(Some(event)) = stream.try_next().await {
+                let now = Instant::now();
+                let (pv, deleted) = match event {
+                    watcher::Event::Apply(pv) | watcher::Event::InitApply(pv) => (pv, false),
+                    watcher::Event::Delete(pv) => (pv, true),
+                    _ => continue,
+                };
+                let ours = pv
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .is_some_and(|c| c.driver == driver);
+                if !ours {
+                    continue;
+                }
+                let key = pv
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .and_then(|c| c.name.clone())
+                    .unwrap_or_else(|| pv.metadata.name.clone().unwrap_or_default());
+                if deleted {
+                    w.gone
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(key)
+                        .or_insert(now);
+                } else {
+                    w.seen
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(key.clone())
+                        .or_insert(now);
+                    if pv
+                        .metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| f == FINALIZER)
+                    {
+                        w.with_finalizer
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .entry(key)
+                            .or_insert(now);
+                    }
+                }
+            }
+        });
+        (watch, task)
+    }
+
+    fn seen(&self) -> HashMap<String, Instant> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn gone_count(&self) -> usize {
+        self.gone.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn finalized(&self) -> HashMap<String, Instant> {
+        self.with_finalizer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Requests of `user` from the audit log: (reads, writes, by verb and resource).
+fn requests(plane: &ControlPlane, user: &str) -> (usize, usize, BTreeMap<String, usize>) {
+    let all = plane.audit();
+    let by = controlplane::audit::count_by_verb_and_resource(&all, user);
+    let mut reads = 0;
+    let mut writes = 0;
+    for r in all.iter().filter(|r| r.user.username == user) {
+        if r.is_write() {
+            writes += 1;
+        } else if r.verb != "watch" {
+            reads += 1;
+        }
+    }
+    (reads, writes, by)
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("benchmark: timed out waiting for {what}");
+    false
+}
+
+/// The common part of a provisioning result.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    scenario: &str,
+    binary: Binary,
+    driver: DriverKind,
+    world: &World,
+    user: &str,
+    pid: u32,
+    volumes: usize,
+    seconds: f64,
+    latencies_ms: &mut [f64],
+    extra: Value,
+) -> Value {
+    latencies_ms.sort_by(|a, b| a.total_cmp(b));
+    let (reads, writes, by) = requests(&world.plane, user);
+    let per = |n: usize| {
+        if volumes == 0 {
+            Value::Null
+        } else {
+            json!(round(n as f64 / volumes as f64, 2))
+        }
+    };
+    let mut out = json!({
+        "scenario": scenario,
+        "binary": binary.name(),
+        "driver": driver.name(),
+        "volumes": volumes,
+        "seconds": round(seconds, 2),
+        "vol_per_s": if seconds > 0.0 { json!(round(volumes as f64 / seconds, 1)) } else { Value::Null },
+        "p50_ms": percentile(latencies_ms, 50.0).map(|x| round(x, 0)),
+        "p99_ms": percentile(latencies_ms, 99.0).map(|x| round(x, 0)),
+        "writes_per_volume": per(writes),
+        "reads_per_volume": per(reads),
+        "writes": writes,
+        "reads": reads,
+        "requests": by,
+        "cpu_s": cpu_seconds(pid).map(|x| round(x, 2)),
+        "peak_rss_mib": mib(status_kib(pid, "VmHWM:")),
+    });
+    if let (Some(o), Some(e)) = (out.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+fn args(qps: &str, burst: &str) -> Vec<String> {
+    vec![
+        format!("--kube-api-qps={qps}"),
+        format!("--kube-api-burst={burst}"),
+        "--worker-threads=100".to_owned(),
+    ]
+}
+
+/// N claims Pending before the sidecar starts; time to all PVs.
+async fn backlog(
+    plane: &Arc<ControlPlane>,
+    scenario: &str,
+    binary: Binary,
+    driver: DriverKind,
+    n: usize,
+    sidecar_args: Vec<String>,
+) -> Value {
+    let tag = format!(
+        "{}{}{}",
+        &scenario[..2],
+        &binary.name()[..1],
+        &driver.name()[..1]
+    );
+    let mut world = World::new(plane, &tag, driver).await;
+    world.start_driver();
+    let claims: Vec<Value> = (0..n).map(|i| world.claim(&format!("c{i}"))).collect();
+    world.create_many(claims).await;
+    let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
+    let started = Instant::now();
+    let (mut sidecar, user) = world.start_sidecar(binary, &sidecar_args).await;
+    let done = wait_until("all PVs", Duration::from_secs(600), || {
+        pvs.seen().len() >= n
+    })
+    .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut latencies: Vec<f64> = pvs
+        .seen()
+        .values()
+        .map(|t| (t.duration_since(started)).as_secs_f64() * 1000.0)
+        .collect();
+    // Let trailing events be sent, so they are counted.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let out = report(
+        scenario,
+        binary,
+        driver,
+        &world,
+        &user,
+        sidecar.id(),
+        pvs.seen().len(),
+        seconds,
+        &mut latencies,
+        json!({"claims": n, "completed": done}),
+    );
+    sidecar.stop(Duration::from_secs(10));
+    watch_task.abort();
+    if !done {
+        eprintln!(
+            "{}",
+            world
+                .sidecar_log(binary)
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    out
+}
+
+/// Claims created by 20 clients at a fixed rate while the sidecar runs.
+async fn steady(
+    plane: &Arc<ControlPlane>,
+    binary: Binary,
+    driver: DriverKind,
+    rate: usize,
+    seconds: usize,
+) -> Value {
+    let tag = format!("st{}{}", &binary.name()[..1], &driver.name()[..1]);
+    let mut world = World::new(plane, &tag, driver).await;
+    world.start_driver();
+    let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
+    let (mut sidecar, user) = world.start_sidecar(binary, &args("1000", "2000")).await;
+    // Let the sidecar start before the clock does.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let total = rate * seconds;
+    let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let started = Instant::now();
+    let clients = 20;
+    let world_ref = &world;
+    stream::iter(0..clients)
+        .map(|c| {
+            let created = Arc::clone(&created);
+            async move {
+                let interval = Duration::from_secs_f64(clients as f64 / rate as f64);
+                let mut i = c;
+                while i < total {
+                    let due = started
+                        + interval.mul_f64((i / clients) as f64)
+                        + interval.mul_f64(c as f64 / clients as f64);
+                    tokio::time::sleep_until(due.into()).await;
+                    let name = format!("c{i}");
+                    let at = Instant::now();
+                    if world_ref.try_create(world_ref.claim(&name)).await.is_ok() {
+                        created
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(name, at);
+                    }
+                    i += clients;
+                }
+            }
+        })
+        .buffer_unordered(clients)
+        .collect::<Vec<_>>()
+        .await;
+    let done = wait_until("all PVs", Duration::from_secs(300), || {
+        pvs.seen().len() >= total
+    })
+    .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let seen = pvs.seen();
+    let created = created.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut latencies: Vec<f64> = created
+        .iter()
+        .filter_map(|(name, at)| Some(seen.get(name)?.duration_since(*at).as_secs_f64() * 1000.0))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let out = report(
+        "steady",
+        binary,
+        driver,
+        &world,
+        &user,
+        sidecar.id(),
+        seen.len(),
+        elapsed,
+        &mut latencies,
+        json!({"rate_per_s": rate, "clients": clients, "completed": done}),
+    );
+    sidecar.stop(Duration::from_secs(10));
+    watch_task.abort();
+    out
+}
+
+/// N bound claims deleted at once; time until every PV and backend volume
+/// is gone.
+async fn delete(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n: usize) -> Value {
+    let tag = format!("de{}{}", &binary.name()[..1], &driver.name()[..1]);
+    let mut world = World::new(plane, &tag, driver).await;
+    world.start_driver();
+    let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
+    let (mut sidecar, user) = world.start_sidecar(binary, &args("1000", "2000")).await;
+    let claims: Vec<Value> = (0..n).map(|i| world.claim(&format!("c{i}"))).collect();
+    world.create_many(claims).await;
+    let provisioned = wait_until("all PVs", Duration::from_secs(600), || {
+        pvs.seen().len() >= n
+    })
+    .await;
+    // Bound by the controller-manager, then deleted.
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(world.admin.clone(), &world.ns);
+    let mut bound = false;
+    for _ in 0..600 {
+        let list = api.list(&Default::default()).await.expect("list claims");
+        if list
+            .items
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count()
+            >= n
+        {
+            bound = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Let the provisioning's trailing events and journal writes settle, so
+    // only the deletion is counted.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = requests(&world.plane, &user);
+    let started = Instant::now();
+    stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let _ = api.delete(&format!("c{i}"), &DeleteParams::default()).await;
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let world_ref = &world;
+    let done = wait_until("every PV and volume gone", Duration::from_secs(600), || {
+        pvs.gone_count() >= n && world_ref.backend_volumes() == 0
+    })
+    .await;
+    let seconds = started.elapsed().as_secs_f64();
+    // Trailing events of the deletion belong to it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = requests(&world.plane, &user);
+    let during: BTreeMap<String, usize> = after
+        .2
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.2.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    let out = json!({
+        "scenario": "delete",
+        "requests": during,
+        "binary": binary.name(),
+        "driver": driver.name(),
+        "volumes": n,
+        "seconds": round(seconds, 2),
+        "vol_per_s": round(n as f64 / seconds, 1),
+        "writes_per_volume": round((after.1 - before.1) as f64 / n as f64, 2),
+        "reads_per_volume": round((after.0 - before.0) as f64 / n as f64, 2),
+        "cpu_s": cpu_seconds(sidecar.id()).map(|x| round(x, 2)),
+        "peak_rss_mib": mib(status_kib(sidecar.id(), "VmHWM:")),
+        "completed": provisioned && bound && done,
+    });
+    sidecar.stop(Duration::from_secs(10));
+    watch_task.abort();
+    out
+}
+
+/// Many objects of another driver exist; the sidecar idles.
+async fn idle(
+    plane: &Arc<ControlPlane>,
+    binary: Binary,
+    driver: DriverKind,
+    objects: (usize, usize, usize),
+    loops: bool,
+) -> Value {
+    let (n_pvs, n_claims, n_pods) = objects;
+    let tag = format!(
+        "id{}{}{}",
+        &binary.name()[..1],
+        &driver.name()[..1],
+        if loops { "l" } else { "" }
+    );
+    let mut world = World::new(plane, &tag, driver).await;
+    world.start_driver();
+    let other = format!("other-{tag}");
+    world
+        .create(
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": other}, "provisioner": "other.example.com",
+            "reclaimPolicy": "Retain", "volumeBindingMode": "Immediate"}),
+        )
+        .await;
+    let mut setup = Vec::new();
+    for i in 0..n_pvs {
+        setup.push(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": format!("{tag}-pv-{i}"), "labels": {"bench": tag},
+                "annotations": {"pv.kubernetes.io/provisioned-by": "other.example.com"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+                "persistentVolumeReclaimPolicy": "Retain", "storageClassName": other,
+                "csi": {"driver": "other.example.com", "volumeHandle": format!("h{i}"),
+                        "volumeAttributes": {"a": "b", "pool": "default"}}}}));
+    }
+    for i in 0..n_claims {
+        setup.push(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": format!("o{i}"), "namespace": world.ns, "labels": {"app": "bench"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": other,
+                     "resources": {"requests": {"storage": "1Gi"}}}}));
+    }
+    for i in 0..n_pods {
+        setup.push(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("p{i}"), "namespace": world.ns, "labels": {"app": "bench"}},
+            "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                "env": [{"name": "A", "value": "some value"}, {"name": "B", "value": "another value"}]}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": format!("o{i}")}}]}}));
+    }
+    world
+        .create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": world.ns}}))
+        .await;
+    world.create_many(setup).await;
+    let mut extra = args("1000", "2000");
+    if loops && binary == Binary::Ours {
+        extra.push(
+            "--feature-gates=PVCProtection=true,StatefulSetAutoDeletePVC=true,PVReleaser=true"
+                .into(),
+        );
+        extra.push(format!("--controller-id=bench-{tag}"));
+    }
+    let (mut sidecar, user) = world.start_sidecar(binary, &extra).await;
+    let pid = sidecar.id();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let after_sync = status_kib(pid, "VmRSS:");
+    let (_, writes_at_sync, _) = requests(&world.plane, &user);
+    tokio::time::sleep(Duration::from_secs(if smoke_mode() { 5 } else { 60 })).await;
+    let after_60 = status_kib(pid, "VmRSS:");
+    let (reads, writes, by) = requests(&world.plane, &user);
+    let out = json!({
+        "scenario": if loops { "idle-all-loops" } else { "idle" },
+        "binary": binary.name(),
+        "driver": driver.name(),
+        "objects": {"pvs": n_pvs, "claims": n_claims, "pods": n_pods},
+        "gates": if loops && binary == Binary::Ours { "PVCProtection,StatefulSetAutoDeletePVC,PVReleaser" } else { "defaults" },
+        "rss_after_sync_mib": mib(after_sync),
+        "rss_after_60s_mib": mib(after_60),
+        "peak_rss_mib": mib(status_kib(pid, "VmHWM:")),
+        "cpu_s": cpu_seconds(pid).map(|x| round(x, 2)),
+        "writes_while_idle": writes - writes_at_sync,
+        "writes": writes,
+        "reads": reads,
+        "requests": by,
+    });
+    sidecar.stop(Duration::from_secs(10));
+    // Free the API server for the next runs.
+    let pvs: Api<PersistentVolume> = Api::all(world.admin.clone());
+    let _ = pvs
+        .delete_collection(
+            &DeleteParams::default(),
+            &kube::api::ListParams::default().labels(&format!("bench={tag}")),
+        )
+        .await;
+    let _ = world
+        .admin
+        .request_text(
+            http::Request::delete(format!("/api/v1/namespaces/{}", world.ns))
+                .body(Vec::new())
+                .expect("request"),
+        )
+        .await;
+    out
+}
+
+/// Bound PVs of the driver without our finalizer; time until all carry it.
+async fn adopt(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n: usize) -> Value {
+    let tag = format!("ad{}{}", &binary.name()[..1], &driver.name()[..1]);
+    let mut world = World::new(plane, &tag, driver).await;
+    world.start_driver();
+    // Pre-bound pairs: the controller-manager binds them.
+    let mut setup = Vec::new();
+    for i in 0..n {
+        let pv = format!("{tag}-pv-{i}");
+        setup.push(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": format!("c{i}"), "namespace": world.ns},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": world.class,
+                     "volumeName": pv, "resources": {"requests": {"storage": "1Mi"}}}}));
+        setup.push(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": pv, "annotations": {"pv.kubernetes.io/provisioned-by": world.driver}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"},
+                "persistentVolumeReclaimPolicy": "Delete", "storageClassName": world.class,
+                "claimRef": {"namespace": world.ns, "name": format!("c{i}")},
+                "csi": {"driver": world.driver, "volumeHandle": format!("h{i}")}}}));
+    }
+    world.create_many(setup).await;
+    let pv_api: Api<PersistentVolume> = Api::all(world.admin.clone());
+    let mut all_bound = false;
+    for _ in 0..900 {
+        let list = pv_api.list(&Default::default()).await.expect("pvs");
+        let bound = list
+            .items
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&format!("{tag}-pv-")))
+            })
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count();
+        if bound >= n {
+            all_bound = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
+    let started = Instant::now();
+    let (mut sidecar, user) = world.start_sidecar(binary, &args("100000", "100000")).await;
+    let done = wait_until("finalizer on every PV", Duration::from_secs(900), || {
+        pvs.finalized().len() >= n
+    })
+    .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let (reads, writes, _) = requests(&world.plane, &user);
+    let out = json!({
+        "scenario": "adopt",
+        "binary": binary.name(),
+        "driver": driver.name(),
+        "pvs": n,
+        "seconds": round(seconds, 2),
+        "pvs_per_s": round(pvs.finalized().len() as f64 / seconds, 1),
+        "writes": writes,
+        "reads": reads,
+        "cpu_s": cpu_seconds(sidecar.id()).map(|x| round(x, 2)),
+        "peak_rss_mib": mib(status_kib(sidecar.id(), "VmHWM:")),
+        "completed": all_bound && done,
+    });
+    sidecar.stop(Duration::from_secs(10));
+    watch_task.abort();
+    out
+}
+
+/// Process start to the first PV, with PVs of the driver cached.
+async fn startup(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n: usize) -> Value {
+    let tag = format!("su{}{}", &binary.name()[..1], &driver.name()[..1]);
+    let mut world = World::new(plane, &tag, driver).await;
+    world.start_driver();
+    let mut setup = Vec::new();
+    for i in 0..n {
+        setup.push(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": format!("{tag}-pv-{i}"), "annotations": {"pv.kubernetes.io/provisioned-by": world.driver}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"},
+                "persistentVolumeReclaimPolicy": "Retain", "storageClassName": format!("cached-{tag}"),
+                "csi": {"driver": world.driver, "volumeHandle": format!("h{i}")}}}));
+    }
+    world.create_many(setup).await;
+    // Another class keeps the binder from binding the claim to a cached PV.
+    world.create(world.claim("first")).await;
+    let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
+    // The watch's initial list includes the n existing PVs.
+    wait_until("watch synced", Duration::from_secs(60), || {
+        pvs.seen().len() >= n
+    })
+    .await;
+    let started = Instant::now();
+    let (mut sidecar, _) = world.start_sidecar(binary, &args("1000", "2000")).await;
+    let done = wait_until("the first PV", Duration::from_secs(120), || {
+        pvs.seen().contains_key("first")
+    })
+    .await;
+    let seconds = pvs
+        .seen()
+        .get("first")
+        .map(|t| t.duration_since(started).as_secs_f64());
+    let out = json!({
+        "scenario": "startup",
+        "binary": binary.name(),
+        "driver": driver.name(),
+        "cached_pvs": n,
+        "seconds_to_first_pv": seconds.map(|s| round(s, 3)),
+        "completed": done,
+    });
+    sidecar.stop(Duration::from_secs(10));
+    watch_task.abort();
+    out
+}
+
+fn headline(result: &Value) -> Option<(&'static str, f64, bool)> {
+    // (metric, value, higher is better)
+    let scenario = result["scenario"].as_str()?;
+    match scenario {
+        "backlog" | "throttled" | "delete" => {
+            Some(("vol_per_s", result["vol_per_s"].as_f64()?, true))
+        }
+        "steady" => Some(("p99_ms", result["p99_ms"].as_f64()?, false)),
+        "idle" | "idle-all-loops" => Some((
+            "rss_after_60s_mib",
+            result["rss_after_60s_mib"].as_f64()?,
+            false,
+        )),
+        "adopt" => Some(("pvs_per_s", result["pvs_per_s"].as_f64()?, true)),
+        "startup" => Some((
+            "seconds_to_first_pv",
+            result["seconds_to_first_pv"].as_f64()?,
+            false,
+        )),
+        _ => None,
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let bins = match Binaries::from_env() {
+        Ok(bins)
+            if bins.has("kube-controller-manager")
+                && bins.has("csi-provisioner")
+                && bins.has("hostpathplugin") =>
+        {
+            bins
+        }
+        Ok(bins) => {
+            println!(
+                "{}",
+                json!({"skipped": format!("{} lacks kube-controller-manager, csi-provisioner or hostpathplugin", bins.dir.display())})
+            );
+            return;
+        }
+        Err(e) => {
+            println!("{}", json!({"skipped": e.to_string()}));
+            return;
+        }
+    };
+    let plane = Arc::new(ControlPlane::start(bins, Config::standard()).expect("control plane"));
+    let wanted: Vec<String> = std::env::var("BENCH_SCENARIOS")
+        .unwrap_or_else(|_| "backlog,steady,throttled,delete,idle,adopt,startup".into())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .collect();
+    let drivers: Vec<DriverKind> = std::env::var("BENCH_DRIVERS")
+        .unwrap_or_else(|_| "hostpathplugin,csi-hostpath".into())
+        .split(',')
+        .filter_map(|d| match d.trim() {
+            "hostpathplugin" => Some(DriverKind::Upstream),
+            "csi-hostpath" => Some(DriverKind::Ours),
+            _ => None,
+        })
+        .collect();
+    let backlog_n = env_usize("BENCH_BACKLOG", 1000, 20);
+    let throttled_n = env_usize("BENCH_THROTTLED", 100, 10);
+    let delete_n = env_usize("BENCH_DELETE", 1000, 20);
+    let idle_n = env_usize("BENCH_IDLE_OBJECTS", 10_000, 50);
+    let idle_pods = env_usize("BENCH_IDLE_PODS", 2000, 20);
+    let adopt_n = env_usize("BENCH_ADOPT", 10_000, 20);
+    let startup_n = env_usize("BENCH_STARTUP_PVS", 1000, 20);
+    let steady_rate = env_usize("BENCH_STEADY_RATE", 50, 5);
+    let steady_s = env_usize("BENCH_STEADY_SECONDS", 20, 2);
+
+    let mut results: Vec<Value> = Vec::new();
+    for scenario in &wanted {
+        for driver in &drivers {
+            for binary in [Binary::Upstream, Binary::Ours] {
+                let result = match scenario.as_str() {
+                    "backlog" => {
+                        backlog(
+                            &plane,
+                            "backlog",
+                            binary,
+                            *driver,
+                            backlog_n,
+                            args("1000", "2000"),
+                        )
+                        .await
+                    }
+                    "throttled" => {
+                        backlog(
+                            &plane,
+                            "throttled",
+                            binary,
+                            *driver,
+                            throttled_n,
+                            args("5", "10"),
+                        )
+                        .await
+                    }
+                    "steady" => steady(&plane, binary, *driver, steady_rate, steady_s).await,
+                    "delete" => delete(&plane, binary, *driver, delete_n).await,
+                    "idle" => {
+                        idle(&plane, binary, *driver, (idle_n, idle_n, idle_pods), false).await
+                    }
+                    "adopt" => adopt(&plane, binary, *driver, adopt_n).await,
+                    "startup" => startup(&plane, binary, *driver, startup_n).await,
+                    other => {
+                        eprintln!("unknown scenario {other}");
+                        continue;
+                    }
+                };
+                println!("{result}");
+                results.push(result);
+            }
+            if scenario == "idle" && !smoke_mode() {
+                let result = idle(
+                    &plane,
+                    Binary::Ours,
+                    *driver,
+                    (idle_n, idle_n, idle_pods),
+                    true,
+                )
+                .await;
+                println!("{result}");
+                results.push(result);
+            }
+            let pick = |b: Binary| {
+                results.iter().rev().find(|r| {
+                    r["scenario"] == scenario.as_str()
+                        && r["binary"] == b.name()
+                        && r["driver"] == driver.name()
+                })
+            };
+            if let (Some(ours), Some(upstream)) = (pick(Binary::Ours), pick(Binary::Upstream))
+                && let (Some((metric, a, higher)), Some((_, b, _))) =
+                    (headline(ours), headline(upstream))
+            {
+                let ratio = if higher { a / b } else { b / a };
+                println!(
+                    "{}",
+                    json!({"ratio": scenario, "driver": driver.name(), "metric": metric,
+                           "ours": a, "upstream": b,
+                           "ours_better_by": round(ratio, 2)})
+                );
+            }
+        }
+    }
+    let _ = Path::new(".");
+}
