@@ -164,27 +164,27 @@ async fn create_is_idempotent_and_conflicts_are_final() {
     let running = RunningDriver::start(|_| {});
     let driver = running.driver(Duration::from_secs(2)).await;
     let first = driver
-        .create_volume(request("pvc-a", 1 << 20))
+        .create_volume(request("pvc-a", 1 << 20), false)
         .await
         .expect("create");
     let again = driver
-        .create_volume(request("pvc-a", 1 << 20))
+        .create_volume(request("pvc-a", 1 << 20), false)
         .await
         .expect("repeat");
     let (first, again) = (first.volume.expect("volume"), again.volume.expect("volume"));
     assert_eq!(first.volume_id, again.volume_id, "same name, same volume");
     let conflict = driver
-        .create_volume(request("pvc-a", 1 << 30))
+        .create_volume(request("pvc-a", 1 << 30), false)
         .await
         .expect_err("incompatible size");
     assert_eq!(conflict.code(), Code::AlreadyExists);
     assert_eq!(conflict.class(), ErrorClass::Final);
     driver
-        .delete_volume(&first.volume_id, HashMap::new())
+        .delete_volume(&first.volume_id, HashMap::new(), false)
         .await
         .expect("delete");
     driver
-        .delete_volume(&first.volume_id, HashMap::new())
+        .delete_volume(&first.volume_id, HashMap::new(), false)
         .await
         .expect("deleting again is fine");
 }
@@ -196,11 +196,11 @@ async fn resource_exhausted_is_non_final() {
     });
     let driver = running.driver(Duration::from_secs(2)).await;
     driver
-        .create_volume(request("pvc-a", 2 << 20))
+        .create_volume(request("pvc-a", 2 << 20), false)
         .await
         .expect("fits");
     let full = driver
-        .create_volume(request("pvc-b", 1 << 20))
+        .create_volume(request("pvc-b", 1 << 20), false)
         .await
         .expect_err("full");
     assert_eq!(full.code(), Code::ResourceExhausted);
@@ -217,7 +217,7 @@ async fn our_deadline_fires_and_is_non_final() {
     )]));
     let started = Instant::now();
     let err = driver
-        .create_volume(request("pvc-slow", 1 << 20))
+        .create_volume(request("pvc-slow", 1 << 20), false)
         .await
         .expect_err("deadline");
     assert!(
@@ -242,7 +242,7 @@ async fn injected_errors_keep_their_code_and_class() {
             Fault::error("CreateVolume", code).times(1),
         ]));
         let err = driver
-            .create_volume(request("pvc-x", 1 << 20))
+            .create_volume(request("pvc-x", 1 << 20), false)
             .await
             .expect_err("injected");
         assert_eq!((err.code(), err.class()), (code, class));

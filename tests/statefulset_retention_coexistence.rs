@@ -628,10 +628,13 @@ async fn another_controller_and_stale_references_are_respected_by_both() {
     }
 }
 
+/// A claim of the set's template without a pod, with the set's selector
+/// labels (as the controller-manager writes them; a claim without them is
+/// never the set's).
 fn plain_claim(name: &str) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": "web"}},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
                  "resources": {"requests": {"storage": "1Mi"}}},
     })

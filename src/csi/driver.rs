@@ -22,7 +22,7 @@ use csi_proto::v1::{
 use tonic::transport::Channel;
 
 use super::error::CsiError;
-use super::{request, with_deadline};
+use super::{request, with_deadline, with_deadline_migrated};
 
 /// Why the sidecar cannot run against this driver.
 #[derive(Debug, thiserror::Error)]
@@ -261,14 +261,18 @@ impl Driver {
         .await
     }
 
+    /// `migrated`: the volume is an in-tree one served through CSI
+    /// migration (only the metric label differs).
     pub async fn create_volume(
         &self,
         message: CreateVolumeRequest,
+        migrated: bool,
     ) -> Result<CreateVolumeResponse, CsiError> {
         let mut client = self.controller.clone();
-        with_deadline(
+        with_deadline_migrated(
             "CreateVolume",
             self.timeout,
+            migrated,
             client.create_volume(request(message, self.timeout)),
         )
         .await
@@ -280,15 +284,17 @@ impl Driver {
         &self,
         volume_id: &str,
         secrets: HashMap<String, String>,
+        migrated: bool,
     ) -> Result<(), CsiError> {
         let mut client = self.controller.clone();
         let message = DeleteVolumeRequest {
             volume_id: volume_id.to_owned(),
             secrets,
         };
-        match with_deadline(
+        match with_deadline_migrated(
             "DeleteVolume",
             self.timeout,
+            migrated,
             client.delete_volume(request(message, self.timeout)),
         )
         .await

@@ -34,6 +34,20 @@ pub(crate) async fn with_deadline<T, F>(
 where
     F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
+    with_deadline_migrated(method, timeout, false, call).await
+}
+
+/// As [`with_deadline`], for a call that serves (`migrated`) or not an
+/// in-tree volume migrated to CSI: upstream's `migrated` metric label.
+pub(crate) async fn with_deadline_migrated<T, F>(
+    method: &'static str,
+    timeout: Duration,
+    migrated: bool,
+    call: F,
+) -> Result<T, CsiError>
+where
+    F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
     let started = std::time::Instant::now();
     let result = match tokio::time::timeout(timeout, call).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
@@ -52,6 +66,6 @@ where
         Ok(_) => tonic::Code::Ok,
         Err(e) => e.code(),
     };
-    crate::metrics::observe_csi_call(method, code, started.elapsed());
+    crate::metrics::observe_csi_call_migrated(method, code, started.elapsed(), migrated);
     result
 }

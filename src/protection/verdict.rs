@@ -6,7 +6,10 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::ClaimName;
-use crate::provision::{ProvisionerConfig, annotated_provisioner, claim_class_name, is_our_volume};
+use crate::migration::InTreePlugin;
+use crate::provision::{
+    ProvisionerConfig, claim_class_name, is_annotated_for_us, is_our_volume, migrated_class_plugin,
+};
 use crate::wellknown as wk;
 
 /// What to do with one claim, judged from the watch caches.
@@ -44,8 +47,11 @@ pub enum Confirmation {
 /// (static PVs, or a class deleted since), or the controller-manager
 /// annotated it for the driver (`volume.kubernetes.io/storage-provisioner`,
 /// copied from the class; it keeps an unbound claim ours after its class is
-/// deleted, so that a finalizer we added is also removed by us). `class` and
-/// `volume` are the objects the claim names, if they exist in the caches.
+/// deleted, so that a finalizer we added is also removed by us). CSI
+/// migration: a class of the in-tree plugin our driver took over, an
+/// in-tree PV of that plugin, or the older annotation form (in-tree name
+/// plus `migrated-to`) count too. `class` and `volume` are the objects the
+/// claim names, if they exist in the caches.
 pub fn is_our_claim(
     claim: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
@@ -56,7 +62,8 @@ pub fn is_our_claim(
     let by_class = class.is_some_and(|class| {
         !class_name.is_empty()
             && class.metadata.name.as_deref() == Some(class_name.as_str())
-            && class.provisioner == config.driver_name
+            && (class.provisioner == config.driver_name
+                || migrated_class_plugin(class, config).is_some())
     });
     let volume_name = claim
         .spec
@@ -66,16 +73,18 @@ pub fn is_our_claim(
     let by_volume = match (volume_name, volume) {
         (Some(name), Some(pv)) => {
             pv.metadata.name.as_deref() == Some(name)
-                && pv
+                && (pv
                     .spec
                     .as_ref()
                     .and_then(|spec| spec.csi.as_ref())
                     .is_some_and(|csi| csi.driver == config.driver_name)
+                    || InTreePlugin::of_in_tree_volume(pv)
+                        .is_some_and(|plugin| plugin.csi_driver() == config.driver_name))
                 && is_our_volume(pv, config)
         }
         _ => false,
     };
-    let by_annotation = annotated_provisioner(claim) == Some(config.driver_name.as_str());
+    let by_annotation = is_annotated_for_us(claim, config);
     by_class || by_volume || by_annotation
 }
 

@@ -776,3 +776,111 @@ fn shut_down_pods() {
     grace_only.metadata.deletion_grace_period_seconds = Some(0);
     assert!(!pod_is_shut_down(&grace_only), "no deletion timestamp");
 }
+
+/// CSI migration: the EBS driver's sidecar protects claims of the in-tree
+/// `kubernetes.io/aws-ebs` classes it provisions, whichever annotation form
+/// the controller-manager wrote, and claims bound to its in-tree PVs.
+#[test]
+fn ownership_under_csi_migration() {
+    use crate::provision::fixtures::{
+        AWS_EBS_PLUGIN, EBS_DRIVER, ebs_config, gp2_class, migrated_volume,
+    };
+    let ebs = ebs_config();
+    let annotated = |pairs: &[(&str, &str)]| {
+        let mut c = claim("data");
+        if let Some(spec) = c.spec.as_mut() {
+            spec.storage_class_name = Some("gone".to_owned());
+        }
+        c.metadata.annotations = Some(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        c
+    };
+    let of_gp2 = || {
+        let mut c = claim("data");
+        if let Some(spec) = c.spec.as_mut() {
+            spec.storage_class_name = Some("gp2".to_owned());
+        }
+        c
+    };
+    let bound_in_tree = || {
+        let mut c = annotated(&[]);
+        if let Some(spec) = c.spec.as_mut() {
+            spec.volume_name = Some(crate::provision::fixtures::VOLUME.to_owned());
+        }
+        c
+    };
+    let mut other_plugin = migrated_volume();
+    if let Some(spec) = other_plugin.spec.as_mut() {
+        spec.aws_elastic_block_store = None;
+        spec.gce_persistent_disk =
+            Some(k8s_openapi::api::core::v1::GCEPersistentDiskVolumeSource {
+                pd_name: "disk".to_owned(),
+                ..Default::default()
+            });
+    }
+    let cases: Vec<OwnershipCase> = vec![
+        (
+            "class of the in-tree plugin we took over",
+            of_gp2(),
+            Some(gp2_class()),
+            None,
+            true,
+        ),
+        (
+            "annotated with our CSI name (1.36 controller-manager)",
+            annotated(&[(wk::ANN_STORAGE_PROVISIONER, EBS_DRIVER)]),
+            None,
+            None,
+            true,
+        ),
+        (
+            "annotated with the in-tree name and migrated-to us (older releases)",
+            annotated(&[
+                (wk::ANN_STORAGE_PROVISIONER, AWS_EBS_PLUGIN),
+                (wk::ANN_MIGRATED_TO, EBS_DRIVER),
+            ]),
+            None,
+            None,
+            true,
+        ),
+        (
+            "annotated with the in-tree name, not migrated",
+            annotated(&[(wk::ANN_STORAGE_PROVISIONER, AWS_EBS_PLUGIN)]),
+            None,
+            None,
+            false,
+        ),
+        (
+            "bound to our in-tree PV",
+            bound_in_tree(),
+            None,
+            Some(migrated_volume()),
+            true,
+        ),
+        (
+            "bound to an in-tree PV of another plugin",
+            bound_in_tree(),
+            None,
+            Some(other_plugin),
+            false,
+        ),
+    ];
+    for (what, claim, class, volume, want) in cases {
+        assert_eq!(
+            is_our_claim(&claim, class.as_ref(), volume.as_ref(), &ebs),
+            want,
+            "{what}"
+        );
+    }
+    // The hostpath driver took over no plugin: a gp2 claim is not its own.
+    assert!(!is_our_claim(
+        &of_gp2(),
+        Some(&gp2_class()),
+        None,
+        &config()
+    ));
+}

@@ -87,7 +87,7 @@ mod error;
 pub mod events;
 mod finalizer;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 pub mod infeasible;
 pub mod node_deployment;
 mod outcome;
@@ -122,7 +122,7 @@ pub use plan::{
     driver_parameters, migrated_class_plugin, plan_provision, selected_node_name,
     volume_attributes_class_name, volume_name,
 };
-pub use pv::{PvBuildError, build_pv};
+pub use pv::{PvBuildError, build_pv, records_same_volume};
 pub use secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
 pub use should_provision::{
     ProvisionDecision, SkipReason, annotated_provisioner, is_annotated_for_us, should_provision,

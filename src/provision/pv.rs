@@ -241,6 +241,25 @@ pub fn build_pv(
     Ok(pv)
 }
 
+/// Whether two PVs record the same volume for the same claim: what a
+/// 409 on our PV create compares (our earlier attempt, its answer lost, vs
+/// another claim's PV of that name). Volumes are compared by backend id,
+/// so an in-tree PV (CSI migration) and its CSI form count as the same; a
+/// PV whose id cannot be read matches nothing, and is never taken for ours.
+pub fn records_same_volume(existing: &PersistentVolume, wanted: &PersistentVolume) -> bool {
+    let claim_uid = |pv: &PersistentVolume| {
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.claim_ref.as_ref())
+            .and_then(|c| c.uid.clone())
+    };
+    let id = |pv: &PersistentVolume| super::delete::volume_id_of(pv).ok().map(|(id, _)| id);
+    claim_uid(existing).is_some()
+        && claim_uid(existing) == claim_uid(wanted)
+        && id(existing).is_some()
+        && id(existing) == id(wanted)
+}
+
 #[cfg(test)]
 #[path = "pv_tests.rs"]
 mod tests;

@@ -501,3 +501,74 @@ fn migrated_pv_with_a_malformed_handle() {
         Some("pvc-1".to_owned())
     );
 }
+
+/// A 409 on our PV create: the PV there is ours (an earlier attempt whose
+/// answer was lost) only when it records the same claim and backend volume;
+/// two in-tree PVs (no CSI handle) are compared by their translated ids.
+#[test]
+fn records_same_volume_compares_claim_and_backend_id() {
+    use crate::provision::fixtures::{migrated_volume, released_volume};
+    let csi = released_volume();
+    let in_tree = migrated_volume();
+    let with_claim_uid = |pv: &PersistentVolume, uid: &str| {
+        let mut pv = pv.clone();
+        if let Some(c) = pv.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+            c.uid = Some(uid.to_owned());
+        }
+        pv
+    };
+    let with_ebs_id = |id: &str| {
+        let mut pv = in_tree.clone();
+        if let Some(ebs) = pv
+            .spec
+            .as_mut()
+            .and_then(|s| s.aws_elastic_block_store.as_mut())
+        {
+            ebs.volume_id = id.to_owned();
+        }
+        pv
+    };
+    let with_handle = |handle: &str| {
+        let mut pv = csi.clone();
+        if let Some(c) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+            c.volume_handle = handle.to_owned();
+        }
+        pv
+    };
+    let mut no_source = csi.clone();
+    if let Some(spec) = no_source.spec.as_mut() {
+        spec.csi = None;
+    }
+    let cases: Vec<(&str, PersistentVolume, PersistentVolume, bool)> = vec![
+        ("same CSI PV", csi.clone(), csi.clone(), true),
+        ("same in-tree PV", in_tree.clone(), in_tree.clone(), true),
+        (
+            "in-tree volume id with and without its zone",
+            in_tree.clone(),
+            with_ebs_id("vol-0123"),
+            true,
+        ),
+        (
+            "in-tree PVs of the same claim, different volumes",
+            in_tree.clone(),
+            with_ebs_id("vol-0456"),
+            false,
+        ),
+        (
+            "CSI PVs, different handles",
+            csi.clone(),
+            with_handle("handle-2"),
+            false,
+        ),
+        (
+            "another claim",
+            csi.clone(),
+            with_claim_uid(&csi, "other-uid"),
+            false,
+        ),
+        ("no readable volume id", no_source.clone(), no_source, false),
+    ];
+    for (what, existing, wanted, same) in cases {
+        assert_eq!(records_same_volume(&existing, &wanted), same, "{what}");
+    }
+}

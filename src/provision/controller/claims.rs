@@ -35,7 +35,7 @@ use crate::provision::snapshot_types::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::provision::{
     CreateVolumeOutcome, DataSourceKind, DataSourceObjects, ProvisionDecision, ProvisionInputs,
     SourceFinalizer, build_pv, classify_create_volume_error, data_source_ref, grpc_error_text,
-    may_reschedule, plan_provision, selected_node_name, should_provision,
+    may_reschedule, plan_provision, records_same_volume, selected_node_name, should_provision,
     volume_attributes_class_name, volume_name,
 };
 use crate::wellknown as wk;
@@ -212,10 +212,12 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 request: plan.request.clone(),
                 secret: plan.provisioner_secret.clone(),
                 retain: plan.reclaim_policy == "Retain",
+                migrated: plan.is_migrated(),
             };
             let entry =
                 JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref())
-                    .retained(op.retain);
+                    .retained(op.retain)
+                    .migrated(op.migrated);
             if let Err(e) = ctx.journal.record(&key.uid, entry).await {
                 tracing::warn!(claim = %key, error = %e, "cannot record the operation in the journal; not calling CreateVolume yet");
                 if let super::journal::JournalError::Rejected { rejection, .. } = &e {
@@ -259,7 +261,11 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     }
 
     tracing::info!(claim = %key, volume = %plan.volume_name, "calling CreateVolume");
-    let response = match ctx.driver.create_volume(request.clone()).await {
+    let response = match ctx
+        .driver
+        .create_volume(request.clone(), plan.is_migrated())
+        .await
+    {
         Ok(response) => response,
         Err(e) => return create_failed(ctx, &claim, &class_name, &plan, e).await,
     };
@@ -272,7 +278,10 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             // what it created, then try again from scratch.
             note(ctx, &claim, notes::provisioning_failed(&e.to_string())).await;
             if let Some(id) = e.volume_to_delete(&response)
-                && let Err(del) = ctx.driver.delete_volume(id, request.secrets.clone()).await
+                && let Err(del) = ctx
+                    .driver
+                    .delete_volume(id, request.secrets.clone(), plan.is_migrated())
+                    .await
             {
                 tracing::error!(claim = %key, volume_id = id, error = %del, "cannot delete an unusable volume; will retry");
                 return Next::Retry;
@@ -341,7 +350,11 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 notes::pv_save_failed(&key.namespace, &key.name, &reason),
             )
             .await;
-            match ctx.driver.delete_volume(&volume_id, request.secrets).await {
+            match ctx
+                .driver
+                .delete_volume(&volume_id, request.secrets, plan.is_migrated())
+                .await
+            {
                 Ok(()) => ctx.finish(&key.uid),
                 Err(e) => {
                     note(
@@ -652,6 +665,12 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     if let Some(secret) = &op.secret {
         match ctx.secret_data(secret).await {
             Ok(data) => request.secrets = data,
+            // Gone with the claim's namespace, or not readable: clean up
+            // without credentials, as a PV's deletion does (issue 11 case
+            // 3); waiting would keep the volume for ever.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => {
+                tracing::warn!(claim = %key, secret = %format!("{}/{}", secret.namespace, secret.name), error = %s.message, "provisioner secret not available; cleaning up without credentials");
+            }
             Err(e) => {
                 tracing::warn!(claim = %key, error = %e, "cannot read the provisioner secret to clean up; will retry");
                 return Next::Retry;
@@ -659,7 +678,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
         }
     }
     let secrets = request.secrets.clone();
-    match ctx.driver.create_volume(request).await {
+    match ctx.driver.create_volume(request, op.migrated).await {
         Ok(response) => {
             let Some(id) = response
                 .volume
@@ -669,7 +688,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
                 ctx.finish(&key.uid);
                 return Next::Done;
             };
-            match ctx.driver.delete_volume(&id, secrets).await {
+            match ctx.driver.delete_volume(&id, secrets, op.migrated).await {
                 Ok(()) => {
                     tracing::info!(claim = %key, volume_id = %id, "deleted the volume of a claim deleted during provisioning");
                     ctx.finish(&key.uid);
@@ -716,7 +735,7 @@ async fn save_pv(
                 // Saved by an earlier attempt whose answer was lost, or a
                 // different PV of the same name (upstream #1469): compare.
                 return match api.get_opt(&name).await {
-                    Ok(Some(existing)) if same_volume(&existing, pv) => SaveOutcome::Saved,
+                    Ok(Some(existing)) if records_same_volume(&existing, pv) => SaveOutcome::Saved,
                     Ok(Some(_)) => SaveOutcome::Orphan(format!(
                         "PersistentVolume {name} already exists for another claim or volume"
                     )),
@@ -733,16 +752,6 @@ async fn save_pv(
         }
     }
     SaveOutcome::Failed(last_error)
-}
-
-fn same_volume(existing: &PersistentVolume, wanted: &PersistentVolume) -> bool {
-    let handle = |pv: &PersistentVolume| {
-        pv.spec
-            .as_ref()
-            .and_then(|s| s.csi.as_ref())
-            .map(|c| c.volume_handle.clone())
-    };
-    claim_uid_of(existing) == claim_uid_of(wanted) && handle(existing) == handle(wanted)
 }
 
 /// The data source objects, fetched (claims from the cache, snapshots from

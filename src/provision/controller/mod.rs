@@ -84,6 +84,9 @@ pub struct InFlight {
     /// whose claim is gone is kept, never deleted (its PV, if one was
     /// saved and then deleted, was meant to keep it: issue 11 case 10).
     pub retain: bool,
+    /// The volume is an in-tree one served through CSI migration (the
+    /// `migrated` label of its CSI calls, after a restart too).
+    pub migrated: bool,
 }
 
 /// Everything a worker needs.
@@ -374,6 +377,7 @@ impl Context {
                             request,
                             secret: entry.secret(),
                             retain: entry.retain,
+                            migrated: entry.migrated,
                         },
                     );
                     self.claims.add(ClaimKey {

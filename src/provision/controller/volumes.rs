@@ -141,7 +141,11 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             None => Default::default(),
         };
         tracing::info!(volume = %name, volume_id = %plan.volume_id, "calling DeleteVolume");
-        if let Err(e) = ctx.driver.delete_volume(&plan.volume_id, secrets).await {
+        if let Err(e) = ctx
+            .driver
+            .delete_volume(&plan.volume_id, secrets, plan.is_migrated())
+            .await
+        {
             let text = crate::provision::grpc_error_text(&e.status);
             crate::metrics::delete_failed(&class_name);
             tracing::warn!(volume = %name, error = %text, "DeleteVolume failed");

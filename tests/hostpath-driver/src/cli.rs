@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
 
+use crate::ids::VolumeIdFormat;
 use crate::quantity::parse_quantity;
 use crate::{Config, DEFAULT_DRIVER_NAME, Error, TOPOLOGY_KEY};
 
@@ -57,6 +58,13 @@ pub struct Cli {
     #[arg(long, value_name = "KEY", default_value = TOPOLOGY_KEY)]
     pub topology_key: String,
 
+    /// Volume ids on the wire: `plain` (the driver's own), or `gce-pd`
+    /// (`projects/csi-hostpath/zones/<nodeid>/disks/<id>`, any project and
+    /// zone or region accepted back) to stand in for the GCE PD driver,
+    /// whose CSI migration translation reads the disk name from the handle.
+    #[arg(long, value_name = "FORMAT", default_value = "plain", value_parser = VolumeIdFormat::parse)]
+    pub volume_id_format: VolumeIdFormat,
+
     /// Advertise PUBLISH_UNPUBLISH_VOLUME and answer ControllerPublish /
     /// ControllerUnpublish (bookkeeping only).
     #[arg(
@@ -104,6 +112,7 @@ const LONG_FLAGS: &[&str] = &[
     "max-volume-size",
     "enable-topology",
     "topology-key",
+    "volume-id-format",
     "faults-file",
     "version",
     "help",
@@ -207,6 +216,7 @@ impl Cli {
             faults_file: self.faults_file.unwrap_or_default(),
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
             controller_publish: self.enable_controller_publish,
+            volume_id_format: self.volume_id_format,
         })
     }
 
@@ -271,6 +281,7 @@ mod tests {
                 "--enable-topology=false",
                 "--topology-key=topology.ebs.csi.aws.com/zone",
                 "--faults-file=/tmp/f.json",
+                "--volume-id-format=gce-pd",
                 "--v=5",
             ],
             vec![
@@ -287,6 +298,8 @@ mod tests {
                 "-topology-key",
                 "topology.ebs.csi.aws.com/zone",
                 "-faults-file=/tmp/f.json",
+                "-volume-id-format",
+                "gce-pd",
                 "-v=5",
             ],
         ] {
@@ -308,6 +321,7 @@ mod tests {
             assert!(!config.enable_topology);
             assert_eq!(config.topology_key, "topology.ebs.csi.aws.com/zone");
             assert_eq!(config.faults_file, PathBuf::from("/tmp/f.json"));
+            assert_eq!(config.volume_id_format, crate::ids::VolumeIdFormat::GcePd);
         }
     }
 
@@ -353,6 +367,7 @@ mod tests {
             &["--capacity=slow=-1Gi"],
             &["--max-volume-size=1GB"],
             &["--max-volume-size="],
+            &["--volume-id-format=gce"],
             &["--v=loud"],
             &["--no-such-flag"],
             &["-no-such-flag"],

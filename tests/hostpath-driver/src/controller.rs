@@ -974,7 +974,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::CreateVolumeRequest>,
     ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let name = req.name.clone();
         self.call("CreateVolume", target(&name), self.create_volume_impl(req))
             .await
@@ -984,7 +984,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::DeleteVolumeRequest>,
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("DeleteVolume", target(&id), self.delete_volume_impl(req))
             .await
@@ -994,7 +994,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("ControllerPublishVolume", target(&id), async {
             if !self.inner.config.controller_publish {
@@ -1046,7 +1046,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("ControllerUnpublishVolume", target(&id), async {
             if !self.inner.config.controller_publish {
@@ -1076,7 +1076,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("ValidateVolumeCapabilities", target(&id), async {
             self.validate_capabilities_impl(req)
@@ -1088,7 +1088,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ListVolumesRequest>,
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         self.call("ListVolumes", None, async { self.list_volumes_impl(req) })
             .await
     }
@@ -1097,7 +1097,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         self.call("GetCapacity", None, async { self.get_capacity_impl(req) })
             .await
     }
@@ -1118,7 +1118,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let name = req.name.clone();
         self.call(
             "CreateSnapshot",
@@ -1132,7 +1132,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.snapshot_id.clone();
         self.call(
             "DeleteSnapshot",
@@ -1146,7 +1146,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         self.call("ListSnapshots", None, async {
             self.list_snapshots_impl(req)
         })
@@ -1157,7 +1157,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::GetSnapshotRequest>,
     ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.snapshot_id.clone();
         self.call("GetSnapshot", target(&id), async {
             self.get_snapshot_impl(req)
@@ -1169,7 +1169,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ControllerExpandVolumeRequest>,
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call(
             "ControllerExpandVolume",
@@ -1183,7 +1183,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ControllerGetVolumeRequest>,
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("ControllerGetVolume", target(&id), async {
             self.get_volume_impl(req)
@@ -1195,7 +1195,7 @@ impl Controller for Driver {
         &self,
         request: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        let id = request.into_inner().volume_id;
+        let id = self.incoming(request).volume_id;
         self.call("ControllerModifyVolume", target(&id), async {
             Err(unimplemented("ControllerModifyVolume"))
         })

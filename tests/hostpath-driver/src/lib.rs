@@ -20,9 +20,11 @@ mod controller;
 pub mod faults;
 mod fsops;
 mod identity;
+pub mod ids;
 mod locks;
 mod node;
 pub mod quantity;
+pub use ids::VolumeIdFormat;
 mod state;
 mod store;
 
@@ -79,6 +81,8 @@ pub struct Config {
     /// this driver's node). Off by default: a provisioner next to a driver
     /// that attaches volumes waits for VolumeAttachments to go.
     pub controller_publish: bool,
+    /// How volume ids look on the wire (records keep the plain id).
+    pub volume_id_format: ids::VolumeIdFormat,
 }
 
 impl Config {
@@ -99,6 +103,7 @@ impl Config {
             faults_file: dir.join("faults.json"),
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
             controller_publish: false,
+            volume_id_format: ids::VolumeIdFormat::Plain,
         }
     }
 }

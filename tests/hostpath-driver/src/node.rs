@@ -548,7 +548,7 @@ impl Node for Driver {
         &self,
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
-        let id = request.into_inner().volume_id;
+        let id = self.incoming(request).volume_id;
         self.call("NodeStageVolume", Some(&id), async {
             Err(unimplemented("NodeStageVolume"))
         })
@@ -559,7 +559,7 @@ impl Node for Driver {
         &self,
         request: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        let id = request.into_inner().volume_id;
+        let id = self.incoming(request).volume_id;
         self.call("NodeUnstageVolume", Some(&id), async {
             Err(unimplemented("NodeUnstageVolume"))
         })
@@ -570,7 +570,7 @@ impl Node for Driver {
         &self,
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("NodePublishVolume", Some(&id), self.publish_impl(req))
             .await
@@ -580,7 +580,7 @@ impl Node for Driver {
         &self,
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("NodeUnpublishVolume", Some(&id), self.unpublish_impl(req))
             .await
@@ -590,7 +590,7 @@ impl Node for Driver {
         &self,
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("NodeGetVolumeStats", Some(&id), self.volume_stats_impl(req))
             .await
@@ -600,7 +600,7 @@ impl Node for Driver {
         &self,
         request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        let req = request.into_inner();
+        let req = self.incoming(request);
         let id = req.volume_id.clone();
         self.call("NodeExpandVolume", Some(&id), self.expand_impl(req))
             .await

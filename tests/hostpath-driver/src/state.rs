@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tonic::{Response, Status};
 
 use crate::faults::Injector;
+use crate::ids::VolumeIds;
 use crate::locks::KeyedLocks;
 use crate::store::{self, SNAPSHOTS_DIR, SnapshotRecord, VOLUMES_DIR, VolumeRecord};
 use crate::{Config, Error};
@@ -315,7 +316,7 @@ impl Driver {
 
     /// Runs one RPC: fault injection before, the body, the exit fault after
     /// success, logging.
-    pub(crate) async fn call<T>(
+    pub(crate) async fn call<T: VolumeIds>(
         &self,
         method: &'static str,
         target: Option<&str>,
@@ -336,7 +337,20 @@ impl Driver {
                 "failed"
             ),
         }
-        result.map(Response::new)
+        result.map(|mut message| {
+            let format = self.inner.config.volume_id_format;
+            let zone = &self.inner.config.node_id;
+            message.map_volume_ids(&|id| format.external(id, zone));
+            Response::new(message)
+        })
+    }
+
+    /// A request's message with its volume ids in the records' form.
+    pub(crate) fn incoming<T: VolumeIds>(&self, request: tonic::Request<T>) -> T {
+        let mut message = request.into_inner();
+        let format = self.inner.config.volume_id_format;
+        message.map_volume_ids(&|id| format.internal(id));
+        message
     }
 }
 

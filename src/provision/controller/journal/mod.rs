@@ -64,6 +64,10 @@ pub struct JournalEntry {
     /// The class's reclaim policy was Retain (see `InFlight::retain`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retain: bool,
+    /// CSI migration (see `InFlight::migrated`); absent in entries of
+    /// earlier versions, which read as false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub migrated: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +120,14 @@ impl JournalEntry {
             secret_name: secret.map(|s| s.name.clone()),
             secret_namespace: secret.map(|s| s.namespace.clone()),
             retain: false,
+            migrated: false,
         }
+    }
+
+    /// Marks the operation as one of CSI migration.
+    pub fn migrated(mut self, migrated: bool) -> Self {
+        self.migrated = migrated;
+        self
     }
 
     /// Marks the operation's volume as one to keep when its claim is gone.
