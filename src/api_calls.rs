@@ -172,6 +172,11 @@ pub const CAPACITY: &[ApiCall] = &[
     },
 ];
 
+/// Cross-namespace data sources (gate `CrossNamespaceVolumeDataSource`):
+/// ReferenceGrants watched in every namespace.
+pub const CROSS_NAMESPACE_DATA_SOURCE: &[ApiCall] =
+    &[call("gateway.networking.k8s.io", "referencegrants", WATCH)];
+
 /// Every loop's calls, with the loop's name (for messages).
 pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
     vec![
@@ -181,5 +186,6 @@ pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
         ("pv-releaser", PV_RELEASER),
         ("statefulset-retention", STATEFULSET_RETENTION),
         ("capacity", CAPACITY),
+        ("cross-namespace-data-source", CROSS_NAMESPACE_DATA_SOURCE),
     ]
 }

@@ -20,6 +20,7 @@ use kube::api::Api;
 use kube::runtime::watcher;
 
 use crate::informer::{Informer, Waiting};
+use crate::provision::reference_grant::ReferenceGrant;
 use crate::trim::Trim;
 
 /// How often claims and volumes are re-announced to every loop.
@@ -37,6 +38,9 @@ pub enum Kind {
     Attachments,
     Pods,
     StatefulSets,
+    /// `gateway.networking.k8s.io/v1beta1` ReferenceGrants, watched only
+    /// with the `CrossNamespaceVolumeDataSource` gate.
+    ReferenceGrants,
 }
 
 /// One informer per kind.
@@ -50,6 +54,7 @@ pub struct Caches {
     pub attachments: Arc<Informer<VolumeAttachment>>,
     pub pods: Arc<Informer<Pod>>,
     pub stateful_sets: Arc<Informer<StatefulSet>>,
+    pub reference_grants: Arc<Informer<ReferenceGrant>>,
     wanted: Mutex<BTreeSet<Kind>>,
 }
 
@@ -71,6 +76,7 @@ impl Caches {
             attachments: Arc::new(Informer::new()),
             pods: Arc::new(Informer::new()),
             stateful_sets: Arc::new(Informer::new()),
+            reference_grants: Arc::new(Informer::new()),
             wanted: Mutex::default(),
         }
     }
@@ -125,6 +131,7 @@ impl Caches {
                 Kind::Attachments => spawn(&self.attachments, client, None),
                 Kind::Pods => spawn(&self.pods, client, None),
                 Kind::StatefulSets => spawn(&self.stateful_sets, client, None),
+                Kind::ReferenceGrants => spawn(&self.reference_grants, client, None),
             }
         }
     }
@@ -145,6 +152,7 @@ impl Caches {
                     Kind::Attachments => self.attachments.waiting(),
                     Kind::Pods => self.pods.waiting(),
                     Kind::StatefulSets => self.stateful_sets.waiting(),
+                    Kind::ReferenceGrants => self.reference_grants.waiting(),
                 };
                 waiting.map(|w| (kind, w))
             })
@@ -164,6 +172,7 @@ impl Caches {
                 Kind::Attachments => self.attachments.wait_until_ready().await,
                 Kind::Pods => self.pods.wait_until_ready().await,
                 Kind::StatefulSets => self.stateful_sets.wait_until_ready().await,
+                Kind::ReferenceGrants => self.reference_grants.wait_until_ready().await,
             }
         }
     }

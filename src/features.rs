@@ -64,7 +64,7 @@ pub const UPSTREAM_LIBRARY_GATES: &[&str] = &[
 
 /// Gates that parse but whose loops are not built yet; enabling one is
 /// reported at start-up so nobody believes it took effect.
-pub const NOT_YET_IMPLEMENTED: &[Feature] = &[Feature::CrossNamespaceVolumeDataSource];
+pub const NOT_YET_IMPLEMENTED: &[Feature] = &[];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {

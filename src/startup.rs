@@ -21,6 +21,7 @@ use crate::provision::controller as provisioning;
 use crate::provision::node_deployment::{
     NodeDeploymentError, NodeDeploymentFlags, node_deployment, node_identity,
 };
+use crate::provision::reference_grant::ReferenceGrant;
 use crate::provision::{DriverCapabilities, ProvisionerConfig};
 use crate::queue::Backoff;
 use crate::shared::Shared;
@@ -138,13 +139,41 @@ pub async fn run(
     let capacity_settings = capacity_settings(&options, &driver)?;
     let mut config = provisioner_config(&options, &driver);
     if config.volume_attributes_class_enabled {
-        let probe = probe_volume_attributes_classes(&client).await;
+        let probe =
+            probe_list::<k8s_openapi::api::storage::v1::VolumeAttributesClass>(&client).await;
         let (enabled, why_not) = volume_attributes_class_gate(&probe);
         if let Some(why_not) = why_not {
             tracing::warn!(gate = "VolumeAttributesClass", "{why_not}");
         }
         config.volume_attributes_class_enabled = enabled;
         crate::metrics::set_capability("volume_attributes_class", enabled);
+    }
+    if config.cross_namespace_data_source {
+        config.reference_grants_readable = match probe_list::<ReferenceGrant>(&client).await {
+            ListProbe::Served => true,
+            ListProbe::NotServed => {
+                tracing::error!(
+                    gate = "CrossNamespaceVolumeDataSource",
+                    "the API server does not serve gateway.networking.k8s.io/v1beta1 ReferenceGrant (install the Gateway API CRDs): every data source in another namespace is refused as not granted"
+                );
+                false
+            }
+            ListProbe::Forbidden(message) => {
+                tracing::error!(
+                    gate = "CrossNamespaceVolumeDataSource",
+                    "RBAC does not allow list/watch of referencegrants ({message}); grant the rule of deploy/kubernetes/components/cross-namespace-data-source: every data source in another namespace is refused as not granted"
+                );
+                false
+            }
+            // Watched anyway: the cache names its error in /readyz.
+            ListProbe::Unknown(error) => {
+                tracing::warn!(
+                    gate = "CrossNamespaceVolumeDataSource",
+                    "cannot tell whether ReferenceGrants can be read ({error}); watching them"
+                );
+                true
+            }
+        };
     }
     if let Some(node_name) = &node_name {
         let info = tokio::select! {
@@ -357,11 +386,11 @@ async fn start_http(
     Ok(())
 }
 
-/// What a list of storage.k8s.io/v1 VolumeAttributesClasses answered.
+/// What a list of some kind answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum VolumeAttributesClassProbe {
+enum ListProbe {
     Served,
-    /// 404: the API server does not serve the v1 kind (Kubernetes ≤ 1.33).
+    /// 404: the kind is not served (an API too old, a CRD not installed).
     NotServed,
     /// 403: RBAC does not allow listing it.
     Forbidden(String),
@@ -369,19 +398,19 @@ enum VolumeAttributesClassProbe {
     Unknown(String),
 }
 
-async fn probe_volume_attributes_classes(client: &kube::Client) -> VolumeAttributesClassProbe {
-    use k8s_openapi::api::storage::v1::VolumeAttributesClass;
-    let api: kube::Api<VolumeAttributesClass> = kube::Api::all(client.clone());
+async fn probe_list<K>(client: &kube::Client) -> ListProbe
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let api: kube::Api<K> = kube::Api::all(client.clone());
     match api
         .list_metadata(&kube::api::ListParams::default().limit(1))
         .await
     {
-        Ok(_) => VolumeAttributesClassProbe::Served,
-        Err(kube::Error::Api(s)) if s.code == 404 => VolumeAttributesClassProbe::NotServed,
-        Err(kube::Error::Api(s)) if s.code == 403 => {
-            VolumeAttributesClassProbe::Forbidden(s.message.clone())
-        }
-        Err(e) => VolumeAttributesClassProbe::Unknown(e.to_string()),
+        Ok(_) => ListProbe::Served,
+        Err(kube::Error::Api(s)) if s.code == 404 => ListProbe::NotServed,
+        Err(kube::Error::Api(s)) if s.code == 403 => ListProbe::Forbidden(s.message.clone()),
+        Err(e) => ListProbe::Unknown(e.to_string()),
     }
 }
 
@@ -390,18 +419,18 @@ async fn probe_volume_attributes_classes(client: &kube::Client) -> VolumeAttribu
 /// otherwise never fill and nothing would be provisioned. Returns whether
 /// the gate stays on, and the line to log when it does not (or when it
 /// cannot be told).
-fn volume_attributes_class_gate(probe: &VolumeAttributesClassProbe) -> (bool, Option<String>) {
+fn volume_attributes_class_gate(probe: &ListProbe) -> (bool, Option<String>) {
     match probe {
-        VolumeAttributesClassProbe::Served => (true, None),
-        VolumeAttributesClassProbe::NotServed => (
+        ListProbe::Served => (true, None),
+        ListProbe::NotServed => (
             false,
             Some("turned off: the API server does not serve storage.k8s.io/v1 VolumeAttributesClass (Kubernetes 1.33 or older); claims naming a VolumeAttributesClass are provisioned without its parameters".to_owned()),
         ),
-        VolumeAttributesClassProbe::Forbidden(message) => (
+        ListProbe::Forbidden(message) => (
             false,
             Some(format!("turned off: RBAC does not allow list/watch of volumeattributesclasses ({message}); grant the rule of deploy/kubernetes/base/rbac.yaml to pass VolumeAttributesClass parameters to CreateVolume")),
         ),
-        VolumeAttributesClassProbe::Unknown(error) => (
+        ListProbe::Unknown(error) => (
             true,
             Some(format!("cannot tell whether VolumeAttributesClasses can be read ({error}); keeping the gate on")),
         ),
@@ -638,7 +667,7 @@ mod vac_tests {
 
     #[test]
     fn the_gate_follows_what_the_cluster_allows() {
-        use VolumeAttributesClassProbe as P;
+        use ListProbe as P;
         let cases = [
             (P::Served, true, None),
             (

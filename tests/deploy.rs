@@ -1395,6 +1395,14 @@ fn loop_names_map_to_components() {
         ("retention", Some("statefulset-auto-delete-pvc")),
         ("pv-releaser", Some("pv-releaser")),
         ("releaser", Some("pv-releaser")),
+        (
+            "cross-namespace-data-source",
+            Some("cross-namespace-data-source"),
+        ),
+        (
+            "CrossNamespaceVolumeDataSource",
+            Some("cross-namespace-data-source"),
+        ),
     ] {
         assert_eq!(rbac::component_of(loop_name), want, "{loop_name}");
     }

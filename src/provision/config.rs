@@ -73,6 +73,10 @@ pub struct ProvisionerConfig {
     pub volume_attributes_class_enabled: bool,
     /// `CrossNamespaceVolumeDataSource` gate.
     pub cross_namespace_data_source: bool,
+    /// ReferenceGrants are served and readable (probed at start with the
+    /// gate on); without, every cross-namespace source is refused as not
+    /// granted, and nothing waits for a cache that cannot fill.
+    pub reference_grants_readable: bool,
     /// `--node-deployment`.
     pub node_deployment: Option<NodeDeployment>,
     pub capabilities: DriverCapabilities,
@@ -111,6 +115,7 @@ impl ProvisionerConfig {
             honor_pv_reclaim_policy: true,
             volume_attributes_class_enabled: true,
             cross_namespace_data_source: false,
+            reference_grants_readable: false,
             node_deployment: None,
             capabilities: DriverCapabilities::default(),
         }

@@ -58,13 +58,17 @@ pub enum ProvisionError {
         "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled"
     )]
     CrossNamespaceSourceDisabled,
+    /// Upstream's words (`IsGranted`): no ReferenceGrant in the source's
+    /// namespace allows claims of the claim's namespace to refer to it.
     #[error(
-        "accessing {kind} {namespace}/{name} from another namespace is not allowed by a ReferenceGrant"
+        "accessing {namespace}/{name} of {kind} dataSource from {claim_namespace}/{claim_name} isn't allowed"
     )]
     CrossNamespaceSourceNotGranted {
         kind: String,
         namespace: String,
         name: String,
+        claim_namespace: String,
+        claim_name: String,
     },
     /// Not a failure: an external populator fills the volume.
     #[error(

@@ -94,6 +94,7 @@ mod outcome;
 mod plan;
 mod pv;
 pub mod quantity;
+pub mod reference_grant;
 mod secrets;
 mod should_provision;
 pub mod snapshot_types;

@@ -276,6 +276,8 @@ pub fn plan_provision(
                 kind: source.kind.kind_name().to_owned(),
                 namespace: source.namespace.clone(),
                 name: source.name.clone(),
+                claim_namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+                claim_name: claim.metadata.name.clone().unwrap_or_default(),
             });
         }
         let objects = inputs.data_source.ok_or_else(|| {

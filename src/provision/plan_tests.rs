@@ -766,8 +766,33 @@ fn clone_plan_and_cross_namespace_sources() {
             kind: "PersistentVolumeClaim".to_owned(),
             namespace: "other".to_owned(),
             name: "source".to_owned(),
+            claim_namespace: "ns".to_owned(),
+            claim_name: "data".to_owned(),
         })
     );
+    assert_eq!(
+        ProvisionError::CrossNamespaceSourceNotGranted {
+            kind: "PersistentVolumeClaim".to_owned(),
+            namespace: "other".to_owned(),
+            name: "source".to_owned(),
+            claim_namespace: "ns".to_owned(),
+            claim_name: "data".to_owned(),
+        }
+        .to_string(),
+        "accessing other/source of PersistentVolumeClaim dataSource from ns/data isn't allowed",
+        "upstream's message"
+    );
+    // Granted: planned as a clone of the source in the other namespace.
+    let granted = plan_provision(
+        &ProvisionInputs {
+            data_source: Some(objects),
+            data_source_granted: true,
+            ..inputs(&cross, &class)
+        },
+        &gate_on,
+    )
+    .expect("granted");
+    assert!(granted.has_data_source);
 }
 
 /// CSI migration: a class naming the in-tree plugin our driver took over is

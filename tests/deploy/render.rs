@@ -42,6 +42,10 @@ pub const COMPONENTS: &[Component] = &[
         dir: "capacity",
         gate: None,
     },
+    Component {
+        dir: "cross-namespace-data-source",
+        gate: Some(csi_provisioner::features::Feature::CrossNamespaceVolumeDataSource),
+    },
 ];
 
 /// One rendered kustomization.

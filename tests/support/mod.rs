@@ -1082,6 +1082,10 @@ pub fn components_for(args: &[&str]) -> Vec<&'static str> {
         ("PVCProtection", "pvc-protection"),
         ("StatefulSetAutoDeletePVC", "statefulset-auto-delete-pvc"),
         ("PVReleaser", "pv-releaser"),
+        (
+            "CrossNamespaceVolumeDataSource",
+            "cross-namespace-data-source",
+        ),
     ] {
         if gates.contains(&gate) {
             components.push(component);

@@ -192,7 +192,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         nodes: &node_refs,
         csi_nodes: &csi_node_refs,
         data_source: fetched.objects(),
-        data_source_granted: false,
+        data_source_granted: ctx.data_source_granted(&claim, source.as_ref()),
         volume_attributes_class: vac.as_deref(),
     };
     let mut plan = match plan_provision(&inputs, &ctx.config) {

@@ -188,6 +188,40 @@ impl Context {
     }
 
     /// Reads a Secret's data as strings (CSI secrets are string maps).
+    /// Whether a ReferenceGrant allows the claim's data source in another
+    /// namespace (false for a source in the claim's own namespace, which
+    /// needs none, and when ReferenceGrants cannot be read).
+    pub fn data_source_granted(
+        &self,
+        claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+        source: Option<&crate::provision::DataSourceRef>,
+    ) -> bool {
+        use crate::provision::reference_grant::{CrossNamespaceSource, ReferenceGrant, is_granted};
+        let Some(source) = source.filter(|s| s.cross_namespace) else {
+            return false;
+        };
+        if !self.config.reference_grants_readable {
+            return false;
+        }
+        let api_group = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.data_source_ref.as_ref())
+            .and_then(|r| r.api_group.as_deref());
+        let grants = self.caches.reference_grants.store().state();
+        let refs: Vec<&ReferenceGrant> = grants.iter().map(AsRef::as_ref).collect();
+        is_granted(
+            &CrossNamespaceSource {
+                claim_namespace: claim.metadata.namespace.as_deref().unwrap_or_default(),
+                api_group,
+                kind: source.kind.kind_name(),
+                name: &source.name,
+                namespace: &source.namespace,
+            },
+            &refs,
+        )
+    }
+
     pub async fn secret_data(
         &self,
         secret: &SecretRef,
@@ -235,9 +269,46 @@ pub async fn new(
     if config.volume_attributes_class_enabled {
         kinds.push(Kind::AttributesClasses);
     }
+    if config.cross_namespace_data_source && config.reference_grants_readable {
+        kinds.push(Kind::ReferenceGrants);
+    }
     caches.want(&kinds);
     let claims = WorkQueue::new("claims", shared.backoff);
     let volumes = WorkQueue::new("volumes", shared.backoff);
+
+    // A ReferenceGrant created or changed may allow a claim that was
+    // refused: retry the waiting claims whose source lives in the grant's
+    // namespace now rather than after their backoff.
+    if config.cross_namespace_data_source && config.reference_grants_readable {
+        let queue = claims.clone();
+        let claims_store = caches.claims.store();
+        caches.reference_grants.on_change(move |change| {
+            let grant = match change {
+                Change::Applied(grant) | Change::Deleted(grant) => grant,
+            };
+            let Some(namespace) = grant.metadata.namespace.as_deref() else {
+                return;
+            };
+            for claim in claims_store.state() {
+                let waiting = claim
+                    .spec
+                    .as_ref()
+                    .is_some_and(|s| s.volume_name.as_deref().unwrap_or_default().is_empty());
+                let refers_here = claim
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.data_source_ref.as_ref())
+                    .and_then(|r| r.namespace.as_deref())
+                    == Some(namespace);
+                if waiting
+                    && refers_here
+                    && let Some(key) = ClaimKey::of(&claim)
+                {
+                    queue.add(key);
+                }
+            }
+        });
+    }
 
     let store = JournalStore::new(
         shared.client.clone(),

@@ -214,7 +214,7 @@ async fn capacity(
         nodes: &nodes,
         csi_nodes: &csi_nodes,
         data_source: fetched.objects(),
-        data_source_granted: false,
+        data_source_granted: ctx.data_source_granted(&owned, source.as_ref()),
         volume_attributes_class: vac.as_deref(),
     };
     let plan = match plan_provision(&inputs, &ctx.config) {

@@ -122,6 +122,8 @@ pub struct Config {
     /// `*,-pvc-protection` to turn one off); `None`: no controller-manager.
     pub controllers: Option<String>,
     pub scheduler: bool,
+    /// `--feature-gates` of kube-apiserver (e.g. an alpha API field).
+    pub apiserver_feature_gates: Option<String>,
 }
 
 impl Config {
@@ -130,6 +132,7 @@ impl Config {
         Config {
             controllers: Some("*".to_owned()),
             scheduler: false,
+            apiserver_feature_gates: None,
         }
     }
 
@@ -143,11 +146,18 @@ impl Config {
         Config {
             controllers: Some(list),
             scheduler: false,
+            apiserver_feature_gates: None,
         }
     }
 
     pub fn with_scheduler(mut self) -> Config {
         self.scheduler = true;
+        self
+    }
+
+    /// kube-apiserver with `--feature-gates=<gates>`.
+    pub fn with_apiserver_feature_gates(mut self, gates: &str) -> Config {
+        self.apiserver_feature_gates = Some(gates.to_owned());
         self
     }
 
@@ -410,6 +420,9 @@ impl ControlPlane {
             ))
             .arg(format!("--audit-log-path={}", self.audit_log.display()))
             .arg("--audit-log-maxsize=0");
+        if let Some(gates) = &self.config.apiserver_feature_gates {
+            cmd.arg(format!("--feature-gates={gates}"));
+        }
         let child = GuardedChild::spawn("kube-apiserver", cmd, &self.log_path("kube-apiserver"))?;
         self.processes().apiserver = Some(child);
         self.wait_ready(Duration::from_secs(60))

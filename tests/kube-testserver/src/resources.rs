@@ -161,6 +161,7 @@ pub fn builtin_resources() -> Vec<ResourceInfo> {
         crd("snapshot.storage.k8s.io", "v1", "VolumeSnapshot", "volumesnapshots", NS, &["vs"], true),
         crd("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent", "volumesnapshotcontents", CLUSTER, &["vsc", "vscs"], true),
         crd("snapshot.storage.k8s.io", "v1", "VolumeSnapshotClass", "volumesnapshotclasses", CLUSTER, &["vsclass", "vsclasses"], false),
+        crd("gateway.networking.k8s.io", "v1beta1", "ReferenceGrant", "referencegrants", NS, &["refgrant"], false),
     ]
 }
 
