@@ -432,7 +432,7 @@ pub fn default_class<'c>(
 }
 
 /// Whether a claim (or template) resolves to a class whose provisioner is
-/// `driver`. A class that does not exist (yet) is not ours: we act only on
+/// `driver` (or the in-tree plugin `driver` took over). A class that does not exist (yet) is not ours: we act only on
 /// what we can attribute.
 pub fn claim_is_for_driver(
     claim: &PersistentVolumeClaim,
@@ -447,7 +447,11 @@ pub fn claim_is_for_driver(
             .copied()
             .find(|c| c.metadata.name.as_deref() == Some(name)),
     };
-    class.is_some_and(|c| c.provisioner == driver)
+    // CSI migration: the in-tree plugin our driver took over provisions
+    // through us (EKS's `gp2`: `kubernetes.io/aws-ebs`).
+    let migrated_from = crate::migration::InTreePlugin::from_csi_driver(driver)
+        .map(crate::migration::InTreePlugin::in_tree_name);
+    class.is_some_and(|c| c.provisioner == driver || Some(c.provisioner.as_str()) == migrated_from)
 }
 
 /// Why a whole set is left alone.

@@ -654,6 +654,25 @@ fn claims_resolve_to_their_driver() {
     );
 }
 
+/// CSI migration: the EBS driver's sidecar owns claims of EKS's in-tree
+/// `gp2` class; the hostpath driver's does not.
+#[test]
+fn claims_of_a_migrated_in_tree_class_resolve_to_its_csi_driver() {
+    let gp2 = class("gp2", "kubernetes.io/aws-ebs", None);
+    let pd = class("standard", "kubernetes.io/gce-pd", None);
+    let classes = [&gp2, &pd];
+    let of_gp2 = claim_with_class("a", Some("gp2"));
+    let of_pd = claim_with_class("a", Some("standard"));
+    assert!(claim_is_for_driver(&of_gp2, &classes, "ebs.csi.aws.com"));
+    assert!(!claim_is_for_driver(&of_pd, &classes, "ebs.csi.aws.com"));
+    assert!(claim_is_for_driver(
+        &of_pd,
+        &classes,
+        "pd.csi.storage.gke.io"
+    ));
+    assert!(!claim_is_for_driver(&of_gp2, &classes, DRIVER));
+}
+
 // ---- whole sets -------------------------------------------------------------------------------
 
 fn full_set(

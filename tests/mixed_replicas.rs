@@ -1,0 +1,223 @@
+//! A rolling update from the upstream Go `csi-provisioner` to ours and back
+//! (issue 10): both replicas share one Lease (same name, client-go's
+//! protocol), exactly one of them writes at any time, claims are provisioned
+//! by whichever leads, none gets two volumes, and deletion works across the
+//! hand-overs. Real cluster only (needs the upstream binary of
+//! `../shared/k8s`).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use controlplane::GuardedChild;
+use serde_json::json;
+use support::{Backend, ClusterConfig, Env};
+
+e2e_real!(ClusterConfig::standard();
+    a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease,
+);
+
+/// Short timings so each hand-over takes seconds.
+fn election_flags(namespace: &str) -> Vec<String> {
+    vec![
+        "--leader-election".to_owned(),
+        format!("--leader-election-namespace={namespace}"),
+        "--leader-election-lease-duration=2s".to_owned(),
+        "--leader-election-renew-deadline=1s".to_owned(),
+        "--leader-election-retry-period=500ms".to_owned(),
+        "--retry-interval-start=100ms".to_owned(),
+        "--retry-interval-max=1s".to_owned(),
+        "--timeout=5s".to_owned(),
+        "--v=5".to_owned(),
+    ]
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Image {
+    Go,
+    Rust,
+}
+
+struct Replica {
+    image: Image,
+    child: Option<GuardedChild>,
+    log: PathBuf,
+}
+
+impl Replica {
+    fn start(env: &Env, image: Image, run: u32, kubeconfig: &Path, bin: &Path) -> Replica {
+        let log = env.dir.path().join(format!("{image:?}-{run}.log"));
+        let mut command = Command::new(bin);
+        command
+            .arg(format!("--csi-address={}", env.driver.endpoint.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(election_flags(&env.ns))
+            .env_remove("KUBECONFIG")
+            .env_remove("RUST_LOG")
+            .env("NAMESPACE", &env.ns);
+        let child = GuardedChild::spawn(&format!("{image:?}"), command, &log).expect("spawn");
+        Replica {
+            image,
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The Lease's holder, once someone holds it.
+async fn holder(env: &Env) -> Option<String> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    leases
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find_map(|l| l.spec?.holder_identity.filter(|h| !h.is_empty()))
+}
+
+/// Waits until `leader` (and not the other) holds the Lease: the Go image
+/// names itself after the host, ours after the host plus a suffix, so the
+/// holder is told apart by the log line each writes when it wins.
+async fn wait_leader(env: &Env, leader: &Replica) {
+    let won = match leader.image {
+        Image::Go => "Successfully acquired lease",
+        Image::Rust => "became leader",
+    };
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        if leader.log().contains(won) && holder(env).await.is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{:?} did not lead within 30 s\n{}", leader.image, leader.log());
+}
+
+/// PVs `user` created (successfully), from the audit log.
+fn pv_creates_by(env: &Env, user: &str) -> usize {
+    env.plane()
+        .map(|plane| {
+            plane
+                .audit()
+                .iter()
+                .filter(|r| {
+                    r.user.username == user
+                        && r.verb == "create"
+                        && r.resource() == "persistentvolumes"
+                        && r.code() < 300
+                })
+                .count()
+        })
+        .unwrap_or_default()
+}
+
+async fn provision(env: &Env, names: &[&str]) {
+    for name in names {
+        env.create_pvc(&env.ns, name, "fast", "5Mi", json!({}))
+            .await;
+    }
+    for name in names {
+        env.wait_bound(&env.ns, name).await;
+    }
+}
+
+async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(backend: Backend) {
+    let env = Env::new(backend).await;
+    let Some(plane) = env.plane() else {
+        return;
+    };
+    if !plane.binaries().has("csi-provisioner") {
+        eprintln!(
+            "SKIPPED mixed replicas: {} has no upstream csi-provisioner",
+            plane.binaries().dir.display()
+        );
+        return;
+    }
+    let go_bin = plane.binaries().path("csi-provisioner");
+    let rust_bin = PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner"));
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    // Each image as its own user, both bound to deploy/'s rules (leader
+    // election included), so the audit log tells their writes apart.
+    let mut kubeconfigs = Vec::new();
+    for image in ["go", "rust"] {
+        let user = format!("{image}-{}", env.id);
+        env.grant_deploy_rbac(&user, &[]).await;
+        kubeconfigs.push((
+            user.clone(),
+            plane.kubeconfig_for(&user, None).expect("kubeconfig"),
+        ));
+    }
+    let (go_user, go_config) = kubeconfigs[0].clone();
+    let (rust_user, rust_config) = kubeconfigs[1].clone();
+
+    // The Go image leads; ours joins as the new replica of the rollout.
+    let mut go = Replica::start(&env, Image::Go, 1, &go_config, &go_bin);
+    wait_leader(&env, &go).await;
+    let mut rust = Replica::start(&env, Image::Rust, 1, &rust_config, &rust_bin);
+    provision(&env, &["a1", "a2", "a3"]).await;
+    assert_eq!(
+        pv_creates_by(&env, &go_user),
+        3,
+        "the Go leader provisioned"
+    );
+    assert_eq!(
+        pv_creates_by(&env, &rust_user),
+        0,
+        "our follower wrote no PV"
+    );
+
+    // The old pod goes: ours takes the Lease over and provisions.
+    go.kill();
+    wait_leader(&env, &rust).await;
+    provision(&env, &["b1", "b2", "b3"]).await;
+    assert_eq!(
+        pv_creates_by(&env, &rust_user),
+        3,
+        "our new leader provisioned"
+    );
+    assert_eq!(pv_creates_by(&env, &go_user), 3);
+
+    // Rolled back: a Go replica joins, ours goes, the Go one leads again
+    // and deletes volumes ours created.
+    let mut go = Replica::start(&env, Image::Go, 2, &go_config, &go_bin);
+    rust.kill();
+    wait_leader(&env, &go).await;
+    provision(&env, &["c1"]).await;
+    assert_eq!(pv_creates_by(&env, &go_user), 4);
+    for name in ["a1", "a2", "a3", "b1", "b2", "b3", "c1"] {
+        env.delete_pvc(&env.ns, name).await;
+    }
+    env.wait_for(
+        "every volume deleted by the Go leader",
+        Duration::from_secs(60),
+        || async { (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(()) },
+    )
+    .await;
+    go.kill();
+    let logs = format!("--- go ---\n{}\n--- rust ---\n{}", go.log(), rust.log());
+    assert!(
+        !rust.log().contains("forbidden"),
+        "our replica was refused something\n{logs}"
+    );
+}
