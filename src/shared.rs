@@ -4,8 +4,9 @@
 //! and asks for the kinds it reads; after the caches are filled, `run()`
 //! starts its workers; `shut_down()` stops taking work.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Client;
 
 use crate::caches::Caches;
@@ -23,4 +24,29 @@ pub struct Shared {
     pub backoff: Backoff,
     /// `--worker-threads`.
     pub workers: usize,
+    /// Told of every volume provisioned or deleted (capacity tracking
+    /// refreshes what it probably changed).
+    pub volume_events: Arc<VolumeEvents>,
+}
+
+type VolumeListener = Box<dyn Fn(&PersistentVolume) + Send + Sync>;
+
+/// Listeners of provisioned and deleted volumes, called in the worker that
+/// did it; each must return at once (queue work, never wait).
+#[derive(Default)]
+pub struct VolumeEvents(Mutex<Vec<VolumeListener>>);
+
+impl VolumeEvents {
+    pub fn listen(&self, listener: impl Fn(&PersistentVolume) + Send + Sync + 'static) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(listener));
+    }
+
+    pub fn changed(&self, pv: &PersistentVolume) {
+        for listener in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            listener(pv);
+        }
+    }
 }

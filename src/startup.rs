@@ -136,7 +136,7 @@ pub async fn run(
         tracing::info!("termination signal received before the driver was ready, exiting");
         return Ok(Stopped::Signal);
     };
-    let capacity_settings = capacity_settings(&options, &driver)?;
+    let mut capacity_settings = capacity_settings(&options, &driver)?;
     let mut config = provisioner_config(&options, &driver);
     if config.volume_attributes_class_enabled {
         let probe =
@@ -195,6 +195,12 @@ pub async fn run(
             node.node_name
         );
         config.provisioner_identity = node_identity(&config.provisioner_identity, Some(&node));
+        if let Some(settings) = capacity_settings.as_mut() {
+            settings.node = Some(crate::capacity::NodeCapacity {
+                name: node.node_name.clone(),
+                segment: node.accessible_topology.clone().unwrap_or_default(),
+            });
+        }
         config.node_deployment = Some(node);
     }
     let host = hostname();
@@ -212,6 +218,7 @@ pub async fn run(
             max: options.retry_interval_max,
         },
         workers: options.worker_threads as usize,
+        volume_events: Default::default(),
     };
     let elector = options.leader_election.then(|| {
         leader::Elector::new(

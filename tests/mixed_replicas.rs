@@ -110,7 +110,11 @@ async fn wait_leader(env: &Env, leader: &Replica) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    panic!("{:?} did not lead within 30 s\n{}", leader.image, leader.log());
+    panic!(
+        "{:?} did not lead within 30 s\n{}",
+        leader.image,
+        leader.log()
+    );
 }
 
 /// PVs `user` created (successfully), from the audit log.

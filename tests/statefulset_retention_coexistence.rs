@@ -301,6 +301,7 @@ impl Harness {
                 max: Duration::from_millis(100),
             },
             workers: 1,
+            volume_events: Default::default(),
         };
         // No `run()`: no workers; the test drives `process` itself so that
         // the two controllers strictly alternate.

@@ -22,6 +22,68 @@ pub const LABEL_DRIVER_NAME: &str = "csi.storage.k8s.io/drivername";
 pub const LABEL_MANAGED_BY: &str = "csi.storage.k8s.io/managed-by";
 /// Value of [`LABEL_MANAGED_BY`] for the central (non node-local) deployment.
 pub const MANAGED_BY_CENTRAL: &str = "external-provisioner";
+/// The [`LABEL_MANAGED_BY`] value of one sidecar: [`MANAGED_BY_CENTRAL`],
+/// or with `--node-deployment` `external-provisioner-<node>`, shortened to
+/// a label value (63 characters) with upstream's rule
+/// (`getNameWithMaxLength`, from openshift's namer), so the sidecars of
+/// different nodes own different objects and the names match upstream's.
+pub fn managed_by(node: Option<&str>) -> String {
+    const MAX: usize = 63;
+    let Some(node) = node else {
+        return MANAGED_BY_CENTRAL.to_owned();
+    };
+    let base = MANAGED_BY_CENTRAL;
+    let name = format!("{base}-{node}");
+    if name.len() <= MAX {
+        return name;
+    }
+    // The length of "-<8 hex digits>-".
+    let base_length = MAX as isize - 10 - node.len() as isize;
+    if base_length <= 0 {
+        let prefix = &base[..base.len().min(MAX - 9)];
+        let short = format!("{prefix}-{}", fnv32a_hex(&name));
+        return short[..short.len().min(MAX)].to_owned();
+    }
+    let prefix = &base[..base_length as usize];
+    format!("{prefix}-{}-{node}", fnv32a_hex(base))
+}
+
+/// FNV-1a, 32 bits, as 8 lowercase hex digits (Go's `hash/fnv` New32a).
+fn fnv32a_hex(s: &str) -> String {
+    let hash = s.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    format!("{hash:08x}")
+}
+
+/// The pairs to refresh after a volume was provisioned or deleted, as
+/// upstream's provision wrapper: with a node affinity, every pair whose
+/// segment satisfies it (those capacities probably changed); without, every
+/// pair of the volume's class.
+pub fn pairs_touched_by(
+    wanted: &BTreeSet<Pair>,
+    affinity: Option<&k8s_openapi::api::core::v1::NodeSelector>,
+    class: &str,
+) -> Vec<Pair> {
+    wanted
+        .iter()
+        .filter(|pair| match affinity {
+            Some(selector) => selector.node_selector_terms.iter().any(|term| {
+                term.match_expressions.iter().flatten().all(|e| {
+                    e.operator == "In"
+                        && pair
+                            .segment
+                            .0
+                            .get(&e.key)
+                            .is_some_and(|v| e.values.iter().flatten().any(|w| w == v))
+                })
+            }),
+            None => pair.class == class,
+        })
+        .cloned()
+        .collect()
+}
+
 /// `metadata.generateName` of the objects.
 pub const GENERATE_NAME: &str = "csisc-";
 

@@ -847,3 +847,85 @@ fn a_driver_without_get_capacity_is_refused() {
     ]);
     check_driver(&info).expect("accepted");
 }
+
+/// `--node-deployment`: each node's objects are labelled with its own
+/// managed-by value, shortened exactly as upstream's getNameWithMaxLength
+/// (its test cases).
+#[test]
+fn managed_by_per_node_as_upstream_names_it() {
+    let a = |n: usize| "a".repeat(n);
+    let cases: Vec<(Option<String>, String)> = vec![
+        (None, "external-provisioner".to_owned()),
+        (
+            Some("node01".to_owned()),
+            "external-provisioner-node01".to_owned(),
+        ),
+        (
+            Some(format!("node{}", a(38))),
+            format!("external-provisioner-node{}", a(38)),
+        ),
+        (
+            Some(format!("node{}", a(39))),
+            format!("external-p-53f40b57-node{}", a(39)),
+        ),
+        (
+            Some(format!("node{}", a(48))),
+            format!("e-53f40b57-node{}", a(48)),
+        ),
+        (
+            Some(format!("node{}", a(49))),
+            "external-provisioner-a3607ff1".to_owned(),
+        ),
+        (
+            Some(format!("node{}", a(63))),
+            "external-provisioner-df38e37f".to_owned(),
+        ),
+    ];
+    for (node, want) in cases {
+        let got = managed_by(node.as_deref());
+        assert_eq!(got, want, "{node:?}");
+        assert!(got.len() <= 63, "{got}");
+    }
+}
+
+/// After a provision or delete: the pairs whose segment the volume's node
+/// affinity selects (any class), else every pair of its class.
+#[test]
+fn pairs_touched_by_a_volume() {
+    use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+    let seg = |zone: &str| Segment::from_pairs([("zone", zone)]);
+    let pair = |zone: &str, class: &str| Pair {
+        segment: seg(zone),
+        class: class.to_owned(),
+    };
+    let wanted: BTreeSet<Pair> = [
+        pair("a", "fast"),
+        pair("a", "slow"),
+        pair("b", "fast"),
+        pair("b", "slow"),
+    ]
+    .into();
+    let in_zone = |values: &[&str]| NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: "zone".to_owned(),
+                operator: "In".to_owned(),
+                values: Some(values.iter().map(|v| (*v).to_owned()).collect()),
+            }]),
+            match_fields: None,
+        }],
+    };
+    assert_eq!(
+        pairs_touched_by(&wanted, Some(&in_zone(&["a"])), "fast"),
+        vec![pair("a", "fast"), pair("a", "slow")]
+    );
+    assert_eq!(
+        pairs_touched_by(&wanted, Some(&in_zone(&["a", "b"])), "fast").len(),
+        4
+    );
+    assert!(pairs_touched_by(&wanted, Some(&in_zone(&["c"])), "fast").is_empty());
+    assert_eq!(
+        pairs_touched_by(&wanted, None, "slow"),
+        vec![pair("a", "slow"), pair("b", "slow")]
+    );
+}

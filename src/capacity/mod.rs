@@ -40,6 +40,10 @@
 //! class with an empty nodeTopology selector, which the scheduler reads as
 //! "all nodes" (an absent one would mean "no node").
 //!
+//! A volume provisioned or deleted refreshes the pairs it probably
+//! changed at once ([`Capacity::volume_changed`], fed by
+//! `Shared::volume_events`), as upstream's provision wrapper.
+//!
 //! The gauges `csistoragecapacities_desired_goal`, `_desired_current` and
 //! `csistoragecapacities_obsolete` follow each diff, as upstream's.
 //!
@@ -48,7 +52,10 @@
 //! `POD_NAME`, stops the sidecar); [`new`] (before the caches start) resolves
 //! the owner, registers the handlers and starts the watch of our objects
 //! (label selector `csi.storage.k8s.io/drivername=<driver>,
-//! csi.storage.k8s.io/managed-by=external-provisioner`, namespace only);
+//! csi.storage.k8s.io/managed-by=external-provisioner`, or
+//! `external-provisioner-<node>` with `--node-deployment`, where only the
+//! node's own segment is published: [`decide::managed_by`]; namespace
+//! only);
 //! [`Capacity::start`] (once this replica leads) starts the workers and the
 //! poll; [`Capacity::shut_down`] stops them. Every decision is logged with
 //! the object's name.
@@ -95,6 +102,19 @@ pub struct Settings {
     pub namespace: String,
     /// `POD_NAME` and `--capacity-ownerref-level`, when the level is >= 0.
     pub owner: Option<OwnerSpec>,
+    /// `--node-deployment`: this node's name and its segment (the driver's
+    /// `NodeGetInfo` topology; empty without one). Its objects are labelled
+    /// for this node and only this segment is published, as upstream's
+    /// fixed node topology, so the sidecars of different nodes never touch
+    /// each other's objects.
+    pub node: Option<NodeCapacity>,
+}
+
+/// The node a node-local sidecar publishes capacity for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCapacity {
+    pub name: String,
+    pub segment: BTreeMap<String, String>,
 }
 
 /// Where the owner chain starts and how far up it goes.
@@ -171,6 +191,7 @@ impl Settings {
             topology,
             namespace,
             owner,
+            node: None,
         })
     }
 }
@@ -255,12 +276,18 @@ pub async fn new(
     };
     let publisher = Publisher {
         driver: shared.driver_name.clone(),
-        managed_by: decide::MANAGED_BY_CENTRAL.to_owned(),
+        managed_by: decide::managed_by(settings.node.as_ref().map(|n| n.name.as_str())),
         namespace: settings.namespace.clone(),
         owner,
     };
     let caches = Arc::clone(&shared.caches);
-    caches.want(&[Kind::Classes, Kind::Nodes, Kind::CsiNodes]);
+    // A node-local sidecar publishes its own segment: no Node or CSINode
+    // cache (upstream does not watch them there either).
+    if settings.node.is_some() {
+        caches.want(&[Kind::Classes]);
+    } else {
+        caches.want(&[Kind::Classes, Kind::Nodes, Kind::CsiNodes]);
+    }
     let queue: WorkQueue<Key> = WorkQueue::new("capacity", shared.backoff);
     {
         let queue = queue.clone();
@@ -298,7 +325,7 @@ pub async fn new(
         let config = watcher::Config::default().labels(&publisher.label_selector());
         tokio::spawn(async move { informer.run(api, config, None).await });
     }
-    Ok(Arc::new(Capacity {
+    let capacity = Arc::new(Capacity {
         client: shared.client.clone(),
         driver,
         caches,
@@ -309,7 +336,14 @@ pub async fn new(
         reported: Mutex::default(),
         queue,
         stopped: AtomicBool::new(false),
-    }))
+    });
+    {
+        let capacity = Arc::clone(&capacity);
+        shared
+            .volume_events
+            .listen(move |pv| capacity.volume_changed(pv));
+    }
+    Ok(capacity)
 }
 
 impl Capacity {
@@ -357,6 +391,25 @@ impl Capacity {
         self.queue.shut_down();
     }
 
+    /// A volume was provisioned or deleted: refresh the capacities it
+    /// probably changed now rather than at the next poll (upstream's
+    /// provision wrapper).
+    pub fn volume_changed(&self, pv: &k8s_openapi::api::core::v1::PersistentVolume) {
+        if self.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let spec = pv.spec.as_ref();
+        let affinity = spec
+            .and_then(|s| s.node_affinity.as_ref())
+            .and_then(|a| a.required.as_ref());
+        let class = spec
+            .and_then(|s| s.storage_class_name.as_deref())
+            .unwrap_or_default();
+        for pair in decide::pairs_touched_by(&self.wanted(), affinity, class) {
+            self.queue.add(Key::Pair(pair));
+        }
+    }
+
     fn poll_all(&self) {
         self.queue.add(Key::Sweep);
         for pair in self.wanted() {
@@ -372,12 +425,15 @@ impl Capacity {
         let node_refs: Vec<_> = nodes.iter().map(|n| &**n).collect();
         let csi_node_refs: Vec<_> = csi_nodes.iter().map(|n| &**n).collect();
         let class_refs: Vec<_> = classes.iter().map(|c| &**c).collect();
-        let segments = decide::segments(
-            &self.publisher.driver,
-            self.settings.topology,
-            &node_refs,
-            &csi_node_refs,
-        );
+        let segments = match &self.settings.node {
+            Some(node) => BTreeSet::from([decide::Segment(node.segment.clone())]),
+            None => decide::segments(
+                &self.publisher.driver,
+                self.settings.topology,
+                &node_refs,
+                &csi_node_refs,
+            ),
+        };
         decide::wanted(
             &self.publisher.driver,
             &class_refs,

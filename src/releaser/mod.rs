@@ -227,6 +227,7 @@ mod tests {
                 max: Duration::from_millis(10),
             },
             workers: 1,
+            volume_events: Default::default(),
         };
         let releaser = new(
             &shared,

@@ -1026,7 +1026,12 @@ async fn main() {
             return;
         }
     };
-    let plane = Arc::new(ControlPlane::start(bins, Config::standard()).expect("control plane"));
+    // The controller-manager binds every run's claims; at its default 20
+    // requests/s that binding would pace the runs rather than the sidecars.
+    let plane = Arc::new(
+        ControlPlane::start(bins, Config::standard().with_controller_manager_qps(1000))
+            .expect("control plane"),
+    );
     let wanted: Vec<String> = std::env::var("BENCH_SCENARIOS")
         .unwrap_or_else(|_| "backlog,steady,throttled,delete,idle,adopt,startup".into())
         .split(',')

@@ -299,6 +299,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 started.elapsed(),
             );
             tracing::info!(claim = %key, volume = %plan.volume_name, "provisioned");
+            ctx.volume_events.changed(&pv);
             note(
                 ctx,
                 &claim,

@@ -104,6 +104,8 @@ pub struct Context {
     /// PV uids whose backend volume is known deleted, so the update events
     /// that follow do not call `DeleteVolume` again (upstream #1235).
     pub deleted_volumes: Arc<Mutex<HashSet<String>>>,
+    /// Told of each volume provisioned or deleted (capacity refresh).
+    pub volume_events: Arc<crate::shared::VolumeEvents>,
     /// Node deployment: this node's Node and CSINode, planned with instead
     /// of the cluster's.
     pub local_topology: Option<Arc<LocalTopology>>,
@@ -388,6 +390,7 @@ pub async fn new(
         volumes: volumes.clone(),
         in_flight: Mutex::default(),
         deleted_volumes,
+        volume_events: Arc::clone(&shared.volume_events),
         local_topology,
         infeasible: InfeasibleClaims::new(shared.backoff.max),
         owner_attempts: Mutex::default(),

@@ -169,6 +169,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             crate::metrics::set_remembered("deleted_volumes", deleted.len());
         }
         crate::metrics::delete_succeeded(&class_name, started.elapsed());
+        ctx.volume_events.changed(&pv);
         tracing::info!(volume = %name, "backend volume deleted");
     }
 

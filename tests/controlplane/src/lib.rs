@@ -124,6 +124,9 @@ pub struct Config {
     pub scheduler: bool,
     /// `--feature-gates` of kube-apiserver (e.g. an alpha API field).
     pub apiserver_feature_gates: Option<String>,
+    /// `--kube-api-qps` of kube-controller-manager; `None`: its default
+    /// (20), which paces binding and the storage-provisioner annotation.
+    pub controller_manager_qps: Option<u32>,
 }
 
 impl Config {
@@ -133,6 +136,7 @@ impl Config {
             controllers: Some("*".to_owned()),
             scheduler: false,
             apiserver_feature_gates: None,
+            controller_manager_qps: None,
         }
     }
 
@@ -147,11 +151,19 @@ impl Config {
             controllers: Some(list),
             scheduler: false,
             apiserver_feature_gates: None,
+            controller_manager_qps: None,
         }
     }
 
     pub fn with_scheduler(mut self) -> Config {
         self.scheduler = true;
+        self
+    }
+
+    /// kube-controller-manager with `--kube-api-qps=<qps>` (burst twice
+    /// that): for benchmarks of what the controller-manager waits on.
+    pub fn with_controller_manager_qps(mut self, qps: u32) -> Config {
+        self.controller_manager_qps = Some(qps);
         self
     }
 
@@ -458,6 +470,12 @@ impl ControlPlane {
         let mut cmd = Command::new(self.bins.path("kube-controller-manager"));
         cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--controllers={controllers}"))
+            .args(self.config.controller_manager_qps.iter().flat_map(|qps| {
+                [
+                    format!("--kube-api-qps={qps}"),
+                    format!("--kube-api-burst={}", qps * 2),
+                ]
+            }))
             .arg("--leader-elect=false")
             .arg(format!(
                 "--service-account-private-key-file={}",
