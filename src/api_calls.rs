@@ -172,6 +172,20 @@ pub const CAPACITY: &[ApiCall] = &[
     },
 ];
 
+/// The pod/Job PVC provisioner (`src/pod_pvc`, gate `PodPVCProvisioner`):
+/// pods and Jobs watched (and read live before a cleanup), PVCs created
+/// and deleted, events on pods and Jobs.
+pub const POD_PVC_PROVISIONER: &[ApiCall] = &[
+    call("", "pods", WATCH),
+    call("batch", "jobs", WATCH),
+    call(
+        "",
+        "persistentvolumeclaims",
+        &["list", "watch", "create", "delete"],
+    ),
+    call("", "events", &["create", "patch"]),
+];
+
 /// Cross-namespace data sources (gate `CrossNamespaceVolumeDataSource`):
 /// ReferenceGrants watched in every namespace.
 pub const CROSS_NAMESPACE_DATA_SOURCE: &[ApiCall] =
@@ -187,5 +201,6 @@ pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
         ("statefulset-retention", STATEFULSET_RETENTION),
         ("capacity", CAPACITY),
         ("cross-namespace-data-source", CROSS_NAMESPACE_DATA_SOURCE),
+        ("pod-pvc-provisioner", POD_PVC_PROVISIONER),
     ]
 }

@@ -145,7 +145,7 @@ pub struct Options {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, value_name = "BOOL")]
     pub immediate_topology: bool,
 
-    /// A set of key=value pairs that describe feature gates for alpha/experimental features. Options are: HonorPVReclaimPolicy=true|false (default true), PVCProtection=true|false (ALPHA, default false), StatefulSetAutoDeletePVC=true|false (ALPHA, default false), PVReleaser=true|false (ALPHA, default false; needs --controller-id), Topology=true|false (default true), VolumeAttributesClass=true|false (default true), CrossNamespaceVolumeDataSource=true|false (ALPHA, default false), ReleaseLeaderElectionOnExit=true|false (ALPHA, default false), AllAlpha=true|false, AllBeta=true|false.
+    /// A set of key=value pairs that describe feature gates for alpha/experimental features. Options are: HonorPVReclaimPolicy=true|false (default true), PVCProtection=true|false (ALPHA, default false), StatefulSetAutoDeletePVC=true|false (ALPHA, default false), PVReleaser=true|false (ALPHA, default false; needs --controller-id), Topology=true|false (default true), VolumeAttributesClass=true|false (default true), CrossNamespaceVolumeDataSource=true|false (ALPHA, default false), ReleaseLeaderElectionOnExit=true|false (ALPHA, default false), PodPVCProvisioner=true|false (ALPHA, default false; needs --controller-id), AllAlpha=true|false, AllBeta=true|false.
     #[arg(long, value_parser = feature_gates, value_name = "NAME=BOOL,...")]
     pub feature_gates: Vec<String>,
 
@@ -269,6 +269,10 @@ pub struct Options {
     /// PV releaser: how often every PV is re-examined, besides watch events.
     #[arg(long, default_value = "1m", value_parser = go_duration, value_name = "DURATION")]
     pub releaser_resync_period: Duration,
+
+    /// Pod/Job PVC provisioner: how often every managed PVC is checked (live) for a pod or Job that is gone, and every annotated pod and Job re-examined; 0 turns the resync off.
+    #[arg(long, default_value = "1m", value_parser = go_duration, value_name = "DURATION")]
+    pub pvc_provisioner_resync_period: Duration,
 
     /// Log verbosity, as klog's -v: 0-1 info, 2-4 debug, 5 and above trace. RUST_LOG, when set, takes precedence.
     #[arg(short = 'v', long = "v", default_value_t = 0, value_name = "LEVEL")]
@@ -474,6 +478,11 @@ impl Options {
         if self.gates.enabled(Feature::PVReleaser) && self.controller_id.is_empty() {
             return Err(CliError::Conflict(
                 "--feature-gates=PVReleaser=true needs --controller-id".into(),
+            ));
+        }
+        if self.gates.enabled(Feature::PodPVCProvisioner) && self.controller_id.is_empty() {
+            return Err(CliError::Conflict(
+                "--feature-gates=PodPVCProvisioner=true needs --controller-id (the managed-by label of the PVCs it creates)".into(),
             ));
         }
         if self.leader_election
@@ -828,6 +837,10 @@ mod tests {
             (&["--volume-name-prefix="][..], "volume-name-prefix"),
             (&["--csi-address=tcp://1.2.3.4:5"][..], "csi-address"),
             (&["--feature-gates=PVReleaser=true"][..], "controller-id"),
+            (
+                &["--feature-gates=PodPVCProvisioner=true"][..],
+                "controller-id",
+            ),
             (
                 &["--leader-election", "--leader-election-renew-deadline=20s"][..],
                 "renew-deadline",

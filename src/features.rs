@@ -23,6 +23,9 @@ pub enum Feature {
     CrossNamespaceVolumeDataSource,
     /// Give up the Lease on a clean exit so a successor need not wait.
     ReleaseLeaderElectionOnExit,
+    /// Embedded pod/Job-annotation PVC provisioner, the releaser's
+    /// companion; needs `--controller-id`.
+    PodPVCProvisioner,
 }
 
 /// Gates the upstream binary accepts because the Kubernetes libraries it
@@ -74,7 +77,7 @@ pub enum Stage {
 }
 
 impl Feature {
-    pub const ALL: [Feature; 8] = [
+    pub const ALL: [Feature; 9] = [
         Feature::HonorPVReclaimPolicy,
         Feature::PVCProtection,
         Feature::StatefulSetAutoDeletePVC,
@@ -83,6 +86,7 @@ impl Feature {
         Feature::VolumeAttributesClass,
         Feature::CrossNamespaceVolumeDataSource,
         Feature::ReleaseLeaderElectionOnExit,
+        Feature::PodPVCProvisioner,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +99,7 @@ impl Feature {
             Feature::VolumeAttributesClass => "VolumeAttributesClass",
             Feature::CrossNamespaceVolumeDataSource => "CrossNamespaceVolumeDataSource",
             Feature::ReleaseLeaderElectionOnExit => "ReleaseLeaderElectionOnExit",
+            Feature::PodPVCProvisioner => "PodPVCProvisioner",
         }
     }
 
@@ -114,7 +119,8 @@ impl Feature {
             | Feature::StatefulSetAutoDeletePVC
             | Feature::PVReleaser
             | Feature::CrossNamespaceVolumeDataSource
-            | Feature::ReleaseLeaderElectionOnExit => Stage::Alpha,
+            | Feature::ReleaseLeaderElectionOnExit
+            | Feature::PodPVCProvisioner => Stage::Alpha,
         }
     }
 
@@ -126,7 +132,10 @@ impl Feature {
     pub fn upstream(self) -> bool {
         !matches!(
             self,
-            Feature::PVCProtection | Feature::StatefulSetAutoDeletePVC | Feature::PVReleaser
+            Feature::PVCProtection
+                | Feature::StatefulSetAutoDeletePVC
+                | Feature::PVReleaser
+                | Feature::PodPVCProvisioner
         )
     }
 

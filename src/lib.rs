@@ -15,6 +15,7 @@ pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod migration;
+pub mod pod_pvc;
 pub mod protection;
 pub mod provision;
 pub mod queue;

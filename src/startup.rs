@@ -469,6 +469,7 @@ struct EmbeddedLoops {
     protection: Option<Arc<crate::protection::Protection>>,
     releaser: Option<Arc<crate::releaser::Releaser>>,
     retention: Option<Arc<crate::retention::Context>>,
+    pod_pvc: Option<Arc<crate::pod_pvc::PodPvcProvisioner>>,
     /// `--enable-capacity` (not a gate; set up by `run`, which needs the
     /// driver and may fail).
     capacity: Option<Arc<crate::capacity::Capacity>>,
@@ -498,10 +499,20 @@ impl EmbeddedLoops {
         let retention = gates
             .enabled(Feature::StatefulSetAutoDeletePVC)
             .then(|| crate::retention::new(shared, crate::retention::Config::default()));
+        let pod_pvc = gates.enabled(Feature::PodPVCProvisioner).then(|| {
+            crate::pod_pvc::new(
+                shared,
+                crate::pod_pvc::Settings {
+                    controller_id: options.controller_id.clone(),
+                    resync_period: options.pvc_provisioner_resync_period,
+                },
+            )
+        });
         Self {
             protection,
             releaser,
             retention,
+            pod_pvc,
             capacity: None,
             snapshot_sweep: None,
         }
@@ -517,6 +528,9 @@ impl EmbeddedLoops {
         }
         if let Some(retention) = &self.retention {
             retention.run();
+        }
+        if let Some(pod_pvc) = &self.pod_pvc {
+            pod_pvc.start();
         }
         if let Some(capacity) = &self.capacity {
             capacity.start();
@@ -535,6 +549,9 @@ impl EmbeddedLoops {
         }
         if let Some(retention) = &self.retention {
             retention.shut_down();
+        }
+        if let Some(pod_pvc) = &self.pod_pvc {
+            pod_pvc.shut_down();
         }
         if let Some(capacity) = &self.capacity {
             capacity.shut_down();

@@ -1399,6 +1399,8 @@ fn loop_names_map_to_components() {
             "cross-namespace-data-source",
             Some("cross-namespace-data-source"),
         ),
+        ("pod-pvc-provisioner", Some("pod-pvc-provisioner")),
+        ("PodPVCProvisioner", Some("pod-pvc-provisioner")),
         (
             "CrossNamespaceVolumeDataSource",
             Some("cross-namespace-data-source"),

@@ -75,7 +75,6 @@ use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 
 use crate::caches::{Caches, Kind};
 use crate::cli::Options;
@@ -322,7 +321,7 @@ pub async fn new(
         let informer = Arc::clone(&informer);
         let api: Api<CSIStorageCapacity> =
             Api::namespaced(shared.client.clone(), &settings.namespace);
-        let config = watcher::Config::default().labels(&publisher.label_selector());
+        let config = crate::caches::list_watch_config().labels(&publisher.label_selector());
         tokio::spawn(async move { informer.run(api, config, None).await });
     }
     let capacity = Arc::new(Capacity {

@@ -217,6 +217,8 @@ pub fn component_of(loop_name: &str) -> Option<&'static str> {
         Some("pv-releaser")
     } else if n.contains("capacity") {
         Some("capacity")
+    } else if n.contains("podpvc") {
+        Some("pod-pvc-provisioner")
     } else if n.contains("crossnamespace") {
         Some("cross-namespace-data-source")
     } else {

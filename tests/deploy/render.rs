@@ -43,6 +43,10 @@ pub const COMPONENTS: &[Component] = &[
         gate: None,
     },
     Component {
+        dir: "pod-pvc-provisioner",
+        gate: Some(csi_provisioner::features::Feature::PodPVCProvisioner),
+    },
+    Component {
         dir: "cross-namespace-data-source",
         gate: Some(csi_provisioner::features::Feature::CrossNamespaceVolumeDataSource),
     },

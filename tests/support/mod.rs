@@ -1086,6 +1086,7 @@ pub fn components_for(args: &[&str]) -> Vec<&'static str> {
             "CrossNamespaceVolumeDataSource",
             "cross-namespace-data-source",
         ),
+        ("PodPVCProvisioner", "pod-pvc-provisioner"),
     ] {
         if gates.contains(&gate) {
             components.push(component);

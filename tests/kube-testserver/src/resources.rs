@@ -156,6 +156,7 @@ pub fn builtin_resources() -> Vec<ResourceInfo> {
         r("storage.k8s.io", "v1", "VolumeAttachment", "volumeattachments", CLUSTER, NONE, true, false, true, NONE),
         r("storage.k8s.io", "v1", "VolumeAttributesClass", "volumeattributesclasses", CLUSTER, &["vac"], false, false, true, NONE),
         r("apps", "v1", "StatefulSet", "statefulsets", NS, &["sts"], true, true, true, NONE),
+        r("batch", "v1", "Job", "jobs", NS, NONE, true, true, true, NONE),
         r("coordination.k8s.io", "v1", "Lease", "leases", NS, NONE, false, false, false, NONE),
         r("events.k8s.io", "v1", "Event", "events", NS, &["ev"], false, false, false, NONE),
         crd("snapshot.storage.k8s.io", "v1", "VolumeSnapshot", "volumesnapshots", NS, &["vs"], true),
