@@ -235,6 +235,8 @@ where
                     }
                     // Handlers have seen every listed object by now.
                     self.ready.send_replace(true);
+                    // The list's buffers and the replaced store are free now.
+                    crate::memory::release_free_memory();
                 }
             }
         }

@@ -13,6 +13,7 @@ pub mod informer;
 pub mod kube_client;
 pub mod leader;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod migration;
 pub mod pod_pvc;

@@ -864,6 +864,27 @@ async fn idle(
                 .expect("request"),
         )
         .await;
+    // Wait until they are gone: the next run (the other binary's) must see
+    // the same objects this one did, not 20,000 more.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.admin.clone());
+    let labelled = kube::api::ListParams::default().labels(&format!("bench={tag}"));
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(600) {
+        let pvs_left = pvs
+            .list_metadata(&labelled)
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(1);
+        let ns_left = namespaces
+            .get_opt(&world.ns)
+            .await
+            .map(|n| n.is_some())
+            .unwrap_or(true);
+        if pvs_left == 0 && !ns_left {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     out
 }
 
