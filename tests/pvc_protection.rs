@@ -85,6 +85,15 @@ async fn a_claim_in_use_stays_until_its_pod_is_deleted(backend: Backend) {
     )
     .await;
     env.assert_consistent().await;
+    if env.is_real() {
+        // The audit-log counts the closing notes quote (`--nocapture`).
+        let with = if env.runs_controller("pvc-protection") {
+            "with the controller-manager's pvc-protection"
+        } else {
+            "alone"
+        };
+        println!("sidecar requests, {with}: {:?}", env.sidecar_requests());
+    }
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
