@@ -262,7 +262,6 @@ impl PodPvcProvisioner {
         namespace: &str,
         name: &str,
     ) -> Result<(), PodPvcError> {
-        let object_ref = |n: &str| n.to_owned();
         let (pod, job);
         let (meta, volumes): (
             &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -273,7 +272,7 @@ impl PodPvcProvisioner {
                     .caches
                     .pods
                     .store()
-                    .get(&ObjectRef::new(&object_ref(name)).within(namespace));
+                    .get(&ObjectRef::new(name).within(namespace));
                 let Some(pod) = pod.as_deref() else {
                     return Ok(());
                 };
@@ -290,7 +289,7 @@ impl PodPvcProvisioner {
                     .caches
                     .jobs
                     .store()
-                    .get(&ObjectRef::new(&object_ref(name)).within(namespace));
+                    .get(&ObjectRef::new(name).within(namespace));
                 let Some(job) = job.as_deref() else {
                     return Ok(());
                 };
