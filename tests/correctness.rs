@@ -183,7 +183,8 @@ async fn conflicts_on_the_source_finalizer_keep_the_clone_waiting() {
 
 /// Case 10: a crash in the lazy-removal window leaves the entry of a claim
 /// whose PV was saved; the claim and its Retain PV are deleted while the
-/// sidecar is down. Resuming the entry must not delete the retained volume.
+/// sidecar is down. Resuming the entry must not delete the retained volume
+/// (it records it in a PV again, as for any volume whose PV was never saved).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_entry_never_deletes_a_retained_volume() {
     // Needs the API test server: journal writes are made to hang.
@@ -227,6 +228,14 @@ async fn a_replayed_entry_never_deletes_a_retained_volume() {
         "the retained volume was deleted by a replay\n{}",
         env.logs()
     );
+    // Nor left without a record: a Released PV holds it again (the replay
+    // cannot tell this case from a volume that never got its PV).
+    let recorded = env.pv(&name).await.expect("a PV records the kept volume");
+    assert_eq!(
+        recorded.spec.and_then(|s| s.csi).map(|c| c.volume_handle),
+        Some(handle)
+    );
+    env.assert_consistent().await;
 }
 
 /// Case 11: the JSON patch that removes our finalizer applies only to the

@@ -123,7 +123,7 @@ pub use plan::{
     driver_parameters, migrated_class_plugin, plan_provision, selected_node_name,
     volume_attributes_class_name, volume_name,
 };
-pub use pv::{PvBuildError, build_pv, records_same_volume};
+pub use pv::{PvBuildError, build_pv, records_same_volume, retained_volume_pv};
 pub use secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
 pub use should_provision::{
     ProvisionDecision, SkipReason, annotated_provisioner, is_annotated_for_us, should_provision,

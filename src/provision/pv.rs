@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::config::ProvisionerConfig;
-use super::plan::ProvisionPlan;
+use super::plan::{ClaimIdentity, ProvisionPlan};
 use super::quantity::bytes_to_quantity;
 use super::topology::{satisfies_requisite, volume_node_affinity};
 use crate::migration::{MigrationError, translate_csi_pv_to_in_tree};
@@ -239,6 +239,112 @@ pub fn build_pv(
     );
     annotations.insert(wk::ANN_MIGRATED_TO.to_owned(), config.driver_name.clone());
     Ok(pv)
+}
+
+/// The PV that records a Retain class's volume whose claim went away
+/// before its PV was saved (a restart replayed the journal): what the PV
+/// would have been had it been saved just before the claim's deletion, so
+/// the PV binder marks it Released and the volume stays visible and
+/// reclaimable by an administrator rather than leaked on the backend. It is
+/// built from what the journal holds: the frozen `CreateVolume` request and
+/// the driver's repeated answer; the class, mount options and secrets went
+/// with the claim and are not recorded.
+pub fn retained_volume_pv(
+    claim: &ClaimIdentity,
+    request: &csi_proto::v1::CreateVolumeRequest,
+    volume: &csi_proto::v1::Volume,
+    config: &ProvisionerConfig,
+) -> PersistentVolume {
+    use csi_proto::v1::volume_capability::AccessType;
+    let capabilities = &request.volume_capabilities;
+    let block = capabilities
+        .iter()
+        .any(|c| matches!(c.access_type, Some(AccessType::Block(_))));
+    let fs_type = capabilities.iter().find_map(|c| match &c.access_type {
+        Some(AccessType::Mount(mount)) if !mount.fs_type.is_empty() => Some(mount.fs_type.clone()),
+        _ => None,
+    });
+    let mut access_modes: Vec<String> = capabilities
+        .iter()
+        .filter_map(|c| c.access_mode.as_ref())
+        .filter_map(|m| access_mode_name(m.mode))
+        .map(str::to_owned)
+        .collect();
+    access_modes.dedup();
+    if access_modes.is_empty() {
+        access_modes.push("ReadWriteOnce".to_owned());
+    }
+    let requested = request
+        .capacity_range
+        .as_ref()
+        .map_or(0, |range| range.required_bytes);
+    let capacity = if volume.capacity_bytes > 0 {
+        volume.capacity_bytes
+    } else {
+        requested
+    };
+    let mut volume_attributes = BTreeMap::from([(
+        wk::VOLUME_ATTR_PROVISIONER_IDENTITY.to_owned(),
+        config.provisioner_identity.clone(),
+    )]);
+    volume_attributes.extend(
+        volume
+            .volume_context
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(request.name.clone()),
+            annotations: Some(BTreeMap::from([(
+                wk::ANN_PROVISIONED_BY.to_owned(),
+                config.driver_name.clone(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: Some(access_modes),
+            capacity: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                bytes_to_quantity(capacity),
+            )])),
+            claim_ref: Some(ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some(wk::PVC_KIND.to_owned()),
+                namespace: Some(claim.namespace.clone()),
+                name: Some(claim.name.clone()),
+                uid: Some(claim.uid.clone()),
+                ..ObjectReference::default()
+            }),
+            csi: Some(CSIPersistentVolumeSource {
+                driver: config.driver_name.clone(),
+                volume_handle: volume.volume_id.clone(),
+                fs_type: fs_type.filter(|_| !block),
+                volume_attributes: Some(volume_attributes),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            node_affinity: if config.topology_enabled {
+                volume_node_affinity(&volume.accessible_topology)
+            } else {
+                None
+            },
+            persistent_volume_reclaim_policy: Some("Retain".to_owned()),
+            volume_mode: Some(if block { "Block" } else { "Filesystem" }.to_owned()),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The Kubernetes access mode of a CSI one.
+fn access_mode_name(mode: i32) -> Option<&'static str> {
+    match Mode::try_from(mode).ok()? {
+        Mode::SingleNodeWriter | Mode::SingleNodeMultiWriter => Some("ReadWriteOnce"),
+        Mode::SingleNodeSingleWriter => Some("ReadWriteOncePod"),
+        Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly => Some("ReadOnlyMany"),
+        Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter => Some("ReadWriteMany"),
+        Mode::Unknown => None,
+    }
 }
 
 /// Whether two PVs record the same volume for the same claim: what a

@@ -572,3 +572,94 @@ fn records_same_volume_compares_claim_and_backend_id() {
         assert_eq!(records_same_volume(&existing, &wanted), same, "{what}");
     }
 }
+
+/// A Retain volume whose claim went away before its PV was saved is
+/// recorded in the PV it would have been (what the journal holds allows):
+/// same name, handle, size, modes, claim and node affinity.
+#[test]
+fn a_retained_volume_is_recorded_as_its_claim_would_have_had_it() {
+    let config = config();
+    let plan = plan_for(&claim(), &config);
+    let mut answer = response("vol-1", 2 << 30);
+    if let Some(volume) = answer.volume.as_mut() {
+        volume.accessible_topology = vec![zone("a")];
+    }
+    let built = build_pv(&plan, &answer, &config).expect("pv");
+    let volume = answer.volume.as_ref().expect("volume");
+    let retained = retained_volume_pv(&plan.claim, &plan.request, volume, &config);
+    assert!(records_same_volume(&built, &retained));
+    assert_eq!(retained.metadata.name, built.metadata.name);
+    assert_eq!(retained.metadata.finalizers, None);
+    let (spec, want) = (
+        retained.spec.as_ref().expect("spec"),
+        built.spec.as_ref().expect("spec"),
+    );
+    assert_eq!(spec.access_modes, want.access_modes);
+    assert_eq!(spec.capacity, want.capacity);
+    assert_eq!(spec.node_affinity, want.node_affinity);
+    assert_eq!(spec.volume_mode.as_deref(), Some("Filesystem"));
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    let (csi, want_csi) = (
+        spec.csi.as_ref().expect("csi"),
+        want.csi.as_ref().expect("csi"),
+    );
+    assert_eq!(csi.volume_handle, want_csi.volume_handle);
+    assert_eq!(csi.fs_type, want_csi.fs_type);
+    assert_eq!(csi.volume_attributes, want_csi.volume_attributes);
+    let (claim_ref, want_ref) = (
+        spec.claim_ref.as_ref().expect("claimRef"),
+        want.claim_ref.as_ref().expect("claimRef"),
+    );
+    assert_eq!(
+        (&claim_ref.namespace, &claim_ref.name, &claim_ref.uid),
+        (&want_ref.namespace, &want_ref.name, &want_ref.uid)
+    );
+    assert_eq!(
+        retained
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(wk::ANN_PROVISIONED_BY)),
+        Some(&DRIVER.to_owned())
+    );
+}
+
+#[test]
+fn a_retained_volume_keeps_its_access_modes_and_block_mode() {
+    use csi_proto::v1::VolumeCapability;
+    use csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume};
+    let config = config();
+    let mut plan = plan_for(&claim(), &config);
+    let cases = [
+        (Mode::SingleNodeWriter, "ReadWriteOnce"),
+        (Mode::SingleNodeSingleWriter, "ReadWriteOncePod"),
+        (Mode::MultiNodeReaderOnly, "ReadOnlyMany"),
+        (Mode::MultiNodeMultiWriter, "ReadWriteMany"),
+    ];
+    for (mode, want) in cases {
+        plan.request.volume_capabilities = vec![VolumeCapability {
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+            access_type: Some(AccessType::Block(BlockVolume {})),
+        }];
+        let answer = response("vol-1", 0);
+        let volume = answer.volume.as_ref().expect("volume");
+        let pv = retained_volume_pv(&plan.claim, &plan.request, volume, &config);
+        let spec = pv.spec.expect("spec");
+        assert_eq!(spec.access_modes, Some(vec![want.to_owned()]), "{mode:?}");
+        assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+        assert_eq!(spec.csi.and_then(|c| c.fs_type), None);
+        // No capacity in the answer: the request's.
+        let requested = plan
+            .request
+            .capacity_range
+            .as_ref()
+            .map(|r| r.required_bytes);
+        assert_eq!(
+            spec.capacity.and_then(|c| c.get("storage").cloned()),
+            requested.map(bytes_to_quantity)
+        );
+    }
+}

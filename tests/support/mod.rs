@@ -167,6 +167,10 @@ pub struct Env {
     pub driver: csi_hostpath::Config,
     driver_stop: Option<oneshot::Sender<()>>,
     driver_task: Option<tokio::task::JoinHandle<()>>,
+    /// The driver as a `csi-hostpath` process ([`Env::run_driver_as_process`]).
+    driver_process: Option<GuardedChild>,
+    driver_runs: u32,
+    driver_as_process: bool,
     pub sidecar: Option<GuardedChild>,
     sidecar_runs: u32,
     /// Real cluster: the number of audit records before the last
@@ -226,6 +230,9 @@ impl Env {
             driver,
             driver_stop: None,
             driver_task: None,
+            driver_process: None,
+            driver_runs: 0,
+            driver_as_process: false,
             sidecar: None,
             sidecar_runs: 0,
             audit_mark: Mutex::new(0),
@@ -412,6 +419,19 @@ impl Env {
     }
 
     pub fn start_driver(&mut self) {
+        if self.driver_as_process {
+            self.driver_runs += 1;
+            let log = self
+                .dir
+                .path()
+                .join(format!("driver-{}.log", self.driver_runs));
+            let mut command = Command::new(driver_binary());
+            command.args(self.driver.to_args()).arg("--v=4");
+            self.driver_process = Some(
+                GuardedChild::spawn("csi-hostpath", command, &log).expect("spawn csi-hostpath"),
+            );
+            return;
+        }
         let (tx, rx) = oneshot::channel::<()>();
         let config = self.driver.clone();
         self.driver_stop = Some(tx);
@@ -426,7 +446,27 @@ impl Env {
         }));
     }
 
+    /// From now on the driver runs as a `csi-hostpath` process (restarted
+    /// by [`Env::start_driver`]), so that a fault may end it between its
+    /// backend change and its reply.
+    pub async fn run_driver_as_process(&mut self) {
+        self.stop_driver().await;
+        self.driver_as_process = true;
+        self.start_driver();
+    }
+
+    /// Whether the driver process ended (a fault's exit); `false` for the
+    /// in-process driver.
+    pub fn driver_exited(&mut self) -> bool {
+        self.driver_process
+            .as_mut()
+            .is_some_and(|child| child.try_wait().is_some())
+    }
+
     pub async fn stop_driver(&mut self) {
+        if let Some(mut child) = self.driver_process.take() {
+            child.kill();
+        }
         if let Some(tx) = self.driver_stop.take() {
             let _ = tx.send(());
         }
@@ -1058,6 +1098,41 @@ impl Drop for Env {
             let _ = tx.send(());
         }
     }
+}
+
+/// The `csi-hostpath` binary beside this test binary's profile directory,
+/// built first when missing (`cargo test` builds only this package's
+/// binaries).
+pub fn driver_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("current exe");
+            let profile_dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .expect("target/<profile>/deps/<test>");
+            let path = profile_dir.join("csi-hostpath");
+            if !path.exists() {
+                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+                let mut build = Command::new(cargo);
+                build.args([
+                    "build",
+                    "--locked",
+                    "-p",
+                    "csi-hostpath",
+                    "--bin",
+                    "csi-hostpath",
+                ]);
+                if profile_dir.file_name().is_some_and(|n| n == "release") {
+                    build.arg("--release");
+                }
+                let status = build.status().expect("run cargo build");
+                assert!(status.success(), "cargo build -p csi-hostpath failed");
+            }
+            path
+        })
+        .clone()
 }
 
 /// The sidecar binary under test: this build's, or the one named by

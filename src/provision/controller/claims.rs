@@ -33,10 +33,10 @@ use crate::csi::CsiError;
 use crate::provision::events::{self as notes, EventNote};
 use crate::provision::snapshot_types::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::provision::{
-    CreateVolumeOutcome, DataSourceKind, DataSourceObjects, ProvisionDecision, ProvisionInputs,
-    SourceFinalizer, build_pv, classify_create_volume_error, data_source_ref, grpc_error_text,
-    may_reschedule, plan_provision, records_same_volume, selected_node_name, should_provision,
-    volume_attributes_class_name, volume_name,
+    ClaimIdentity, CreateVolumeOutcome, DataSourceKind, DataSourceObjects, ProvisionDecision,
+    ProvisionInputs, SourceFinalizer, build_pv, classify_create_volume_error, data_source_ref,
+    grpc_error_text, may_reschedule, plan_provision, records_same_volume, retained_volume_pv,
+    selected_node_name, should_provision, volume_attributes_class_name, volume_name,
 };
 use crate::wellknown as wk;
 
@@ -655,9 +655,11 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
         }
     }
     // A Retain class keeps its volumes: one that a PV held (deleted since)
-    // must not be deleted by a replay; one that never got a PV is left too,
-    // and said so, rather than risk deleting data.
-    if op.retain {
+    // must not be deleted by a replay (issue 11 case 10). It is recorded in
+    // a Released PV instead (below), so it is neither lost nor leaked; an
+    // in-tree (migrated) one has no CSI form to record it in and is only
+    // kept, and said so.
+    if op.retain && op.migrated {
         tracing::warn!(claim = %key, volume = %op.request.name, "the claim is gone and its class retains volumes: the volume, if it was created, is kept on the backend");
         ctx.finish(&key.uid);
         return Next::Done;
@@ -683,12 +685,16 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
         Ok(response) => {
             let Some(id) = response
                 .volume
-                .map(|v| v.volume_id)
+                .as_ref()
+                .map(|v| v.volume_id.clone())
                 .filter(|id| !id.is_empty())
             else {
                 ctx.finish(&key.uid);
                 return Next::Done;
             };
+            if op.retain {
+                return record_retained_volume(ctx, key, &op, &response).await;
+            }
             match ctx.driver.delete_volume(&id, secrets, op.migrated).await {
                 Ok(()) => {
                     tracing::info!(claim = %key, volume_id = %id, "deleted the volume of a claim deleted during provisioning");
@@ -712,6 +718,54 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
             Next::Retry
         }
     }
+}
+
+/// Saves the Released PV that records the retained volume of a claim that
+/// is gone (see [`retained_volume_pv`]).
+async fn record_retained_volume(
+    ctx: &Context,
+    key: &ClaimKey,
+    op: &InFlight,
+    response: &csi_proto::v1::CreateVolumeResponse,
+) -> Next {
+    let Some(volume) = response.volume.as_ref() else {
+        ctx.finish(&key.uid);
+        return Next::Done;
+    };
+    let claim = ClaimIdentity {
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        uid: key.uid.clone(),
+        resource_version: None,
+    };
+    let pv = retained_volume_pv(&claim, &op.request, volume, &ctx.config);
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let saved = match api.create(&PostParams::default(), &pv).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&pv.name_any()).await {
+            Ok(Some(existing)) if records_same_volume(&existing, &pv) => true,
+            Ok(Some(_)) => {
+                tracing::error!(claim = %key, volume = %pv.name_any(), volume_id = %volume.volume_id, "the claim is gone, its class retains volumes, and another PV holds the name: the volume is kept on the backend without a PV");
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(claim = %key, error = %e, "cannot read the PV in the way; will retry");
+                false
+            }
+        },
+        Err(e) => {
+            tracing::warn!(claim = %key, volume = %pv.name_any(), error = %e, "cannot save the PV of a retained volume; will retry");
+            false
+        }
+    };
+    if !saved {
+        return Next::Retry;
+    }
+    tracing::info!(claim = %key, volume = %pv.name_any(), volume_id = %volume.volume_id, "the claim went away during provisioning and its class retains volumes: the volume is recorded in a Released PV");
+    ctx.volume_events.changed(&pv);
+    ctx.finish(&key.uid);
+    Next::Done
 }
 
 enum SaveOutcome {

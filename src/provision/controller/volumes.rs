@@ -185,13 +185,26 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         match api.delete(name, &params).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            // The uid precondition failed: the name belongs to a new PV now;
-            // ours is gone, and the new one's finalizer is not ours to touch
-            // (issue 11 case 11).
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                tracing::info!(volume = %name, "the PV was replaced by another of the same name; nothing left to do");
-                return Ok(());
-            }
+            // The uid precondition failed when the name belongs to a new PV
+            // now: ours is gone, and the new one's finalizer is not ours to
+            // touch (issue 11 case 11). A 409 can also be a plain conflict
+            // (found by the chaos harness): then ours is still there, and
+            // giving up would leave it Released for ever with its volume
+            // gone. Fresh state tells which.
+            Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(name).await {
+                Ok(Some(current)) if current.uid().as_deref() == Some(uid.as_str()) => {
+                    tracing::warn!(volume = %name, error = %s.message, "deleting the PV conflicted; retrying");
+                    return Err(Retry::Backoff);
+                }
+                Ok(_) => {
+                    tracing::info!(volume = %name, "the PV was replaced by another of the same name; nothing left to do");
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %name, error = %e, "deleting the PV conflicted and reading it failed");
+                    return Err(Retry::Backoff);
+                }
+            },
             Err(e) => {
                 tracing::warn!(volume = %name, error = %e, "deleting the PV failed");
                 return Err(Retry::Backoff);

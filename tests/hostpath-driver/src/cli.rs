@@ -185,6 +185,35 @@ pub fn hostname() -> Result<String, Error> {
     Ok(name)
 }
 
+impl Config {
+    /// The command-line flags that configure a `csi-hostpath` process as
+    /// this configuration (every field but `vendor_version`, which is the
+    /// binary's own), for harnesses that run the driver as a process: its
+    /// `exit_after_backend_change` faults end the process.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--endpoint=unix://{}", self.endpoint.display()),
+            format!("--drivername={}", self.driver_name),
+            format!("--nodeid={}", self.node_id),
+            format!("--statedir={}", self.state_dir.display()),
+            format!("--max-volume-size={}", self.max_volume_size),
+            format!("--enable-topology={}", self.enable_topology),
+            format!("--topology-key={}", self.topology_key),
+            format!("--volume-id-format={}", self.volume_id_format.as_str()),
+            format!("--enable-controller-publish={}", self.controller_publish),
+        ];
+        args.extend(
+            self.capacity
+                .iter()
+                .map(|(kind, bytes)| format!("--capacity={kind}={bytes}")),
+        );
+        if !self.faults_file.as_os_str().is_empty() {
+            args.push(format!("--faults-file={}", self.faults_file.display()));
+        }
+        args
+    }
+}
+
 impl Cli {
     /// The driver configuration these flags describe.
     pub fn into_config(self) -> Result<Config, Error> {
@@ -233,6 +262,28 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn to_args_describes_the_same_configuration() {
+        let mut config = Config::for_tests(std::path::Path::new("/tmp/x"));
+        let round_trip = |config: &Config| {
+            let argv = std::iter::once("csi-hostpath".to_owned()).chain(config.to_args());
+            Cli::try_parse_from(normalize_args(argv))
+                .expect("parses")
+                .into_config()
+                .expect("valid")
+        };
+        assert_eq!(round_trip(&config), config);
+        config.capacity.insert("fast".to_owned(), 1 << 30);
+        config.capacity.insert("slow".to_owned(), 5);
+        config.enable_topology = false;
+        config.controller_publish = true;
+        config.topology_key = "topology.ebs.csi.aws.com/zone".to_owned();
+        config.volume_id_format = crate::ids::VolumeIdFormat::GcePd;
+        config.faults_file = PathBuf::new();
+        config.max_volume_size = 12345;
+        assert_eq!(round_trip(&config), config);
+    }
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         let argv =

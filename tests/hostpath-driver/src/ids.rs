@@ -35,6 +35,14 @@ impl VolumeIdFormat {
         }
     }
 
+    /// The spelling [`VolumeIdFormat::parse`] reads.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeIdFormat::Plain => "plain",
+            VolumeIdFormat::GcePd => "gce-pd",
+        }
+    }
+
     /// The wire form of the record id `id`; `zone` is this driver's node id
     /// (its topology segment).
     pub fn external(self, id: &str, zone: &str) -> String {

@@ -1,0 +1,715 @@
+//! Chaos (issue 16 item 1): seeded, reproducible scenarios in which a
+//! workload creates, uses and deletes claims of four classes (Immediate and
+//! WaitForFirstConsumer, Delete and Retain; some PVs deleted before their
+//! claims, KEP-2644) while faults strike at random instants: SIGKILL of the
+//! sidecar, of the leader of two replicas, every gRPC error code from the
+//! driver, driver calls slower than `--timeout`, the driver process ending
+//! between its backend change and its reply, and either API answers 409 /
+//! 500 / 429, dropped watches and compaction (our API test server) or
+//! restarts of kube-apiserver and kube-controller-manager (a real control
+//! plane). Once quiet, nothing may be leaked, lost or stuck
+//! (`chaos/invariants.rs`); a claim in use must stay protected throughout.
+//!
+//! The sidecar runs as a process (`csi-provisioner`), the driver as a
+//! process (`csi-hostpath`), against a fresh test server per seed or the
+//! shared real control plane of this test binary.
+//!
+//! * `CHAOS_SEED=N`: that one seed (the reproduction command a failure
+//!   prints);
+//! * `CHAOS_SEEDS=N` (`CHAOS_FIRST_SEED=F`, default 1): seeds F..F+N;
+//! * `CHAOS_JOBS=J`: seeds run at once (test server; default 3).
+//!
+//! Without any, CI's bounded sample: 8 seeds on the test server, 2 on the
+//! real cluster.
+
+mod support;
+
+#[path = "chaos/invariants.rs"]
+mod invariants;
+#[path = "chaos/plan.rs"]
+mod plan;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use controlplane::GuardedChild;
+use csi_hostpath::faults::Fault as DriverFault;
+use futures_util::StreamExt;
+use invariants::{ClaimFact, ClaimRecord, PvFact, World};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube_testserver::{RequestMatch, Verb};
+use plan::{ApiVerb, Binding, Fault, Plan, Reclaim, Step};
+use serde_json::json;
+use support::{Backend, ClusterConfig, Env};
+
+/// How long a run may take to settle once its faults are cleared.
+const QUIESCENCE: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn seeds_on_the_test_server() {
+    let seeds = Seeds::from_env(8, 3);
+    run_seeds(
+        &seeds,
+        plan::Backend::TestServer,
+        Backend::TestServer,
+        "seeds_on_the_test_server",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeds_on_a_real_cluster() {
+    let test = "chaos::seeds_on_a_real_cluster";
+    let Some(backend) = Backend::real(&ClusterConfig::standard(), test) else {
+        return;
+    };
+    // One at a time: a restart of kube-apiserver strikes every seed running.
+    let seeds = Seeds {
+        jobs: 1,
+        ..Seeds::from_env(2, 1)
+    };
+    run_seeds(
+        &seeds,
+        plan::Backend::Real,
+        backend,
+        "seeds_on_a_real_cluster",
+    )
+    .await;
+}
+
+struct Seeds {
+    first: u64,
+    count: u64,
+    jobs: usize,
+}
+
+impl Seeds {
+    fn from_env(default_count: u64, default_jobs: usize) -> Seeds {
+        let var = |name: &str| {
+            std::env::var(name).ok().map(|v| {
+                v.parse::<u64>()
+                    .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+            })
+        };
+        let jobs = var("CHAOS_JOBS").map_or(default_jobs, |j| j.max(1) as usize);
+        if let Some(seed) = var("CHAOS_SEED") {
+            return Seeds {
+                first: seed,
+                count: 1,
+                jobs,
+            };
+        }
+        Seeds {
+            first: var("CHAOS_FIRST_SEED").unwrap_or(1),
+            count: var("CHAOS_SEEDS").unwrap_or(default_count),
+            jobs,
+        }
+    }
+}
+
+/// What the seeds of a run did, for the summary line.
+#[derive(Default)]
+struct Tally {
+    seeds: u64,
+    steps: BTreeMap<String, u64>,
+    claims: u64,
+    settle: Duration,
+}
+
+async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &str) {
+    let started = Instant::now();
+    let outcomes: Vec<(u64, Result<Tally, String>)> =
+        futures_util::stream::iter(seeds.first..seeds.first + seeds.count)
+            .map(|seed| async move { (seed, run_seed(seed, kind, backend).await) })
+            .buffer_unordered(seeds.jobs)
+            .collect()
+            .await;
+    let mut total = Tally::default();
+    let mut failed = Vec::new();
+    for (seed, outcome) in outcomes {
+        match outcome {
+            Ok(tally) => {
+                total.seeds += 1;
+                total.claims += tally.claims;
+                total.settle = total.settle.max(tally.settle);
+                for (step, n) in tally.steps {
+                    *total.steps.entry(step).or_default() += n;
+                }
+            }
+            Err(report) => {
+                eprintln!("{report}");
+                failed.push(seed);
+            }
+        }
+    }
+    println!(
+        "chaos {test}: {} of {} seeds ({}..{}) passed in {:.0?}; {} claims; slowest settle {:.1?}; steps {:?}",
+        total.seeds,
+        seeds.count,
+        seeds.first,
+        seeds.first + seeds.count - 1,
+        started.elapsed(),
+        total.claims,
+        total.settle,
+        total.steps,
+    );
+    assert!(
+        failed.is_empty(),
+        "chaos seeds failed: {failed:?}; reproduce one with\n  CHAOS_SEED={} cargo test --test chaos {test} -- --nocapture",
+        failed[0]
+    );
+}
+
+async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Tally, String> {
+    let plan = plan::plan(seed, kind);
+    let mut run = Run::new(plan.clone(), backend).await;
+    let outcome = run.execute().await;
+    let outcome = match outcome {
+        Ok(()) => run.settle().await,
+        Err(e) => Err(vec![e]),
+    };
+    match outcome {
+        Ok(settle) => {
+            run.tally.settle = settle;
+            run.tally.claims = run.records.len() as u64;
+            Ok(std::mem::take(&mut run.tally))
+        }
+        Err(violations) => {
+            let logs = run.env.logs();
+            let tail: Vec<&str> = logs.lines().rev().take(80).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            Err(format!(
+                "chaos seed {seed} ({:?}) FAILED:\n  {}\nplan: {:#?}\nlast log lines:\n{}\nreproduce: CHAOS_SEED={seed} cargo test --test chaos {} -- --nocapture",
+                kind,
+                violations.join("\n  "),
+                plan.steps,
+                tail.join("\n"),
+                match kind {
+                    plan::Backend::TestServer => "seeds_on_the_test_server",
+                    plan::Backend::Real => "seeds_on_a_real_cluster",
+                },
+            ))
+        }
+    }
+}
+
+struct Run {
+    env: Env,
+    plan: Plan,
+    sidecar_args: Vec<String>,
+    replicas: Vec<Option<GuardedChild>>,
+    /// Claim index → its record (uid once created).
+    records: Vec<ClaimRecord>,
+    pods: BTreeSet<usize>,
+    /// How long the driver stays down when a fault ended it.
+    driver_down: Duration,
+    tally: Tally,
+}
+
+impl Run {
+    async fn new(plan: Plan, backend: Backend) -> Run {
+        let mut env = Env::new(backend).await;
+        env.run_driver_as_process().await;
+        for class in plan::Class::ALL {
+            let binding = match class.binding {
+                Binding::Immediate => "Immediate",
+                Binding::WaitForFirstConsumer => "WaitForFirstConsumer",
+            };
+            let reclaim = match class.reclaim {
+                Reclaim::Delete => "Delete",
+                Reclaim::Retain => "Retain",
+            };
+            env.storage_class(class.short(), binding, reclaim, json!({}))
+                .await;
+        }
+        let mut sidecar_args = vec![
+            format!("--timeout={}ms", plan::SIDECAR_TIMEOUT_MS),
+            "--feature-gates=PVCProtection=true".to_owned(),
+        ];
+        if plan.replicas > 1 {
+            sidecar_args.extend([
+                "--leader-election".to_owned(),
+                format!("--leader-election-namespace={}", env.ns),
+                "--leader-election-lease-duration=2s".to_owned(),
+                "--leader-election-renew-deadline=1s".to_owned(),
+                "--leader-election-retry-period=500ms".to_owned(),
+            ]);
+        }
+        let mut run = Run {
+            env,
+            replicas: (0..plan.replicas).map(|_| None).collect(),
+            plan,
+            sidecar_args,
+            records: Vec::new(),
+            pods: BTreeSet::new(),
+            driver_down: Duration::ZERO,
+            tally: Tally::default(),
+        };
+        for replica in 0..run.plan.replicas {
+            run.start_replica(replica).await;
+        }
+        run
+    }
+
+    async fn start_replica(&mut self, replica: usize) {
+        let args: Vec<&str> = self.sidecar_args.iter().map(String::as_str).collect();
+        let pod_name = format!("replica-{replica}");
+        self.env
+            .start_sidecar_with_env(&args, &[("POD_NAME", pod_name.as_str())])
+            .await;
+        self.replicas[replica] = self.env.sidecar.take();
+    }
+
+    fn kill_replica(&mut self, replica: usize) {
+        if let Some(mut child) = self.replicas[replica].take() {
+            child.kill();
+        }
+    }
+
+    async fn execute(&mut self) -> Result<(), String> {
+        let steps = self.plan.steps.clone();
+        for step in steps {
+            let name = match &step {
+                Step::Fault(fault) => format!("{fault:?}"),
+                other => format!("{other:?}"),
+            };
+            let name = name
+                .split([' ', '{', '('])
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            *self.tally.steps.entry(name).or_default() += 1;
+            self.step(step).await?;
+            self.revive_driver().await;
+        }
+        Ok(())
+    }
+
+    async fn step(&mut self, step: Step) -> Result<(), String> {
+        match step {
+            Step::CreateClaim { claim, class } => self.create_claim(claim, class).await,
+            Step::DeleteClaim { claim } => self.delete_claim(claim, false).await,
+            Step::DeletePvThenClaim { claim } => self.delete_claim(claim, true).await,
+            Step::StartPod { claim } => self.start_pod(claim).await,
+            Step::StopPod { claim } => self.stop_pod(claim).await,
+            Step::Pause { ms } => {
+                self.pause(Duration::from_millis(ms)).await;
+                Ok(())
+            }
+            Step::Fault(fault) => {
+                self.inject(fault).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Sleeps, restarting the driver as soon as a fault has ended it (as
+    /// the kubelet restarts a container).
+    async fn pause(&mut self, how_long: Duration) {
+        let until = Instant::now() + how_long;
+        while Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50).min(until - Instant::now())).await;
+            self.revive_driver().await;
+        }
+    }
+
+    async fn revive_driver(&mut self) {
+        if self.env.driver_exited() {
+            *self
+                .tally
+                .steps
+                .entry("driver exited and restarted".to_owned())
+                .or_default() += 1;
+            tokio::time::sleep(self.driver_down).await;
+            self.env.start_driver();
+        }
+    }
+
+    async fn inject(&mut self, fault: Fault) {
+        match fault {
+            Fault::KillSidecar { replica, down_ms } => {
+                self.kill_replica(replica);
+                self.pause(Duration::from_millis(down_ms)).await;
+                self.start_replica(replica).await;
+            }
+            Fault::KillLeader { down_ms } => {
+                let holder = lease_holder(&self.env).await.unwrap_or_default();
+                let leader = (0..self.replicas.len())
+                    .find(|r| holder.starts_with(&format!("replica-{r}_")))
+                    .unwrap_or(0);
+                self.kill_replica(leader);
+                self.pause(Duration::from_millis(down_ms)).await;
+                self.start_replica(leader).await;
+            }
+            Fault::DriverError {
+                method,
+                code,
+                count,
+            } => {
+                let mut rule = DriverFault::error(method, tonic::Code::Unknown).times(count);
+                rule.code = Some(code.to_owned());
+                self.env.set_faults(vec![rule]);
+            }
+            Fault::DriverSlow {
+                method,
+                delay_ms,
+                count,
+            } => self.env.set_faults(vec![
+                DriverFault::delay(method, Duration::from_millis(delay_ms)).times(count),
+            ]),
+            Fault::DriverExit { method, down_ms } => {
+                self.driver_down = Duration::from_millis(down_ms);
+                self.env.set_faults(vec![
+                    DriverFault::exit_after_backend_change(method).times(1),
+                ]);
+            }
+            Fault::Api {
+                verb,
+                resource,
+                status,
+                count,
+            } => {
+                let verb = match verb {
+                    ApiVerb::Get => Verb::Get,
+                    ApiVerb::Create => Verb::Create,
+                    ApiVerb::Update => Verb::Update,
+                    ApiVerb::Patch => Verb::Patch,
+                    ApiVerb::Delete => Verb::Delete,
+                };
+                self.env
+                    .api()
+                    .fail_next(count, RequestMatch::new(verb, resource), status);
+            }
+            Fault::CloseWatches => self.env.api().close_watches(),
+            Fault::Compact => {
+                self.env.api().compact();
+                self.env.api().close_watches();
+            }
+            Fault::RestartApiServer => {
+                let plane = self.env.plane().expect("real cluster");
+                let plane_ref = plane;
+                tokio::task::spawn_blocking(move || plane_ref.restart_apiserver())
+                    .await
+                    .expect("join")
+                    .expect("restart kube-apiserver");
+                self.env.client = plane.admin_client().await.expect("admin client");
+            }
+            Fault::RestartControllerManager => {
+                let plane = self.env.plane().expect("real cluster");
+                tokio::task::spawn_blocking(move || {
+                    plane.stop_controller_manager();
+                    plane.start_controller_manager()
+                })
+                .await
+                .expect("join")
+                .expect("restart kube-controller-manager");
+            }
+        }
+    }
+
+    fn claim_name(&self, claim: usize) -> String {
+        format!("c{claim}")
+    }
+
+    async fn create_claim(&mut self, claim: usize, class: plan::Class) -> Result<(), String> {
+        let name = self.claim_name(claim);
+        let mut annotations = json!({});
+        if class.binding == Binding::WaitForFirstConsumer {
+            // The scheduler's part, done at once: a pod is bound for the node.
+            annotations[support::SELECTED_NODE] = json!(self.env.node);
+        }
+        // What the real API server's admission adds to every claim; our
+        // test server has no admission, and without it a claim deleted
+        // before the protection loop saw it would not wait for its pod.
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": self.env.ns,
+                "annotations": annotations, "finalizers": [invariants::PVC_PROTECTION]},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": self.env.class(class.short()),
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        }))
+        .map_err(|e| e.to_string())?;
+        let api = self.claims();
+        let created = retry(&format!("create claim {name}"), || {
+            let api = api.clone();
+            let pvc = pvc.clone();
+            async move {
+                match api.create(&PostParams::default(), &pvc).await {
+                    // An earlier try reached the server before the fault.
+                    Err(kube::Error::Api(e)) if e.code == 409 => api
+                        .get(pvc.metadata.name.as_deref().unwrap_or_default())
+                        .await
+                        .map(Some),
+                    other => other.map(Some),
+                }
+            }
+        })
+        .await?
+        .ok_or_else(|| format!("claim {name} not created"))?;
+        let uid = created.metadata.uid.unwrap_or_default();
+        while self.records.len() <= claim {
+            self.records.push(ClaimRecord {
+                name: String::new(),
+                uid: String::new(),
+                class,
+                deleted: false,
+                bound_at_deletion: false,
+            });
+        }
+        self.records[claim] = ClaimRecord {
+            name,
+            uid,
+            class,
+            deleted: false,
+            bound_at_deletion: false,
+        };
+        Ok(())
+    }
+
+    async fn delete_claim(&mut self, claim: usize, pv_first: bool) -> Result<(), String> {
+        let name = self.claim_name(claim);
+        let api = self.claims();
+        let current = retry(&format!("get claim {name}"), || {
+            let api = api.clone();
+            let name = name.clone();
+            async move { api.get_opt(&name).await }
+        })
+        .await?;
+        let bound = current
+            .as_ref()
+            .and_then(|c| c.status.as_ref()?.phase.clone())
+            .is_some_and(|p| p == "Bound");
+        let volume = current
+            .as_ref()
+            .and_then(|c| c.spec.as_ref()?.volume_name.clone())
+            .filter(|v| !v.is_empty());
+        if pv_first && let Some(volume) = volume {
+            let pvs: Api<PersistentVolume> = Api::all(self.env.client.clone());
+            retry(&format!("delete PV {volume}"), || {
+                let pvs = pvs.clone();
+                let volume = volume.clone();
+                async move {
+                    pvs.delete(&volume, &DeleteParams::default())
+                        .await
+                        .map(|_| Some(()))
+                }
+            })
+            .await?;
+        }
+        retry(&format!("delete claim {name}"), || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                api.delete(&name, &DeleteParams::default())
+                    .await
+                    .map(|_| Some(()))
+            }
+        })
+        .await?;
+        let record = &mut self.records[claim];
+        record.deleted = true;
+        record.bound_at_deletion = bound;
+        Ok(())
+    }
+
+    async fn start_pod(&mut self, claim: usize) -> Result<(), String> {
+        let name = self.claim_name(claim);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("uses-{name}"), "namespace": self.env.ns},
+            "spec": {
+                "nodeName": self.env.node,
+                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}],
+            },
+        }))
+        .map_err(|e| e.to_string())?;
+        let pods = self.pods_api();
+        retry(&format!("create pod uses-{name}"), || {
+            let pods = pods.clone();
+            let pod = pod.clone();
+            async move {
+                match pods.create(&PostParams::default(), &pod).await {
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+                    other => other.map(|_| Some(())),
+                }
+            }
+        })
+        .await?;
+        self.pods.insert(claim);
+        Ok(())
+    }
+
+    /// Checks that the claim kept its protection while in use, then ends
+    /// the pod.
+    async fn stop_pod(&mut self, claim: usize) -> Result<(), String> {
+        let name = self.claim_name(claim);
+        let api = self.claims();
+        let current = retry(&format!("get claim {name}"), || {
+            let api = api.clone();
+            let name = name.clone();
+            async move { api.get_opt(&name).await }
+        })
+        .await?;
+        if let Some(violation) =
+            invariants::protection_violation(&name, current.map(claim_fact).as_ref())
+        {
+            return Err(violation);
+        }
+        let pods = self.pods_api();
+        retry(&format!("delete pod uses-{name}"), || {
+            let pods = pods.clone();
+            let pod = format!("uses-{name}");
+            async move {
+                pods.delete(&pod, &DeleteParams::default().grace_period(0))
+                    .await
+                    .map(|_| Some(()))
+            }
+        })
+        .await?;
+        self.pods.remove(&claim);
+        Ok(())
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.env.client.clone(), &self.env.ns)
+    }
+
+    fn pods_api(&self) -> Api<Pod> {
+        Api::namespaced(self.env.client.clone(), &self.env.ns)
+    }
+
+    /// Faults off, every process up; then waits until every invariant
+    /// holds. Returns how long that took, or what still failed at the end.
+    async fn settle(&mut self) -> Result<Duration, Vec<String>> {
+        self.env.clear_faults();
+        if matches!(self.plan.backend, plan::Backend::TestServer) {
+            self.env.api().clear_faults();
+        }
+        self.revive_driver().await;
+        for replica in 0..self.replicas.len() {
+            let dead = match self.replicas[replica].as_mut() {
+                None => true,
+                Some(child) => !child.is_running(),
+            };
+            if dead {
+                self.kill_replica(replica);
+                self.start_replica(replica).await;
+            }
+        }
+        let started = Instant::now();
+        let mut last = Vec::new();
+        while started.elapsed() < QUIESCENCE {
+            self.revive_driver().await;
+            match self.world().await {
+                Ok(world) => {
+                    last = invariants::violations(&world, &self.records);
+                    if last.is_empty() {
+                        return Ok(started.elapsed());
+                    }
+                }
+                Err(e) => last = vec![e],
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        last.insert(0, format!("not quiet after {QUIESCENCE:?} without faults"));
+        Err(last)
+    }
+
+    async fn world(&self) -> Result<World, String> {
+        let backend = self
+            .env
+            .backend_volumes()
+            .into_iter()
+            .map(|v| invariants::BackendVolume {
+                id: v.id,
+                name: v.name,
+            })
+            .collect();
+        let pvs = Api::<PersistentVolume>::all(self.env.client.clone())
+            .list(&Default::default())
+            .await
+            .map_err(|e| format!("list PVs: {e}"))?
+            .items
+            .into_iter()
+            .filter(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .is_some_and(|csi| csi.driver == self.env.driver_name)
+            })
+            .map(pv_fact)
+            .collect();
+        let claims = self
+            .claims()
+            .list(&Default::default())
+            .await
+            .map_err(|e| format!("list claims: {e}"))?
+            .items
+            .into_iter()
+            .map(claim_fact)
+            .collect();
+        Ok(World {
+            backend,
+            pvs,
+            claims,
+        })
+    }
+}
+
+fn pv_fact(pv: PersistentVolume) -> PvFact {
+    let spec = pv.spec.unwrap_or_default();
+    PvFact {
+        name: pv.metadata.name.unwrap_or_default(),
+        handle: spec.csi.map(|c| c.volume_handle).unwrap_or_default(),
+        reclaim: spec.persistent_volume_reclaim_policy.unwrap_or_default(),
+        claim_uid: spec.claim_ref.and_then(|c| c.uid),
+        phase: pv.status.and_then(|s| s.phase).unwrap_or_default(),
+        deleting: pv.metadata.deletion_timestamp.is_some(),
+        finalizers: pv.metadata.finalizers.unwrap_or_default(),
+    }
+}
+
+fn claim_fact(pvc: PersistentVolumeClaim) -> ClaimFact {
+    ClaimFact {
+        name: pvc.metadata.name.unwrap_or_default(),
+        uid: pvc.metadata.uid.unwrap_or_default(),
+        phase: pvc.status.and_then(|s| s.phase).unwrap_or_default(),
+        volume_name: pvc.spec.and_then(|s| s.volume_name),
+        deleting: pvc.metadata.deletion_timestamp.is_some(),
+        finalizers: pvc.metadata.finalizers.unwrap_or_default(),
+    }
+}
+
+async fn lease_holder(env: &Env) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    leases
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find_map(|l| l.spec?.holder_identity.filter(|h| !h.is_empty()))
+}
+
+/// The workload's own requests ride out the faults aimed at the sidecar
+/// (and an API server restart): retried for up to a minute; 404 on a
+/// delete is done.
+async fn retry<T, F, Fut>(what: &str, mut call: F) -> Result<Option<T>, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call().await {
+            Ok(value) => return Ok(value),
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
+            Err(e) if Instant::now() >= deadline => return Err(format!("{what}: {e}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}

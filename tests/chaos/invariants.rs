@@ -1,0 +1,351 @@
+//! What must hold once a chaos run is quiet, as a pure function of what
+//! the API server and the backend hold and of what the workload did. Every
+//! rule is a way to lose money (a leaked backend volume) or data (a
+//! deleted volume that should have been kept, a claim in use removed).
+
+use std::collections::BTreeMap;
+
+use crate::plan::{Class, Reclaim};
+
+pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+
+#[derive(Debug, Clone, Default)]
+pub struct BackendVolume {
+    pub id: String,
+    /// The CreateVolume name: `pvc-<claim uid>`.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PvFact {
+    pub name: String,
+    pub handle: String,
+    pub reclaim: String,
+    pub claim_uid: Option<String>,
+    pub phase: String,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ClaimFact {
+    pub name: String,
+    pub uid: String,
+    pub phase: String,
+    pub volume_name: Option<String>,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
+}
+
+/// What the API server and the backend hold (the run's driver and
+/// namespace only).
+#[derive(Debug, Clone, Default)]
+pub struct World {
+    pub backend: Vec<BackendVolume>,
+    pub pvs: Vec<PvFact>,
+    pub claims: Vec<ClaimFact>,
+}
+
+/// What the workload did to one claim.
+#[derive(Debug, Clone)]
+pub struct ClaimRecord {
+    pub name: String,
+    pub uid: String,
+    pub class: Class,
+    pub deleted: bool,
+    /// The claim was Bound when the workload deleted it: its Retain volume
+    /// exists and must survive.
+    pub bound_at_deletion: bool,
+}
+
+/// Every rule `world` breaks, one sentence each; empty when all hold.
+pub fn violations(world: &World, claims: &[ClaimRecord]) -> Vec<String> {
+    let mut out = Vec::new();
+    let pvs_by_handle = count_by(world.pvs.iter().map(|pv| pv.handle.as_str()));
+    let backend_ids = count_by(world.backend.iter().map(|v| v.id.as_str()));
+    for volume in &world.backend {
+        match pvs_by_handle.get(volume.id.as_str()).copied().unwrap_or(0) {
+            1 => {}
+            0 => out.push(format!(
+                "backend volume {} ({}) has no PV: leaked",
+                volume.id, volume.name
+            )),
+            n => out.push(format!(
+                "backend volume {} is recorded in {n} PVs",
+                volume.id
+            )),
+        }
+    }
+    for pv in &world.pvs {
+        if !backend_ids.contains_key(pv.handle.as_str()) {
+            out.push(format!(
+                "PV {} ({}) names backend volume {} which does not exist: orphaned or deleted while kept",
+                pv.name, pv.reclaim, pv.handle
+            ));
+        }
+        if pv.deleting {
+            out.push(format!(
+                "PV {} is being deleted and stays, finalizers {:?}",
+                pv.name, pv.finalizers
+            ));
+        } else if pv.reclaim == "Delete" && !pv.finalizers.iter().any(|f| f == PV_FINALIZER) {
+            out.push(format!(
+                "PV {} (Delete) lacks the finalizer {PV_FINALIZER}",
+                pv.name
+            ));
+        }
+    }
+    for claim in &world.claims {
+        if claim.deleting {
+            out.push(format!(
+                "claim {} is being deleted and stays, finalizers {:?}",
+                claim.name, claim.finalizers
+            ));
+        }
+    }
+    for record in claims {
+        out.extend(claim_violations(world, record));
+    }
+    out
+}
+
+fn claim_violations(world: &World, record: &ClaimRecord) -> Vec<String> {
+    let mut out = Vec::new();
+    let name = &record.name;
+    let pvs: Vec<&PvFact> = world
+        .pvs
+        .iter()
+        .filter(|pv| pv.claim_uid.as_deref() == Some(record.uid.as_str()))
+        .collect();
+    let volume_name = format!("pvc-{}", record.uid);
+    let volumes = world
+        .backend
+        .iter()
+        .filter(|v| v.name == volume_name)
+        .count();
+    if pvs.len() > 1 {
+        let names: Vec<&str> = pvs.iter().map(|pv| pv.name.as_str()).collect();
+        out.push(format!("claim {name} got {} PVs: {names:?}", pvs.len()));
+    }
+    if volumes > 1 {
+        out.push(format!("claim {name} got {volumes} backend volumes"));
+    }
+    let live = world.claims.iter().find(|c| c.uid == record.uid);
+    match (record.deleted, record.class.reclaim) {
+        (false, _) => match live {
+            None => out.push(format!("claim {name} was never deleted and is gone")),
+            Some(claim) if claim.phase != "Bound" => out.push(format!(
+                "claim {name} is {} at quiescence, not Bound",
+                claim.phase
+            )),
+            Some(claim) => {
+                let bound = claim.volume_name.as_deref();
+                if !pvs.iter().any(|pv| Some(pv.name.as_str()) == bound) {
+                    out.push(format!(
+                        "claim {name} is bound to {bound:?}, which is not a PV of its uid"
+                    ));
+                }
+            }
+        },
+        (true, Reclaim::Delete) => {
+            if let Some(claim) = live.filter(|c| !c.deleting) {
+                out.push(format!("claim {} was deleted and is back", claim.name));
+            }
+            for pv in &pvs {
+                out.push(format!(
+                    "PV {} (Delete) of deleted claim {name} stays ({})",
+                    pv.name, pv.phase
+                ));
+            }
+            if volumes > 0 && pvs.is_empty() {
+                // Reported above as a leak too; this names the claim.
+                out.push(format!(
+                    "backend volume {volume_name} of deleted claim {name} (Delete) stays"
+                ));
+            }
+        }
+        (true, Reclaim::Retain) => {
+            if record.bound_at_deletion && pvs.is_empty() {
+                out.push(format!(
+                    "claim {name} (Retain) was Bound when deleted and its PV is gone"
+                ));
+            }
+            if record.bound_at_deletion && volumes == 0 {
+                out.push(format!(
+                    "claim {name} (Retain) was Bound when deleted and its backend volume is gone: data lost"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The rule that holds while a pod uses `claim`: the claim is there (a
+/// deletion waits for the pod) and keeps its protection finalizer.
+pub fn protection_violation(name: &str, claim: Option<&ClaimFact>) -> Option<String> {
+    match claim {
+        None => Some(format!("claim {name} in use by a pod was removed")),
+        Some(c) if !c.finalizers.iter().any(|f| f == PVC_PROTECTION) => Some(format!(
+            "claim {name} in use by a pod lost {PVC_PROTECTION} (finalizers {:?})",
+            c.finalizers
+        )),
+        Some(_) => None,
+    }
+}
+
+fn count_by<'a>(keys: impl Iterator<Item = &'a str>) -> BTreeMap<&'a str, usize> {
+    let mut counts = BTreeMap::new();
+    for key in keys {
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Binding;
+
+    const DELETE: Class = Class::new(Binding::Immediate, Reclaim::Delete);
+    const RETAIN: Class = Class::new(Binding::Immediate, Reclaim::Retain);
+
+    fn pv(name: &str, handle: &str, reclaim: &str, uid: &str) -> PvFact {
+        PvFact {
+            name: name.to_owned(),
+            handle: handle.to_owned(),
+            reclaim: reclaim.to_owned(),
+            claim_uid: Some(uid.to_owned()),
+            phase: "Bound".to_owned(),
+            deleting: false,
+            finalizers: vec![PV_FINALIZER.to_owned()],
+        }
+    }
+
+    fn volume(id: &str, uid: &str) -> BackendVolume {
+        BackendVolume {
+            id: id.to_owned(),
+            name: format!("pvc-{uid}"),
+        }
+    }
+
+    fn claim(name: &str, uid: &str, volume: &str) -> ClaimFact {
+        ClaimFact {
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+            phase: "Bound".to_owned(),
+            volume_name: Some(volume.to_owned()),
+            deleting: false,
+            finalizers: vec![PVC_PROTECTION.to_owned()],
+        }
+    }
+
+    fn record(name: &str, uid: &str, class: Class, deleted: bool) -> ClaimRecord {
+        ClaimRecord {
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+            class,
+            deleted,
+            bound_at_deletion: deleted,
+        }
+    }
+
+    fn healthy() -> (World, Vec<ClaimRecord>) {
+        let world = World {
+            backend: vec![volume("v1", "u1"), volume("v2", "u2")],
+            pvs: vec![
+                pv("pvc-u1", "v1", "Delete", "u1"),
+                pv("pvc-u2", "v2", "Retain", "u2"),
+            ],
+            claims: vec![claim("a", "u1", "pvc-u1")],
+        };
+        let claims = vec![
+            record("a", "u1", DELETE, false),
+            record("b", "u2", RETAIN, true),
+        ];
+        (world, claims)
+    }
+
+    #[test]
+    fn a_consistent_world_breaks_nothing() {
+        let (mut world, claims) = healthy();
+        world.pvs[1].phase = "Released".to_owned();
+        assert_eq!(violations(&world, &claims), Vec::<String>::new());
+    }
+
+    /// Each broken world names its rule; a harness whose checks cannot fail
+    /// proves nothing.
+    #[test]
+    fn every_rule_fires_on_its_own_breakage() {
+        type Breakage = fn(&mut World, &mut Vec<ClaimRecord>);
+        let cases: [(&str, Breakage); 12] = [
+            ("has no PV: leaked", |w, _| {
+                w.backend.push(volume("v9", "u9"))
+            }),
+            ("recorded in 2 PVs", |w, _| {
+                w.pvs.push(pv("pvc-x", "v1", "Delete", "ux"))
+            }),
+            ("which does not exist", |w, _| {
+                w.backend.retain(|v| v.id != "v2")
+            }),
+            ("is being deleted and stays", |w, _| {
+                w.pvs[0].deleting = true
+            }),
+            ("lacks the finalizer", |w, _| w.pvs[0].finalizers.clear()),
+            ("claim a is being deleted", |w, _| {
+                w.claims[0].deleting = true
+            }),
+            ("got 2 PVs", |w, _| {
+                w.backend.push(volume("v3", "u1"));
+                w.pvs.push(pv("pvc-u1b", "v3", "Delete", "u1"))
+            }),
+            ("never deleted and is gone", |w, _| w.claims.clear()),
+            ("not Bound", |w, _| w.claims[0].phase = "Pending".to_owned()),
+            ("of deleted claim a stays", |w, c| {
+                w.claims.clear();
+                c[0].deleted = true
+            }),
+            ("its PV is gone", |w, _| {
+                w.pvs.retain(|pv| pv.reclaim != "Retain")
+            }),
+            ("data lost", |w, _| {
+                w.backend.retain(|v| v.id != "v2");
+            }),
+        ];
+        for (want, breakage) in cases {
+            let (mut world, mut claims) = healthy();
+            breakage(&mut world, &mut claims);
+            let found = violations(&world, &claims);
+            assert!(
+                found.iter().any(|v| v.contains(want)),
+                "want a violation with {want:?}, got {found:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_deleted_delete_claim_leaves_nothing() {
+        let world = World {
+            backend: vec![volume("v1", "u1")],
+            pvs: vec![],
+            claims: vec![],
+        };
+        let found = violations(&world, &[record("a", "u1", DELETE, true)]);
+        assert!(found.iter().any(|v| v.contains("leaked")), "{found:?}");
+        assert!(
+            found.iter().any(|v| v.contains("(Delete) stays")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_in_use_keeps_its_protection() {
+        let mut c = claim("a", "u1", "pvc-u1");
+        assert_eq!(protection_violation("a", Some(&c)), None);
+        c.deleting = true;
+        assert_eq!(protection_violation("a", Some(&c)), None);
+        c.finalizers.clear();
+        assert!(protection_violation("a", Some(&c)).is_some());
+        assert!(protection_violation("a", None).is_some());
+    }
+}

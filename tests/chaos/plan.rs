@@ -1,0 +1,433 @@
+//! The chaos scenario of one seed, as plain data: a workload of claims,
+//! pods and deletions interleaved with faults at random instants. Pure and
+//! deterministic (a seed always gives the same plan), so that a failing
+//! seed reproduces its scenario exactly; only the timing of the processes
+//! it runs against varies.
+
+/// SplitMix64: small, seedable, and the same on every platform.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Uniform in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.below(high - low + 1)
+    }
+
+    /// True with probability `percent`/100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    Immediate,
+    WaitForFirstConsumer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaim {
+    Delete,
+    Retain,
+}
+
+/// One of the four StorageClasses of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Class {
+    pub binding: Binding,
+    pub reclaim: Reclaim,
+}
+
+impl Class {
+    pub const ALL: [Class; 4] = [
+        Class::new(Binding::Immediate, Reclaim::Delete),
+        Class::new(Binding::Immediate, Reclaim::Retain),
+        Class::new(Binding::WaitForFirstConsumer, Reclaim::Delete),
+        Class::new(Binding::WaitForFirstConsumer, Reclaim::Retain),
+    ];
+
+    pub const fn new(binding: Binding, reclaim: Reclaim) -> Class {
+        Class { binding, reclaim }
+    }
+
+    /// The class's short name (see `Env::class`).
+    pub fn short(self) -> &'static str {
+        match (self.binding, self.reclaim) {
+            (Binding::Immediate, Reclaim::Delete) => "imm-del",
+            (Binding::Immediate, Reclaim::Retain) => "imm-ret",
+            (Binding::WaitForFirstConsumer, Reclaim::Delete) => "wffc-del",
+            (Binding::WaitForFirstConsumer, Reclaim::Retain) => "wffc-ret",
+        }
+    }
+}
+
+/// The API verbs a fault may hit (mapped onto the test server's `Verb` by
+/// the runner, so that the plan stays free of the servers' types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiVerb {
+    Get,
+    Create,
+    Update,
+    Patch,
+    Delete,
+}
+
+/// Where the faults come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Our API test server: injected API answers, dropped watches, compaction.
+    TestServer,
+    /// The real control plane: restarts of kube-apiserver (every watch ends
+    /// and resumes with 410 Gone) and of kube-controller-manager.
+    Real,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL of sidecar replica `replica`, restarted after `down_ms`.
+    KillSidecar {
+        replica: usize,
+        down_ms: u64,
+    },
+    /// SIGKILL of the replica holding the Lease (two replicas only).
+    KillLeader {
+        down_ms: u64,
+    },
+    /// The next `count` calls of `method` fail with gRPC `code`.
+    DriverError {
+        method: &'static str,
+        code: &'static str,
+        count: u32,
+    },
+    /// The next `count` calls of `method` take `delay_ms` (beyond the
+    /// sidecar's `--timeout`) and then succeed in the backend.
+    DriverSlow {
+        method: &'static str,
+        delay_ms: u64,
+        count: u32,
+    },
+    /// The next call of `method` changes the backend and the driver exits
+    /// before replying; it is restarted after `down_ms`.
+    DriverExit {
+        method: &'static str,
+        down_ms: u64,
+    },
+    /// The next `count` requests `verb` on `resource` answer HTTP `status`.
+    Api {
+        verb: ApiVerb,
+        resource: &'static str,
+        status: u16,
+        count: u32,
+    },
+    /// Every watch stream ends (clients re-watch from their resourceVersion).
+    CloseWatches,
+    /// Watch history forgotten and watches ended: every re-watch gets 410.
+    Compact,
+    RestartApiServer,
+    RestartControllerManager,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    CreateClaim {
+        claim: usize,
+        class: Class,
+    },
+    /// Deletes the claim (whatever its state).
+    DeleteClaim {
+        claim: usize,
+    },
+    /// Deletes the claim's PV first, then the claim (KEP-2644).
+    DeletePvThenClaim {
+        claim: usize,
+    },
+    /// A pod on the run's node that uses the claim.
+    StartPod {
+        claim: usize,
+    },
+    StopPod {
+        claim: usize,
+    },
+    Fault(Fault),
+    Pause {
+        ms: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub seed: u64,
+    pub backend: Backend,
+    /// 1, or 2 with leader election.
+    pub replicas: usize,
+    pub steps: Vec<Step>,
+}
+
+/// Every gRPC status code but OK.
+pub const GRPC_CODES: [&str; 16] = [
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// The sidecar's `--timeout` in a chaos run; slow calls take longer.
+pub const SIDECAR_TIMEOUT_MS: u64 = 1000;
+
+/// Requests of the sidecar that faults may hit.
+const API_TARGETS: [(ApiVerb, &str); 8] = [
+    (ApiVerb::Create, "persistentvolumes"),
+    (ApiVerb::Patch, "persistentvolumes"),
+    (ApiVerb::Update, "persistentvolumes"),
+    (ApiVerb::Delete, "persistentvolumes"),
+    (ApiVerb::Patch, "persistentvolumeclaims"),
+    (ApiVerb::Create, "events"),
+    (ApiVerb::Update, "leases"),
+    (ApiVerb::Get, "configmaps"),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClaimState {
+    Live(Class),
+    Gone,
+}
+
+/// The plan of `seed` against `backend`.
+pub fn plan(seed: u64, backend: Backend) -> Plan {
+    let mut rng = Rng::new(seed);
+    let replicas = if rng.chance(30) { 2 } else { 1 };
+    let mut claims: Vec<ClaimState> = Vec::new();
+    let mut pods = std::collections::BTreeSet::new();
+    let mut steps = Vec::new();
+    let length = rng.between(14, 26);
+    for _ in 0..length {
+        let live: Vec<usize> = (0..claims.len())
+            .filter(|&i| matches!(claims[i], ClaimState::Live(_)))
+            .collect();
+        let roll = rng.below(100);
+        let step = match roll {
+            0..=34 => {
+                let class = rng.pick(&Class::ALL);
+                claims.push(ClaimState::Live(class));
+                Step::CreateClaim {
+                    claim: claims.len() - 1,
+                    class,
+                }
+            }
+            35..=49 if !live.is_empty() => {
+                let claim = rng.pick(&live);
+                // A claim in use is deleted as users do: its PV stays
+                // until the pod ends (PVC protection).
+                let pv_first = !pods.contains(&claim)
+                    && matches!(claims[claim], ClaimState::Live(class) if class.reclaim == Reclaim::Delete)
+                    && rng.chance(40);
+                claims[claim] = ClaimState::Gone;
+                if pv_first {
+                    Step::DeletePvThenClaim { claim }
+                } else {
+                    Step::DeleteClaim { claim }
+                }
+            }
+            50..=54 if live.iter().any(|c| !pods.contains(c)) => {
+                let free: Vec<usize> = live.into_iter().filter(|c| !pods.contains(c)).collect();
+                let claim = rng.pick(&free);
+                pods.insert(claim);
+                Step::StartPod { claim }
+            }
+            55..=59 if !pods.is_empty() => {
+                let running: Vec<usize> = pods.iter().copied().collect();
+                let claim = rng.pick(&running);
+                pods.remove(&claim);
+                Step::StopPod { claim }
+            }
+            60..=89 => Step::Fault(fault(&mut rng, backend, replicas)),
+            _ => Step::Pause {
+                ms: rng.between(100, 800),
+            },
+        };
+        steps.push(step);
+        if rng.chance(50) {
+            steps.push(Step::Pause {
+                ms: rng.between(20, 300),
+            });
+        }
+    }
+    // Pods end with the workload; claims still in use keep their
+    // protection until then (checked while they run).
+    steps.extend(pods.into_iter().map(|claim| Step::StopPod { claim }));
+    Plan {
+        seed,
+        backend,
+        replicas,
+        steps,
+    }
+}
+
+fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
+    let driver_method = |rng: &mut Rng| rng.pick(&["CreateVolume", "DeleteVolume"]);
+    match rng.below(10) {
+        0 | 1 => Fault::DriverError {
+            method: driver_method(rng),
+            code: rng.pick(&GRPC_CODES),
+            count: rng.between(1, 3) as u32,
+        },
+        2 => Fault::DriverSlow {
+            method: driver_method(rng),
+            delay_ms: rng.between(SIDECAR_TIMEOUT_MS + 200, SIDECAR_TIMEOUT_MS * 3),
+            count: rng.between(1, 2) as u32,
+        },
+        3 => Fault::DriverExit {
+            method: driver_method(rng),
+            down_ms: rng.between(0, 500),
+        },
+        4 if replicas == 2 => Fault::KillLeader {
+            down_ms: rng.between(0, 1500),
+        },
+        4 | 5 => Fault::KillSidecar {
+            replica: rng.below(replicas as u64) as usize,
+            down_ms: rng.between(0, 1500),
+        },
+        _ => match backend {
+            Backend::TestServer => match rng.below(4) {
+                0 => Fault::CloseWatches,
+                1 => Fault::Compact,
+                _ => {
+                    let (verb, resource) = rng.pick(&API_TARGETS);
+                    Fault::Api {
+                        verb,
+                        resource,
+                        status: rng.pick(&[409, 500, 429]),
+                        count: rng.between(1, 3) as u32,
+                    }
+                }
+            },
+            Backend::Real => {
+                if rng.chance(60) {
+                    Fault::RestartApiServer
+                } else {
+                    Fault::RestartControllerManager
+                }
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_always_gives_the_same_plan() {
+        for seed in 0..200 {
+            assert_eq!(
+                plan(seed, Backend::TestServer),
+                plan(seed, Backend::TestServer)
+            );
+        }
+    }
+
+    #[test]
+    fn the_plans_cover_every_fault_and_workload_step() {
+        let mut seen = std::collections::BTreeSet::new();
+        for backend in [Backend::TestServer, Backend::Real] {
+            for seed in 0..300 {
+                for step in plan(seed, backend).steps {
+                    let name = match step {
+                        Step::Fault(fault) => format!("{fault:?}"),
+                        other => format!("{other:?}"),
+                    };
+                    seen.insert(name.split([' ', '{', '(']).next().unwrap_or("").to_owned());
+                }
+            }
+        }
+        for want in [
+            "CreateClaim",
+            "DeleteClaim",
+            "DeletePvThenClaim",
+            "StartPod",
+            "StopPod",
+            "Pause",
+            "KillSidecar",
+            "KillLeader",
+            "DriverError",
+            "DriverSlow",
+            "DriverExit",
+            "Api",
+            "CloseWatches",
+            "Compact",
+            "RestartApiServer",
+            "RestartControllerManager",
+        ] {
+            assert!(seen.contains(want), "no plan has {want}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn every_grpc_code_is_injected_by_some_seed() {
+        let mut codes = std::collections::BTreeSet::new();
+        for seed in 0..500 {
+            for step in plan(seed, Backend::TestServer).steps {
+                if let Step::Fault(Fault::DriverError { code, .. }) = step {
+                    codes.insert(code);
+                }
+            }
+        }
+        assert_eq!(codes.len(), GRPC_CODES.len(), "{codes:?}");
+    }
+
+    #[test]
+    fn claims_are_deleted_only_once_and_only_after_creation() {
+        for seed in 0..300 {
+            let mut created = std::collections::BTreeSet::new();
+            let mut deleted = std::collections::BTreeSet::new();
+            for step in plan(seed, Backend::TestServer).steps {
+                match step {
+                    Step::CreateClaim { claim, .. } => assert!(created.insert(claim)),
+                    Step::DeleteClaim { claim } | Step::DeletePvThenClaim { claim } => {
+                        assert!(
+                            created.contains(&claim) && deleted.insert(claim),
+                            "seed {seed}"
+                        );
+                    }
+                    Step::StartPod { claim } | Step::StopPod { claim } => {
+                        assert!(created.contains(&claim), "seed {seed}");
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
