@@ -19,7 +19,7 @@
 //! * `CHAOS_SEEDS=N` (`CHAOS_FIRST_SEED=F`, default 1): seeds F..F+N;
 //! * `CHAOS_JOBS=J`: seeds run at once (test server; default 3).
 //!
-//! Without any, CI's bounded sample: 8 seeds on the test server, 2 on the
+//! Without any, CI's bounded sample: 8 seeds on the test server, 4 on the
 //! real cluster.
 
 mod support;
@@ -67,7 +67,7 @@ async fn seeds_on_a_real_cluster() {
     // One at a time: a restart of kube-apiserver strikes every seed running.
     let seeds = Seeds {
         jobs: 1,
-        ..Seeds::from_env(2, 1)
+        ..Seeds::from_env(4, 1)
     };
     run_seeds(
         &seeds,

@@ -39,6 +39,22 @@ where
 
 /// As [`with_deadline`], for a call that serves (`migrated`) or not an
 /// in-tree volume migrated to CSI: upstream's `migrated` metric label.
+/// A call that broke on our side of the wire (the driver's connection
+/// closed mid-call, a refused connect) comes back from tonic as `Unknown`
+/// with the local error as its source; grpc-go, and so upstream, reports
+/// it as `Unavailable`. The difference matters: `Unknown` is final (the
+/// driver surely did nothing), `Unavailable` is not, and a driver that
+/// died after creating a volume but before answering must leave the
+/// operation in flight, or its volume leaks (found by the chaos harness).
+/// A status the driver sent has no source.
+fn local_failure_as_unavailable(status: tonic::Status) -> tonic::Status {
+    if status.code() == tonic::Code::Unknown && std::error::Error::source(&status).is_some() {
+        tonic::Status::unavailable(status.message().to_owned())
+    } else {
+        status
+    }
+}
+
 pub(crate) async fn with_deadline_migrated<T, F>(
     method: &'static str,
     timeout: Duration,
@@ -58,7 +74,7 @@ where
         {
             Err(CsiError::deadline(method, timeout))
         }
-        Ok(Err(status)) => Err(CsiError::new(method, status)),
+        Ok(Err(status)) => Err(CsiError::new(method, local_failure_as_unavailable(status))),
         Err(_) => Err(CsiError::deadline(method, timeout)),
     };
     // Every CSI call passes here: the one place to time them.
@@ -68,4 +84,42 @@ where
     };
     crate::metrics::observe_csi_call_migrated(method, code, started.elapsed(), migrated);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_broken_on_our_side_is_unavailable_not_final() {
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "connection closed",
+        )));
+        assert_eq!(broken.code(), tonic::Code::Unknown);
+        let mapped = local_failure_as_unavailable(broken);
+        assert_eq!(mapped.code(), tonic::Code::Unavailable);
+        // What the driver answers is kept as it is, Unknown included.
+        for code in [
+            tonic::Code::Unknown,
+            tonic::Code::Internal,
+            tonic::Code::NotFound,
+        ] {
+            let sent = tonic::Status::new(code, "driver says no");
+            assert_eq!(local_failure_as_unavailable(sent).code(), code);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_broken_call_is_retried_as_in_flight() {
+        let call = async {
+            Err::<tonic::Response<()>, _>(tonic::Status::from_error(Box::new(
+                std::io::Error::other("transport error"),
+            )))
+        };
+        let error = with_deadline_migrated("CreateVolume", Duration::from_secs(1), false, call)
+            .await
+            .expect_err("fails");
+        assert_eq!(error.code(), tonic::Code::Unavailable);
+    }
 }

@@ -28,12 +28,15 @@
 //!   succeeded and its backend change is on disk, the process exits with
 //!   code [`EXIT_CODE`] (75) before replying. A call that fails on its own
 //!   does not exit and does not consume the rule.
+//! * With `reply`, the call runs normally and its answer is then altered
+//!   as a misbehaving driver's would be (see [`Reply`]): the backend holds
+//!   what the call did, the caller learns something else.
 //! * `count` is decremented in the file (atomic rewrite) each time the rule
 //!   fires, so a restarted driver sees what is left; a rule at 0 stays in
 //!   the file and is inert.
 //! * `code` takes the gRPC code name in any case, with or without
 //!   underscores (`UNAVAILABLE`, `DeadlineExceeded`, `resource_exhausted`),
-//!   or its number. `code` and `exit_after_backend_change` are exclusive.
+//!   or its number. `code` excludes `exit_after_backend_change` and `reply`.
 //! * A malformed file (bad JSON, unknown field or method, bad code) fails
 //!   every call with `INTERNAL` naming the problem, so that a typo is not
 //!   silently ignored.
@@ -130,6 +133,37 @@ pub struct Fault {
     /// Remaining firings; `None` = unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u32>,
+    /// Alter the (successful) answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<Reply>,
+}
+
+/// How a `reply` rule alters an answer; fields that do not apply to the
+/// call's answer are ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reply {
+    /// CreateVolume: this volume id instead (e.g. empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
+    /// CreateVolume: this capacity instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<i64>,
+    /// CreateVolume: these topology segments instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accessible_topology: Option<Vec<std::collections::BTreeMap<String, String>>>,
+    /// CreateVolume: a volume context entry of this many bytes added (an
+    /// oversized message).
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub padding_bytes: usize,
+    /// ControllerGetCapabilities, GetPluginCapabilities: a capability with
+    /// this enum value (unknown to the caller) added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_capability: Option<i32>,
+}
+
+fn is_zero_usize(v: &usize) -> bool {
+    *v == 0
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -149,6 +183,7 @@ impl Fault {
             message: None,
             delay_ms: 0,
             exit_after_backend_change: false,
+            reply: None,
             count: None,
         }
     }
@@ -201,6 +236,14 @@ impl Fault {
         self
     }
 
+    /// Alters the next answers of `method` as `reply` says.
+    pub fn reply(method: &str, reply: Reply) -> Fault {
+        Fault {
+            reply: Some(reply),
+            ..Fault::new(method)
+        }
+    }
+
     fn validate(&self) -> Result<(), String> {
         if self.method != "*" && !METHODS.contains(&self.method.as_str()) {
             return Err(format!("unknown method {:?}", self.method));
@@ -212,6 +255,9 @@ impl Fault {
             }
             if self.exit_after_backend_change {
                 return Err("code and exit_after_backend_change are exclusive".to_owned());
+            }
+            if self.reply.is_some() {
+                return Err("code and reply are exclusive".to_owned());
             }
         }
         Ok(())
@@ -287,6 +333,8 @@ pub(crate) struct Injector {
 /// What a matched rule asks of the call after its delay and error.
 pub(crate) struct Pending {
     exit: Option<(usize, Fault)>,
+    /// How to alter the answer.
+    pub(crate) reply: Option<Reply>,
 }
 
 impl Injector {
@@ -325,13 +373,19 @@ impl Injector {
         target: Option<&str>,
     ) -> Result<Pending, Status> {
         if !self.enabled() {
-            return Ok(Pending { exit: None });
+            return Ok(Pending {
+                exit: None,
+                reply: None,
+            });
         }
         let matched = {
             let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
             let mut faults = self.load()?;
             let Some(index) = faults.rules.iter().position(|r| r.matches(method, target)) else {
-                return Ok(Pending { exit: None });
+                return Ok(Pending {
+                    exit: None,
+                    reply: None,
+                });
             };
             let rule = faults.rules[index].clone();
             if !rule.exit_after_backend_change
@@ -358,6 +412,7 @@ impl Injector {
             return Err(Status::new(code, message));
         }
         Ok(Pending {
+            reply: rule.reply.clone(),
             exit: rule.exit_after_backend_change.then_some((index, rule)),
         })
     }
@@ -414,6 +469,8 @@ mod tests {
             r#"{"rules":[{"method":"CreateVolume","code":"OK"}]}"#,
             r#"{"rules":[{"method":"CreateVolume","code":"UNAVAILABLE","exit_after_backend_change":true}]}"#,
             r#"{"rules":[{"method":"CreateVolume","cnt":1}]}"#,
+            r#"{"rules":[{"method":"CreateVolume","code":"INTERNAL","reply":{"volume_id":""}}]}"#,
+            r#"{"rules":[{"method":"CreateVolume","reply":{"volume":""}}]}"#,
             r#"{"ready":false}"#,
             r#"{"rules":"#,
         ] {
@@ -432,6 +489,20 @@ mod tests {
                     .with_message("busy"),
                 Fault::delay("*", Duration::from_millis(5)),
                 Fault::exit_after_backend_change("DeleteVolume").times(1),
+                Fault::reply(
+                    "CreateVolume",
+                    Reply {
+                        volume_id: Some(String::new()),
+                        capacity_bytes: Some(1),
+                        accessible_topology: Some(vec![std::collections::BTreeMap::from([(
+                            "k".to_owned(),
+                            "v".to_owned(),
+                        )])]),
+                        padding_bytes: 10,
+                        extra_capability: Some(999),
+                    },
+                )
+                .times(1),
             ],
         };
         faults.write(&path).expect("write");

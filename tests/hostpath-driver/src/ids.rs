@@ -80,6 +80,10 @@ impl VolumeIdFormat {
 /// A CSI message that carries volume ids.
 pub(crate) trait VolumeIds {
     fn map_volume_ids(&mut self, map: &dyn Fn(&str) -> String);
+
+    /// Alters the answer as a `reply` fault says (most answers have nothing
+    /// a fault alters).
+    fn tamper(&mut self, _reply: &crate::faults::Reply) {}
 }
 
 fn map_id(id: &mut String, map: &dyn Fn(&str) -> String) {
@@ -154,7 +158,6 @@ no_volume_ids!(
     csi::GetCapacityRequest,
     csi::GetCapacityResponse,
     csi::ControllerGetCapabilitiesRequest,
-    csi::ControllerGetCapabilitiesResponse,
     csi::DeleteSnapshotRequest,
     csi::DeleteSnapshotResponse,
     csi::GetSnapshotRequest,
@@ -173,7 +176,6 @@ no_volume_ids!(
     csi::GetPluginInfoRequest,
     csi::GetPluginInfoResponse,
     csi::GetPluginCapabilitiesRequest,
-    csi::GetPluginCapabilitiesResponse,
     csi::ProbeRequest,
     csi::ProbeResponse,
 );
@@ -187,6 +189,31 @@ impl VolumeIds for csi::CreateVolumeRequest {
 impl VolumeIds for csi::CreateVolumeResponse {
     fn map_volume_ids(&mut self, map: &dyn Fn(&str) -> String) {
         map_volume(&mut self.volume, map);
+    }
+
+    fn tamper(&mut self, reply: &crate::faults::Reply) {
+        let Some(volume) = self.volume.as_mut() else {
+            return;
+        };
+        if let Some(id) = &reply.volume_id {
+            volume.volume_id = id.clone();
+        }
+        if let Some(bytes) = reply.capacity_bytes {
+            volume.capacity_bytes = bytes;
+        }
+        if let Some(topology) = &reply.accessible_topology {
+            volume.accessible_topology = topology
+                .iter()
+                .map(|segments| csi::Topology {
+                    segments: segments.clone().into_iter().collect(),
+                })
+                .collect();
+        }
+        if reply.padding_bytes > 0 {
+            volume
+                .volume_context
+                .insert("padding".to_owned(), "x".repeat(reply.padding_bytes));
+        }
     }
 }
 
@@ -233,6 +260,32 @@ impl VolumeIds for csi::ListSnapshotsResponse {
 impl VolumeIds for csi::GetSnapshotResponse {
     fn map_volume_ids(&mut self, map: &dyn Fn(&str) -> String) {
         map_snapshot(&mut self.snapshot, map);
+    }
+}
+
+impl VolumeIds for csi::ControllerGetCapabilitiesResponse {
+    fn map_volume_ids(&mut self, _: &dyn Fn(&str) -> String) {}
+
+    fn tamper(&mut self, reply: &crate::faults::Reply) {
+        use csi::controller_service_capability::{Rpc, Type};
+        if let Some(value) = reply.extra_capability {
+            self.capabilities.push(csi::ControllerServiceCapability {
+                r#type: Some(Type::Rpc(Rpc { r#type: value })),
+            });
+        }
+    }
+}
+
+impl VolumeIds for csi::GetPluginCapabilitiesResponse {
+    fn map_volume_ids(&mut self, _: &dyn Fn(&str) -> String) {}
+
+    fn tamper(&mut self, reply: &crate::faults::Reply) {
+        use csi::plugin_capability::{Service, Type};
+        if let Some(value) = reply.extra_capability {
+            self.capabilities.push(csi::PluginCapability {
+                r#type: Some(Type::Service(Service { r#type: value })),
+            });
+        }
     }
 }
 

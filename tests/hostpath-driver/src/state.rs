@@ -323,7 +323,11 @@ impl Driver {
         body: impl Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
         let pending = self.inner.faults.before(method, target).await?;
-        let result = body.await;
+        let reply = pending.reply.clone();
+        let mut result = body.await;
+        if let (Ok(message), Some(reply)) = (result.as_mut(), reply.as_ref()) {
+            message.tamper(reply);
+        }
         match &result {
             Ok(_) => {
                 tracing::debug!(method, target, "ok");
