@@ -37,6 +37,8 @@ enum Input {
         class: &'static str,
         claim: &'static str,
     },
+    /// Objects as given (JSON array, nulls kept), no claim.
+    Objects(&'static str),
     /// A valid claim; the driver's first `CreateVolume` answers are altered.
     CreateReply {
         reply: fn(&Env) -> Reply,
@@ -69,6 +71,12 @@ enum Expect {
     },
     /// Ignored with a log line containing this; provisioning works.
     LogThenBound { log: &'static str },
+    /// This Event (reason, exact message) on the PV `pv`, which stays.
+    PvEvent {
+        pv: &'static str,
+        reason: &'static str,
+        message: &'static str,
+    },
 }
 
 struct Case {
@@ -257,6 +265,23 @@ catalogue! {
         expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to get target node: node \"no-such-node\" not found" },
     };
 
+    // API objects with unexpected nulls.
+    object_class_with_null_fields: Case {
+        // What an API server would default is read as its default: Delete,
+        // Immediate, no parameters, no mount options.
+        input: Input::ClaimAfter {
+            objects: r#"[{"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "nullish-{ns}"}, "provisioner": "{driver}", "parameters": null, "reclaimPolicy": null, "volumeBindingMode": null, "mountOptions": null, "allowedTopologies": null}]"#,
+            class: "{}",
+            claim: r#"{"spec": {"storageClassName": "nullish-{ns}"}}"#,
+        },
+        expect: Expect::EventThenBound { reason: "ProvisioningSucceeded", message: "Successfully provisioned volume pvc-" },
+    };
+    object_released_pv_of_ours_without_a_csi_source: Case {
+        // Annotated as ours, but nothing says what to delete: kept, and said.
+        input: Input::Objects(r#"[{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "no-source-{ns}", "annotations": {"pv.kubernetes.io/provisioned-by": "{driver}"}}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}, "persistentVolumeReclaimPolicy": "Delete", "csi": null, "claimRef": {"namespace": "{ns}", "name": "gone", "uid": "00000000-0000-0000-0000-000000000000"}}}]"#),
+        expect: Expect::PvEvent { pv: "no-source-{ns}", reason: "VolumeFailedDelete", message: "invalid CSI PV" },
+    };
+
     // Driver answers.
     driver_empty_volume_id: Case {
         input: Input::CreateReply { reply: |_| Reply { volume_id: Some(String::new()), ..Reply::default() }, times: 1 },
@@ -290,6 +315,7 @@ async fn run(name: &str, case: Case) {
     let mut env = Env::new(Backend::TestServer).await;
     let fill = |env: &Env, text: &str| {
         text.replace("{ns}", &env.ns)
+            .replace("{driver}", &env.driver_name)
             .replace("{claim}", CLAIM)
             .replace("{class}", &env.class("bad"))
             .replace("{node}", &env.node)
@@ -312,6 +338,41 @@ async fn run(name: &str, case: Case) {
         assert!(!log.contains("panicked"), "{name}: panicked\n{log}");
         return;
     }
+    if let Input::Objects(objects) = case.input {
+        let Expect::PvEvent {
+            pv,
+            reason,
+            message,
+        } = case.expect
+        else {
+            panic!("{name}: objects end in an event on them");
+        };
+        let objects: Vec<Value> = serde_json::from_str(&fill(&env, objects)).expect("objects JSON");
+        for object in objects {
+            env.create(object).await;
+        }
+        env.start_sidecar(&[]).await;
+        let pv = fill(&env, pv);
+        let want = fill(&env, message);
+        env.wait_for(
+            &format!("event {reason} on PV {pv}"),
+            Duration::from_secs(30),
+            || async {
+                env.pv_events(&pv)
+                    .await
+                    .into_iter()
+                    .find(|(r, m)| r == reason && *m == want)
+            },
+        )
+        .await;
+        assert!(env.pv(&pv).await.is_some(), "{name}: the PV stays");
+        assert!(
+            !env.logs().contains("panicked"),
+            "{name}: panicked\n{}",
+            env.logs()
+        );
+        return;
+    }
     let (class_extra, claim_extra, reply, times) = match &case.input {
         Input::Claim { class, claim } => (fill(&env, class), fill(&env, claim), None, 0),
         Input::ClaimAfter {
@@ -330,7 +391,7 @@ async fn run(name: &str, case: Case) {
             ("{}".to_owned(), "{}".to_owned(), Some(reply(&env)), *times)
         }
         Input::UnknownCapability => ("{}".to_owned(), "{}".to_owned(), None, 0),
-        Input::Flags(_) => unreachable!("handled above"),
+        Input::Flags(_) | Input::Objects(_) => unreachable!("handled above"),
     };
     let class_extra: Value = serde_json::from_str(&class_extra).expect("class JSON");
     let claim_extra: Value = serde_json::from_str(&claim_extra).expect("claim JSON");
@@ -365,7 +426,9 @@ async fn run(name: &str, case: Case) {
     env.create_pvc(&env.ns, CLAIM, "bad", "1Mi", claim_extra)
         .await;
     match case.expect {
-        Expect::Exit { .. } => panic!("{name}: only flags end in an exit"),
+        Expect::Exit { .. } | Expect::PvEvent { .. } => {
+            panic!("{name}: only flags end in an exit, only objects in a PV event")
+        }
         Expect::Event { reason, message } => {
             let want = fill(&env, message);
             let got = wait_event_with(&env, reason, |m| m == want).await;

@@ -1,8 +1,9 @@
 //! Property tests of every parser that reads outside input (issue 16 item
 //! 3): feature gates, Go durations, quantities (the sidecar's and the
-//! shared one of the driver and csi-sanity), StorageClass secret templates
-//! and CSI socket addresses. Each must never panic on any input, and must
-//! agree with its own formatter.
+//! shared one of the driver and csi-sanity), StorageClass secret templates,
+//! CSI socket addresses and the releaser's selection by controller id. Each
+//! must never panic on any input, and must agree with its own formatter or
+//! its specification.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -142,5 +143,93 @@ proptest! {
             );
         }
         prop_assert!(csi_proto::transport::parse_unix_address(&path[1..]).is_err(), "relative");
+    }
+}
+
+/// The releaser's selection of PVs (issue 16 item 3): the managed-by label
+/// and the class annotation are matched as equality selectors on the
+/// controller id. Whatever the labels, annotations, phase and policy, a PV
+/// is released only when it is ours, selected for our id, Released with a
+/// claimRef and not of policy Delete; and nothing panics.
+mod releaser_selection {
+    use std::collections::BTreeMap;
+
+    use csi_provisioner::provision::ProvisionerConfig;
+    use csi_provisioner::releaser::verdict::decide;
+    use csi_provisioner::releaser::{ReleaserConfig, Verdict};
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const LABEL: &str = "reclaimable-pv-releaser.kubernetes.io/managed-by";
+    const CLASS_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/controller-id";
+    const DRIVER: &str = "hostpath.csi.k8s.io";
+
+    fn id_like() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("team-a".to_owned()),
+            Just("team-b".to_owned()),
+            Just("Team-A".to_owned()),
+            Just(String::new()),
+            Just(" team-a".to_owned()),
+            ".{0,12}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn only_pvs_selected_for_our_id_are_released(
+            label in proptest::option::of(id_like()),
+            class_id in proptest::option::of(id_like()),
+            class_matches in any::<bool>(),
+            ours in any::<bool>(),
+            phase in prop_oneof![Just("Released"), Just("Bound"), Just("Available"), Just("")],
+            policy in prop_oneof![Just("Retain"), Just("Delete"), Just("Recycle")],
+            claim_ref in any::<bool>(),
+            extra_labels in proptest::collection::btree_map("[a-z./-]{1,20}", ".{0,8}", 0..3),
+        ) {
+            let mut labels: BTreeMap<String, String> = extra_labels;
+            if let Some(label) = &label {
+                labels.insert(LABEL.to_owned(), label.clone());
+            }
+            let pv: PersistentVolume = serde_json::from_value(json!({
+                "metadata": {"name": "pv", "resourceVersion": "1", "labels": labels},
+                "spec": {
+                    "storageClassName": "gold",
+                    "persistentVolumeReclaimPolicy": policy,
+                    "csi": {"driver": if ours { DRIVER } else { "other.csi" }, "volumeHandle": "h"},
+                    "claimRef": if claim_ref { json!({"namespace": "ns", "name": "c", "uid": "u"}) } else { json!(null) },
+                },
+                "status": {"phase": phase},
+            })).expect("pv");
+            let mut annotations = BTreeMap::new();
+            if let Some(id) = &class_id {
+                annotations.insert(CLASS_ANNOTATION.to_owned(), id.clone());
+            }
+            let class: StorageClass = serde_json::from_value(json!({
+                "metadata": {"name": if class_matches { "gold" } else { "silver" }, "annotations": annotations},
+                "provisioner": DRIVER,
+            })).expect("class");
+            let config = ReleaserConfig {
+                controller_id: "team-a".to_owned(),
+                automatic_association: true,
+                driver: ProvisionerConfig::with_defaults(DRIVER),
+            };
+            let verdict = decide(&pv, Some(&class), None, &config);
+            let selected = match label.as_deref() {
+                Some(l) => l == "team-a",
+                None => class_matches && class_id.as_deref() == Some("team-a"),
+            };
+            if let Verdict::Release { .. } = verdict {
+                prop_assert!(ours && selected && phase == "Released" && claim_ref && policy != "Delete",
+                    "released: label {:?} class {:?}/{} phase {} policy {}", label, class_id, class_matches, phase, policy);
+            } else {
+                prop_assert!(!(ours && selected && phase == "Released" && claim_ref && policy != "Delete"),
+                    "not released ({:?}): label {:?} class {:?}/{}", verdict, label, class_id, class_matches);
+            }
+        }
     }
 }

@@ -288,3 +288,46 @@ fn type_name(f: &prost_reflect::FieldDescriptor) -> String {
     }
     scalar_name(&f.kind())
 }
+
+/// Every request with a secret field, `{:?}` and `{:#?}`: the value and the
+/// key never show (issue 16 item 4).
+#[test]
+fn debug_of_every_request_with_secrets_is_redacted() {
+    macro_rules! check {
+        ($($t:ident),+ $(,)?) => {$(
+            let message = csi_proto::v1::$t {
+                secrets: map(&[("api-key", "v4lue-never-shown")]),
+                ..Default::default()
+            };
+            for text in [format!("{message:?}"), format!("{message:#?}")] {
+                assert!(
+                    !text.contains("v4lue-never-shown") && !text.contains("api-key"),
+                    "{}: {text}",
+                    stringify!($t)
+                );
+                assert!(text.contains("***stripped***"), "{}: {text}", stringify!($t));
+            }
+        )+};
+    }
+    check!(
+        ControllerExpandVolumeRequest,
+        ControllerModifyVolumeRequest,
+        ControllerPublishVolumeRequest,
+        ControllerUnpublishVolumeRequest,
+        CreateSnapshotRequest,
+        CreateVolumeGroupSnapshotRequest,
+        CreateVolumeRequest,
+        DeleteSnapshotRequest,
+        DeleteVolumeGroupSnapshotRequest,
+        DeleteVolumeRequest,
+        GetMetadataAllocatedRequest,
+        GetMetadataDeltaRequest,
+        GetSnapshotRequest,
+        GetVolumeGroupSnapshotRequest,
+        ListSnapshotsRequest,
+        NodeExpandVolumeRequest,
+        NodePublishVolumeRequest,
+        NodeStageVolumeRequest,
+        ValidateVolumeCapabilitiesRequest,
+    );
+}
