@@ -1,7 +1,10 @@
 //! Chaos (issue 16 item 1): seeded, reproducible scenarios in which a
 //! workload creates, uses and deletes claims of four classes (Immediate and
 //! WaitForFirstConsumer, Delete and Retain; some PVs deleted before their
-//! claims, KEP-2644) while faults strike at random instants: SIGKILL of the
+//! claims, KEP-2644) and StatefulSets scaled up, down and deleted under
+//! every `persistentVolumeClaimRetentionPolicy` (gate
+//! StatefulSetAutoDeletePVC; the runner plays the StatefulSet controller)
+//! while faults strike at random instants: SIGKILL of the
 //! sidecar, of the leader of two replicas, every gRPC error code from the
 //! driver, driver calls slower than `--timeout`, the driver process ending
 //! between its backend change and its reply, and either API answers 409 /
@@ -35,13 +38,17 @@ use std::time::{Duration, Instant};
 use controlplane::GuardedChild;
 use csi_hostpath::faults::Fault as DriverFault;
 use futures_util::StreamExt;
-use invariants::{ClaimFact, ClaimRecord, PvFact, World};
+use invariants::{ClaimFact, ClaimRecord, PvFact, SetRecord, World};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube_testserver::{RequestMatch, Verb};
 use plan::{ApiVerb, Binding, Fault, Plan, Reclaim, Step};
 use serde_json::json;
 use support::{Backend, ClusterConfig, Env};
+
+/// The class of the StatefulSets' claims.
+const SET_CLASS: plan::Class = plan::Class::new(Binding::Immediate, Reclaim::Delete);
 
 /// How long a run may take to settle once its faults are cleared.
 const QUIESCENCE: Duration = Duration::from_secs(120);
@@ -61,7 +68,10 @@ async fn seeds_on_the_test_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeds_on_a_real_cluster() {
     let test = "chaos::seeds_on_a_real_cluster";
-    let Some(backend) = Backend::real(&ClusterConfig::standard(), test) else {
+    // The runner plays the StatefulSet controller, as on the test server:
+    // the controller-manager's own would race it.
+    let config = ClusterConfig::without_controllers(&["statefulset"]);
+    let Some(backend) = Backend::real(&config, test) else {
         return;
     };
     // One at a time: a restart of kube-apiserver strikes every seed running.
@@ -172,7 +182,7 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Ta
     match outcome {
         Ok(settle) => {
             run.tally.settle = settle;
-            run.tally.claims = run.records.len() as u64;
+            run.tally.claims = (run.records.len() + run.set_claims.len()) as u64;
             Ok(std::mem::take(&mut run.tally))
         }
         Err(violations) => {
@@ -201,6 +211,9 @@ struct Run {
     replicas: Vec<Option<GuardedChild>>,
     /// Claim index → its record (uid once created).
     records: Vec<ClaimRecord>,
+    /// The StatefulSets' claims (their `deleted` is read off the world).
+    set_claims: Vec<ClaimRecord>,
+    sets: Vec<SetRecord>,
     pods: BTreeSet<usize>,
     /// How long the driver stays down when a fault ended it.
     driver_down: Duration,
@@ -225,7 +238,7 @@ impl Run {
         }
         let mut sidecar_args = vec![
             format!("--timeout={}ms", plan::SIDECAR_TIMEOUT_MS),
-            "--feature-gates=PVCProtection=true".to_owned(),
+            "--feature-gates=PVCProtection=true,StatefulSetAutoDeletePVC=true".to_owned(),
         ];
         if plan.replicas > 1 {
             sidecar_args.extend([
@@ -242,6 +255,8 @@ impl Run {
             plan,
             sidecar_args,
             records: Vec::new(),
+            set_claims: Vec::new(),
+            sets: Vec::new(),
             pods: BTreeSet::new(),
             driver_down: Duration::ZERO,
             tally: Tally::default(),
@@ -293,6 +308,17 @@ impl Run {
             Step::DeletePvThenClaim { claim } => self.delete_claim(claim, true).await,
             Step::StartPod { claim } => self.start_pod(claim).await,
             Step::StopPod { claim } => self.stop_pod(claim).await,
+            Step::CreateSet {
+                set,
+                replicas,
+                when_scaled,
+                when_deleted,
+            } => {
+                self.create_set(set, replicas, when_scaled, when_deleted)
+                    .await
+            }
+            Step::ScaleSet { set, replicas } => self.scale_set(set, replicas).await,
+            Step::DeleteSet { set } => self.delete_set(set).await,
             Step::Pause { ms } => {
                 self.pause(Duration::from_millis(ms)).await;
                 Ok(())
@@ -573,6 +599,281 @@ impl Run {
         Ok(())
     }
 
+    fn set_name(set: usize) -> String {
+        format!("s{set}")
+    }
+
+    async fn create_set(
+        &mut self,
+        set: usize,
+        replicas: u32,
+        when_scaled: Reclaim,
+        when_deleted: Reclaim,
+    ) -> Result<(), String> {
+        let name = Self::set_name(set);
+        let policy = |p: Reclaim| match p {
+            Reclaim::Delete => "Delete",
+            Reclaim::Retain => "Retain",
+        };
+        let object: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": self.env.ns},
+            "spec": {
+                "replicas": replicas,
+                "serviceName": name,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]},
+                },
+                "volumeClaimTemplates": [{
+                    "metadata": {"name": "data"},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": self.env.class(SET_CLASS.short()),
+                        "resources": {"requests": {"storage": "1Mi"}},
+                    },
+                }],
+                "persistentVolumeClaimRetentionPolicy": {
+                    "whenScaled": policy(when_scaled),
+                    "whenDeleted": policy(when_deleted),
+                },
+            },
+        }))
+        .map_err(|e| e.to_string())?;
+        let sets: Api<StatefulSet> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        retry(&format!("create set {name}"), || {
+            let sets = sets.clone();
+            let object = object.clone();
+            async move {
+                match sets.create(&PostParams::default(), &object).await {
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+                    other => other.map(|_| Some(())),
+                }
+            }
+        })
+        .await?;
+        self.sets.push(SetRecord {
+            name,
+            replicas,
+            ordinals: 0,
+            when_scaled,
+            when_deleted,
+            deleted: false,
+        });
+        for ordinal in 0..replicas {
+            self.ensure_member(set, ordinal).await?;
+        }
+        Ok(())
+    }
+
+    /// What the StatefulSet controller does for a replica: its claim from
+    /// the template (unless one is there), then its pod.
+    async fn ensure_member(&mut self, set: usize, ordinal: u32) -> Result<(), String> {
+        self.ensure_claim(set, ordinal).await?;
+        let name = Self::set_name(set);
+        let sets: Api<StatefulSet> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        let Some(object) = retry(&format!("get set {name}"), || {
+            let sets = sets.clone();
+            let name = name.clone();
+            async move { sets.get_opt(&name).await }
+        })
+        .await?
+        else {
+            return Ok(());
+        };
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": format!("{name}-{ordinal}"),
+                "namespace": self.env.ns,
+                "labels": {"app": name},
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
+                    "uid": object.metadata.uid.unwrap_or_default(),
+                    "controller": true, "blockOwnerDeletion": true,
+                }],
+            },
+            "spec": {
+                "nodeName": self.env.node,
+                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": format!("data-{name}-{ordinal}")}}],
+            },
+        }))
+        .map_err(|e| e.to_string())?;
+        let pods = self.pods_api();
+        retry(&format!("create pod {name}-{ordinal}"), || {
+            let pods = pods.clone();
+            let pod = pod.clone();
+            async move {
+                match pods.create(&PostParams::default(), &pod).await {
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+                    other => other.map(|_| Some(())),
+                }
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The replica's claim: kept when there, created (once a deleted one
+    /// is gone) when not.
+    async fn ensure_claim(&mut self, set: usize, ordinal: u32) -> Result<(), String> {
+        let name = Self::set_name(set);
+        let claim_name = format!("data-{name}-{ordinal}");
+        let api = self.claims();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let current = retry(&format!("get claim {claim_name}"), || {
+                let api = api.clone();
+                let claim_name = claim_name.clone();
+                async move { api.get_opt(&claim_name).await }
+            })
+            .await?;
+            match current {
+                Some(c) if c.metadata.deletion_timestamp.is_none() => break,
+                Some(_) if Instant::now() < deadline => {
+                    self.pause(Duration::from_millis(200)).await;
+                }
+                Some(_) => return Err(format!("claim {claim_name} stays being deleted")),
+                None => {
+                    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+                        "metadata": {"name": claim_name, "namespace": self.env.ns,
+                            "labels": {"app": name},
+                            "finalizers": [invariants::PVC_PROTECTION]},
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "storageClassName": self.env.class(SET_CLASS.short()),
+                            "resources": {"requests": {"storage": "1Mi"}},
+                        },
+                    }))
+                    .map_err(|e| e.to_string())?;
+                    match api.create(&PostParams::default(), &pvc).await {
+                        Ok(created) => {
+                            self.set_claims.push(ClaimRecord {
+                                name: claim_name.clone(),
+                                uid: created.metadata.uid.unwrap_or_default(),
+                                class: SET_CLASS,
+                                deleted: false,
+                                bound_at_deletion: false,
+                            });
+                            break;
+                        }
+                        Err(_) if Instant::now() < deadline => {
+                            self.pause(Duration::from_millis(200)).await;
+                        }
+                        Err(e) => return Err(format!("create claim {claim_name}: {e}")),
+                    }
+                }
+            }
+        }
+        let record = &mut self.sets[set];
+        record.ordinals = record.ordinals.max(ordinal + 1);
+        Ok(())
+    }
+
+    async fn scale_set(&mut self, set: usize, replicas: u32) -> Result<(), String> {
+        let name = Self::set_name(set);
+        let before = self.sets[set].replicas;
+        let sets: Api<StatefulSet> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        retry(&format!("scale set {name}"), || {
+            let sets = sets.clone();
+            let name = name.clone();
+            async move {
+                sets.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+                )
+                .await
+                .map(|_| Some(()))
+            }
+        })
+        .await?;
+        self.sets[set].replicas = replicas;
+        for ordinal in before..replicas {
+            self.ensure_member(set, ordinal).await?;
+        }
+        let pods = self.pods_api();
+        for ordinal in replicas..before {
+            let pod = format!("{name}-{ordinal}");
+            retry(&format!("delete pod {pod}"), || {
+                let pods = pods.clone();
+                let pod = pod.clone();
+                async move {
+                    pods.delete(&pod, &DeleteParams::default().grace_period(0))
+                        .await
+                        .map(|_| Some(()))
+                }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Background deletion. With `whenDeleted: Delete` the retention loop
+    /// must first have made the set own its claims, as the StatefulSet
+    /// controller does when it creates them: waited for (a minute at most).
+    async fn delete_set(&mut self, set: usize) -> Result<(), String> {
+        let name = Self::set_name(set);
+        if self.sets[set].when_deleted == Reclaim::Delete {
+            let prefix = format!("data-{name}-");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let claims = self
+                    .claims()
+                    .list(&Default::default())
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default();
+                let unowned: Vec<String> = claims
+                    .iter()
+                    .filter(|c| {
+                        c.metadata
+                            .name
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with(&prefix))
+                            && c.metadata.deletion_timestamp.is_none()
+                            && !c
+                                .metadata
+                                .owner_references
+                                .iter()
+                                .flatten()
+                                .any(|o| o.kind == "StatefulSet" && o.name == name)
+                    })
+                    .filter_map(|c| c.metadata.name.clone())
+                    .collect();
+                if unowned.is_empty() {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "set {name} (whenDeleted: Delete) does not own its claims {unowned:?} after a minute"
+                    ));
+                }
+                self.pause(Duration::from_millis(200)).await;
+            }
+        }
+        let sets: Api<StatefulSet> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        retry(&format!("delete set {name}"), || {
+            let sets = sets.clone();
+            let name = name.clone();
+            async move {
+                sets.delete(
+                    &name,
+                    &DeleteParams {
+                        propagation_policy: Some(PropagationPolicy::Background),
+                        ..DeleteParams::default()
+                    },
+                )
+                .await
+                .map(|_| Some(()))
+            }
+        })
+        .await?;
+        self.sets[set].deleted = true;
+        Ok(())
+    }
+
     fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.env.client.clone(), &self.env.ns)
     }
@@ -603,9 +904,27 @@ impl Run {
         let mut last = Vec::new();
         while started.elapsed() < QUIESCENCE {
             self.revive_driver().await;
+            // The StatefulSet controller's part: every replica has its claim.
+            let mut reconciled = Ok(());
+            for set in 0..self.sets.len() {
+                if !self.sets[set].deleted {
+                    for ordinal in 0..self.sets[set].replicas {
+                        reconciled = reconciled.and(self.ensure_claim(set, ordinal).await);
+                    }
+                }
+            }
             match self.world().await {
                 Ok(world) => {
-                    last = invariants::violations(&world, &self.records);
+                    let mut records = self.records.clone();
+                    records.extend(self.set_claims.iter().map(|record| ClaimRecord {
+                        deleted: !world.claims.iter().any(|c| c.uid == record.uid),
+                        ..record.clone()
+                    }));
+                    last = invariants::violations(&world, &records);
+                    last.extend(invariants::set_violations(&world, &self.sets));
+                    if let Err(e) = &reconciled {
+                        last.push(e.clone());
+                    }
                     if last.is_empty() {
                         return Ok(started.elapsed());
                     }

@@ -59,6 +59,52 @@ pub struct ClaimRecord {
     pub bound_at_deletion: bool,
 }
 
+/// What the workload did to one StatefulSet (claims `data-<name>-<ordinal>`).
+#[derive(Debug, Clone)]
+pub struct SetRecord {
+    pub name: String,
+    /// The last `spec.replicas`.
+    pub replicas: u32,
+    /// Ordinals `0..ordinals` ever had a claim.
+    pub ordinals: u32,
+    pub when_scaled: Reclaim,
+    pub when_deleted: Reclaim,
+    pub deleted: bool,
+}
+
+/// The StatefulSet retention rules (KEP-1847) at quiescence.
+pub fn set_violations(world: &World, sets: &[SetRecord]) -> Vec<String> {
+    let mut out = Vec::new();
+    for set in sets {
+        for ordinal in 0..set.ordinals.max(set.replicas) {
+            let name = format!("data-{}-{ordinal}", set.name);
+            let claim = world.claims.iter().find(|c| c.name == name);
+            let kept = claim.is_some_and(|c| !c.deleting);
+            if set.deleted {
+                if set.when_deleted == Reclaim::Delete && claim.is_some() {
+                    out.push(format!(
+                        "claim {name} of deleted set {} stays (whenDeleted: Delete)",
+                        set.name
+                    ));
+                }
+            } else if ordinal < set.replicas {
+                if !kept {
+                    out.push(format!(
+                        "set {} has {} replicas and no claim {name}",
+                        set.name, set.replicas
+                    ));
+                }
+            } else if set.when_scaled == Reclaim::Delete && claim.is_some() {
+                out.push(format!(
+                    "condemned claim {name} of set {} (replicas {}) stays (whenScaled: Delete)",
+                    set.name, set.replicas
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Every rule `world` breaks, one sentence each; empty when all hold.
 pub fn violations(world: &World, claims: &[ClaimRecord]) -> Vec<String> {
     let mut out = Vec::new();
@@ -101,6 +147,11 @@ pub fn violations(world: &World, claims: &[ClaimRecord]) -> Vec<String> {
             out.push(format!(
                 "claim {} is being deleted and stays, finalizers {:?}",
                 claim.name, claim.finalizers
+            ));
+        } else if claim.phase != "Bound" && !claims.iter().any(|r| r.uid == claim.uid) {
+            out.push(format!(
+                "claim {} is {} at quiescence, not Bound",
+                claim.name, claim.phase
             ));
         }
     }
@@ -336,6 +387,83 @@ mod tests {
             found.iter().any(|v| v.contains("(Delete) stays")),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn statefulset_claims_follow_their_retention_policy() {
+        let set = |replicas, ordinals, when_scaled, when_deleted, deleted| SetRecord {
+            name: "s".to_owned(),
+            replicas,
+            ordinals,
+            when_scaled,
+            when_deleted,
+            deleted,
+        };
+        let world = |names: &[&str]| World {
+            claims: names
+                .iter()
+                .map(|n| claim(n, &format!("uid-{n}"), "pv"))
+                .collect(),
+            ..World::default()
+        };
+        use Reclaim::{Delete, Retain};
+        let cases: [(&str, SetRecord, &[&str], Option<&str>); 8] = [
+            (
+                "scaled to 1 of 2, kept",
+                set(1, 2, Retain, Delete, false),
+                &["data-s-0", "data-s-1"],
+                None,
+            ),
+            (
+                "scaled to 1 of 2, deleted",
+                set(1, 2, Delete, Retain, false),
+                &["data-s-0"],
+                None,
+            ),
+            (
+                "scaled, Delete, stays",
+                set(1, 2, Delete, Retain, false),
+                &["data-s-0", "data-s-1"],
+                Some("condemned claim data-s-1"),
+            ),
+            (
+                "a replica without its claim",
+                set(2, 2, Retain, Retain, false),
+                &["data-s-0"],
+                Some("no claim data-s-1"),
+            ),
+            (
+                "set deleted, Retain",
+                set(2, 2, Delete, Retain, true),
+                &["data-s-0", "data-s-1"],
+                None,
+            ),
+            (
+                "set deleted, Delete, all gone",
+                set(2, 2, Retain, Delete, true),
+                &[],
+                None,
+            ),
+            (
+                "set deleted, Delete, one stays",
+                set(2, 3, Retain, Delete, true),
+                &["data-s-2"],
+                Some("of deleted set s stays"),
+            ),
+            (
+                "another set's claims are not ours",
+                set(0, 1, Delete, Delete, false),
+                &["data-t-0"],
+                None,
+            ),
+        ];
+        for (what, record, claims, want) in cases {
+            let found = set_violations(&world(claims), &[record]);
+            match want {
+                None => assert!(found.is_empty(), "{what}: {found:?}"),
+                Some(text) => assert!(found.iter().any(|v| v.contains(text)), "{what}: {found:?}"),
+            }
+        }
     }
 
     #[test]

@@ -169,6 +169,23 @@ pub enum Step {
     StopPod {
         claim: usize,
     },
+    /// A StatefulSet (the runner plays its controller: claims from the
+    /// template of class Immediate/Delete, pods, scaling) with this
+    /// `persistentVolumeClaimRetentionPolicy`.
+    CreateSet {
+        set: usize,
+        replicas: u32,
+        when_scaled: Reclaim,
+        when_deleted: Reclaim,
+    },
+    ScaleSet {
+        set: usize,
+        replicas: u32,
+    },
+    /// Deleted with background propagation (its pods go by GC).
+    DeleteSet {
+        set: usize,
+    },
     Fault(Fault),
     Pause {
         ms: u64,
@@ -231,6 +248,8 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
     let replicas = if rng.chance(30) { 2 } else { 1 };
     let mut claims: Vec<ClaimState> = Vec::new();
     let mut pods = std::collections::BTreeSet::new();
+    // Set index → alive.
+    let mut sets: Vec<bool> = Vec::new();
     let mut steps = Vec::new();
     let length = rng.between(14, 26);
     for _ in 0..length {
@@ -273,7 +292,37 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
                 pods.remove(&claim);
                 Step::StopPod { claim }
             }
-            60..=89 => Step::Fault(fault(&mut rng, backend, replicas)),
+            60..=67 => {
+                let live_sets: Vec<usize> = (0..sets.len()).filter(|&s| sets[s]).collect();
+                let policy = |rng: &mut Rng| {
+                    if rng.chance(50) {
+                        Reclaim::Delete
+                    } else {
+                        Reclaim::Retain
+                    }
+                };
+                if live_sets.is_empty() || (sets.len() < 2 && rng.chance(15)) {
+                    sets.push(true);
+                    Step::CreateSet {
+                        set: sets.len() - 1,
+                        replicas: rng.between(1, 3) as u32,
+                        when_scaled: policy(&mut rng),
+                        when_deleted: policy(&mut rng),
+                    }
+                } else {
+                    let set = rng.pick(&live_sets);
+                    if rng.chance(25) {
+                        sets[set] = false;
+                        Step::DeleteSet { set }
+                    } else {
+                        Step::ScaleSet {
+                            set,
+                            replicas: rng.between(0, 3) as u32,
+                        }
+                    }
+                }
+            }
+            68..=89 => Step::Fault(fault(&mut rng, backend, replicas)),
             _ => Step::Pause {
                 ms: rng.between(100, 800),
             },
@@ -380,6 +429,9 @@ mod tests {
             "StartPod",
             "StopPod",
             "Pause",
+            "CreateSet",
+            "ScaleSet",
+            "DeleteSet",
             "KillSidecar",
             "KillLeader",
             "DriverError",
