@@ -9,8 +9,8 @@
 //! driver, driver calls slower than `--timeout`, the driver process ending
 //! between its backend change and its reply, and either API answers 409 /
 //! 500 / 429, dropped watches and compaction (our API test server) or
-//! restarts of kube-apiserver and kube-controller-manager (a real control
-//! plane). Once quiet, nothing may be leaked, lost or stuck
+//! restarts of kube-apiserver (also after an etcd compaction) and of
+//! kube-controller-manager (a real control plane). Once quiet, nothing may be leaked, lost or stuck
 //! (`chaos/invariants.rs`); a claim in use must stay protected throughout.
 //!
 //! The sidecar runs as a process (`csi-provisioner`), the driver as a
@@ -419,6 +419,17 @@ impl Run {
                     .await
                     .expect("join")
                     .expect("restart kube-apiserver");
+                self.env.client = plane.admin_client().await.expect("admin client");
+            }
+            Fault::CompactEtcd => {
+                let plane = self.env.plane().expect("real cluster");
+                tokio::task::spawn_blocking(move || {
+                    plane.compact_etcd()?;
+                    plane.restart_apiserver()
+                })
+                .await
+                .expect("join")
+                .expect("compact etcd and restart kube-apiserver");
                 self.env.client = plane.admin_client().await.expect("admin client");
             }
             Fault::RestartControllerManager => {

@@ -145,6 +145,9 @@ pub enum Fault {
     /// Watch history forgotten and watches ended: every re-watch gets 410.
     Compact,
     RestartApiServer,
+    /// etcd compacted to its current revision, then kube-apiserver
+    /// restarted: every watch resumes into 410 Gone and a re-list.
+    CompactEtcd,
     RestartControllerManager,
 }
 
@@ -383,13 +386,11 @@ fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
                     }
                 }
             },
-            Backend::Real => {
-                if rng.chance(60) {
-                    Fault::RestartApiServer
-                } else {
-                    Fault::RestartControllerManager
-                }
-            }
+            Backend::Real => match rng.below(5) {
+                0 | 1 => Fault::RestartApiServer,
+                2 => Fault::CompactEtcd,
+                _ => Fault::RestartControllerManager,
+            },
         },
     }
 }
@@ -441,6 +442,7 @@ mod tests {
             "CloseWatches",
             "Compact",
             "RestartApiServer",
+            "CompactEtcd",
             "RestartControllerManager",
         ] {
             assert!(seen.contains(want), "no plan has {want}: {seen:?}");
