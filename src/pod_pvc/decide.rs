@@ -313,6 +313,29 @@ pub fn claimant_gone(claimed_by: &ClaimedBy, live_uid: Option<&str>) -> bool {
     }
 }
 
+/// What a failed PVC create means for the claimant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateFailure {
+    /// 409: the PVC exists already (created by an earlier attempt whose
+    /// answer was lost, or by anyone): nothing to say.
+    AlreadyThere,
+    /// Another 4xx but 429 (invalid spec, quota, RBAC): retrying will not
+    /// help; an event says why, and the next resync looks again.
+    Refused,
+    /// No answer, 429 or 5xx: an event, and the claimant is retried with
+    /// backoff.
+    Retry,
+}
+
+/// Classifies a failed PVC create by its HTTP status (`None`: no answer).
+pub fn create_failure(status: Option<u16>) -> CreateFailure {
+    match status {
+        Some(409) => CreateFailure::AlreadyThere,
+        Some(code) if (400..500).contains(&code) && code != 429 => CreateFailure::Refused,
+        _ => CreateFailure::Retry,
+    }
+}
+
 #[cfg(test)]
 #[path = "decide_tests.rs"]
 mod tests;

@@ -356,3 +356,21 @@ fn cleanup_touches_only_our_claims_and_checks_the_live_object() {
         );
     }
 }
+
+#[test]
+fn a_failed_create_is_classified_by_its_status() {
+    let cases = [
+        (Some(409), CreateFailure::AlreadyThere),
+        (Some(400), CreateFailure::Refused),
+        (Some(403), CreateFailure::Refused),
+        (Some(404), CreateFailure::Refused),
+        (Some(422), CreateFailure::Refused),
+        (Some(429), CreateFailure::Retry),
+        (Some(500), CreateFailure::Retry),
+        (Some(503), CreateFailure::Retry),
+        (None, CreateFailure::Retry),
+    ];
+    for (status, want) in cases {
+        assert_eq!(create_failure(status), want, "{status:?}");
+    }
+}

@@ -356,15 +356,21 @@ impl PodPvcProvisioner {
                             )
                             .await;
                         }
-                        // Created meanwhile (by us before, or by anyone).
-                        Err(kube::Error::Api(s)) if s.code == 409 => {}
-                        // Refused for good (invalid spec, quota, RBAC): say so.
-                        Err(kube::Error::Api(s))
-                            if (400..500).contains(&s.code) && s.code != 429 =>
-                        {
+                        Err(e) => {
+                            let status = match &e {
+                                kube::Error::Api(s) => Some(s.code),
+                                _ => None,
+                            };
+                            let failure = decide::create_failure(status);
+                            if failure == decide::CreateFailure::AlreadyThere {
+                                continue;
+                            }
+                            let detail = match &e {
+                                kube::Error::Api(s) => s.message.clone(),
+                                other => other.to_string(),
+                            };
                             let message = format!(
-                                "creating PVC {claim_name} for volume {volume} failed: {}",
-                                s.message
+                                "creating PVC {claim_name} for volume {volume} failed: {detail}"
                             );
                             tracing::warn!(kind = kind.label(), namespace, name, "{message}");
                             self.event(
@@ -375,19 +381,9 @@ impl PodPvcProvisioner {
                                 &message,
                             )
                             .await;
-                        }
-                        Err(e) => {
-                            let message = format!(
-                                "creating PVC {claim_name} for volume {volume} failed: {e}"
-                            );
-                            self.event(
-                                kind,
-                                meta,
-                                EventType::Warning,
-                                decide::REASON_PROVISION_FAILED,
-                                &message,
-                            )
-                            .await;
+                            if failure == decide::CreateFailure::Refused {
+                                continue;
+                            }
                             failed = Some(PodPvcError::Api {
                                 what: format!("create PVC {namespace}/{claim_name}"),
                                 source: e,
