@@ -20,7 +20,8 @@
 //! * `CHAOS_SEED=N`: that one seed (the reproduction command a failure
 //!   prints);
 //! * `CHAOS_SEEDS=N` (`CHAOS_FIRST_SEED=F`, default 1): seeds F..F+N;
-//! * `CHAOS_JOBS=J`: seeds run at once (test server; default 3).
+//! * `CHAOS_JOBS=J`: seeds run at once (test server; default 3);
+//! * `CHAOS_FULL_LOGS=1`: a failure prints every log line, not the last 80.
 //!
 //! Without any, CI's bounded sample: 8 seeds on the test server, 4 on the
 //! real cluster.
@@ -187,7 +188,13 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Ta
         }
         Err(violations) => {
             let logs = run.env.logs();
-            let tail: Vec<&str> = logs.lines().rev().take(80).collect();
+            // CHAOS_FULL_LOGS=1 (for a reproduction): every line.
+            let keep = if std::env::var_os("CHAOS_FULL_LOGS").is_some() {
+                usize::MAX
+            } else {
+                80
+            };
+            let tail: Vec<&str> = logs.lines().rev().take(keep).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             Err(format!(
                 "chaos seed {seed} ({:?}) FAILED:\n  {}\nplan: {:#?}\nlast log lines:\n{}\nreproduce: CHAOS_SEED={seed} cargo test --test chaos {} -- --nocapture",
@@ -330,8 +337,9 @@ impl Run {
         }
     }
 
-    /// Sleeps, restarting the driver as soon as a fault has ended it (as
-    /// the kubelet restarts a container).
+    /// Sleeps, restarting the driver (and, on the real cluster, the
+    /// controller-manager) as soon as it has ended (as the kubelet restarts
+    /// a container).
     async fn pause(&mut self, how_long: Duration) {
         let until = Instant::now() + how_long;
         while Instant::now() < until {
@@ -341,6 +349,20 @@ impl Run {
     }
 
     async fn revive_driver(&mut self) {
+        if let Some(plane) = self.env.plane() {
+            match tokio::task::spawn_blocking(move || plane.revive_controller_manager()).await {
+                Ok(Ok(true)) => {
+                    *self
+                        .tally
+                        .steps
+                        .entry("controller-manager exited and restarted".to_owned())
+                        .or_default() += 1;
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => eprintln!("cannot restart kube-controller-manager: {e}"),
+                Err(e) => eprintln!("cannot restart kube-controller-manager: {e}"),
+            }
+        }
         if self.env.driver_exited() {
             *self
                 .tally
@@ -726,8 +748,8 @@ impl Run {
         Ok(())
     }
 
-    /// The replica's claim: kept when there, created (once a deleted one
-    /// is gone) when not.
+    /// The replica's claim: kept when there, created (once a deleted or
+    /// stale one is gone) when not.
     async fn ensure_claim(&mut self, set: usize, ordinal: u32) -> Result<(), String> {
         let name = Self::set_name(set);
         let claim_name = format!("data-{name}-{ordinal}");
@@ -740,12 +762,37 @@ impl Run {
                 async move { api.get_opt(&claim_name).await }
             })
             .await?;
+            // The StatefulSet controller's PodClaimIsStale: under
+            // whenScaled=Delete a claim still owned by a (condemned) pod is
+            // about to be collected with it; it blocks the replica until it
+            // is gone, then is created anew.
+            let pod_name = format!("{name}-{ordinal}");
+            let pods = self.pods_api();
+            let pod_uid = retry(&format!("get pod {pod_name}"), || {
+                let pods = pods.clone();
+                let pod_name = pod_name.clone();
+                async move { pods.get_opt(&pod_name).await }
+            })
+            .await?
+            .and_then(|p| p.metadata.uid);
+            let stale = |c: &PersistentVolumeClaim| {
+                self.sets[set].when_scaled == Reclaim::Delete
+                    && c.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.kind == "Pod" && Some(&o.uid) != pod_uid.as_ref())
+            };
             match current {
-                Some(c) if c.metadata.deletion_timestamp.is_none() => break,
+                Some(c) if c.metadata.deletion_timestamp.is_none() && !stale(&c) => break,
                 Some(_) if Instant::now() < deadline => {
                     self.pause(Duration::from_millis(200)).await;
                 }
-                Some(_) => return Err(format!("claim {claim_name} stays being deleted")),
+                Some(_) => {
+                    return Err(format!(
+                        "claim {claim_name} stays being deleted or owned by a condemned pod"
+                    ));
+                }
                 None => {
                     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
                         "metadata": {"name": claim_name, "namespace": self.env.ns,
@@ -817,6 +864,36 @@ impl Run {
                 }
             })
             .await?;
+        }
+        // Under whenScaled=Delete the condemned claims must go (a minute
+        // at most) before the set may grow again: the retention loop runs
+        // beside the StatefulSet controller, not inside it, and a scale-up
+        // racing its delete of a claim whose pod is gone can hand the new
+        // pod a claim that is being deleted (chaos seed 140 on the real
+        // cluster; see the README's StatefulSet section).
+        if self.sets[set].when_scaled == Reclaim::Delete && replicas < before {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            for ordinal in replicas..before {
+                let claim = format!("data-{name}-{ordinal}");
+                loop {
+                    let api = self.claims();
+                    let current = retry(&format!("get claim {claim}"), || {
+                        let api = api.clone();
+                        let claim = claim.clone();
+                        async move { api.get_opt(&claim).await }
+                    })
+                    .await?;
+                    if current.is_none() {
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(format!(
+                            "condemned claim {claim} of set {name} (whenScaled: Delete) not deleted within a minute"
+                        ));
+                    }
+                    self.pause(Duration::from_millis(200)).await;
+                }
+            }
         }
         Ok(())
     }

@@ -528,6 +528,27 @@ impl ControlPlane {
         )
     }
 
+    /// Starts kube-controller-manager again when it has exited (it exits
+    /// when it loses its API server while starting or when it cannot renew
+    /// its lease), as the kubelet restarts a static pod; true when it did.
+    pub fn revive_controller_manager(&self) -> Result<bool, Error> {
+        let exited = {
+            let mut processes = self.processes();
+            let exited = processes
+                .controller_manager
+                .as_mut()
+                .is_some_and(|child| !child.is_running());
+            if exited {
+                processes.controller_manager = None;
+            }
+            exited
+        };
+        if exited {
+            self.start_controller_manager()?;
+        }
+        Ok(exited)
+    }
+
     pub fn stop_controller_manager(&self) {
         if let Some(mut child) = self.processes().controller_manager.take() {
             child.stop(Duration::from_secs(5));
