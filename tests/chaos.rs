@@ -132,7 +132,21 @@ async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &
     let started = Instant::now();
     let outcomes: Vec<(u64, Result<Tally, String>)> =
         futures_util::stream::iter(seeds.first..seeds.first + seeds.count)
-            .map(|seed| async move { (seed, run_seed(seed, kind, backend).await) })
+            .map(|seed| async move {
+                let outcome = run_seed(seed, kind, backend).await;
+                // Said at once: a long run shows its failures as they come.
+                match &outcome {
+                    Ok(_) if (seed + 1 - seeds.first).is_multiple_of(100) => {
+                        eprintln!(
+                            "chaos: seed {seed} passed ({:.0?} so far)",
+                            started.elapsed()
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(report) => eprintln!("{report}"),
+                }
+                (seed, outcome)
+            })
             .buffer_unordered(seeds.jobs)
             .collect()
             .await;
@@ -148,10 +162,7 @@ async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &
                     *total.steps.entry(step).or_default() += n;
                 }
             }
-            Err(report) => {
-                eprintln!("{report}");
-                failed.push(seed);
-            }
+            Err(_) => failed.push(seed),
         }
     }
     println!(
