@@ -645,6 +645,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
         .await
     {
         Ok(Some(pv)) if claim_uid_of(&pv) == Some(key.uid.as_str()) => {
+            tracing::info!(claim = %key, volume = %pv.name_any(), "the claim's PV was saved after all; it owns the volume");
             ctx.finish(&key.uid);
             return Next::Done;
         }
@@ -689,6 +690,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
                 .map(|v| v.volume_id.clone())
                 .filter(|id| !id.is_empty())
             else {
+                tracing::warn!(claim = %key, volume = %op.request.name, "cleanup CreateVolume answered without a volume id; nothing to clean up");
                 ctx.finish(&key.uid);
                 return Next::Done;
             };
@@ -707,9 +709,17 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
                 }
             }
         }
+        // ALREADY_EXISTS says a volume of that name exists: never take it
+        // for "nothing to clean up" (chaos seed 453 leaked it so); retried
+        // until the driver answers the frozen request.
+        Err(e) if e.code() == tonic::Code::AlreadyExists => {
+            tracing::warn!(claim = %key, volume = %op.request.name, error = %e, "cleanup CreateVolume says the volume exists but gives no id; will retry");
+            Next::Retry
+        }
         Err(e) if e.is_final() => {
             // A final error: the driver did not create (and will not
             // create) the volume.
+            tracing::info!(claim = %key, volume = %op.request.name, error = %e, "cleanup CreateVolume failed for good: no volume to clean up");
             ctx.finish(&key.uid);
             Next::Done
         }
