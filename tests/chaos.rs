@@ -393,7 +393,7 @@ impl Run {
                 self.start_replica(replica).await;
             }
             Fault::KillLeader { down_ms } => {
-                let holder = lease_holder(&self.env).await.unwrap_or_default();
+                let holder = self.env.lease_holder().await.unwrap_or_default();
                 let leader = (0..self.replicas.len())
                     .find(|r| holder.starts_with(&format!("replica-{r}_")))
                     .unwrap_or(0);
@@ -542,12 +542,7 @@ impl Run {
     async fn delete_claim(&mut self, claim: usize, pv_first: bool) -> Result<(), String> {
         let name = self.claim_name(claim);
         let api = self.claims();
-        let current = retry(&format!("get claim {name}"), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move { api.get_opt(&name).await }
-        })
-        .await?;
+        let current = get_live(&api, &name).await?;
         let bound = current
             .as_ref()
             .and_then(|c| c.status.as_ref()?.phase.clone())
@@ -558,27 +553,9 @@ impl Run {
             .filter(|v| !v.is_empty());
         if pv_first && let Some(volume) = volume {
             let pvs: Api<PersistentVolume> = Api::all(self.env.client.clone());
-            retry(&format!("delete PV {volume}"), || {
-                let pvs = pvs.clone();
-                let volume = volume.clone();
-                async move {
-                    pvs.delete(&volume, &DeleteParams::default())
-                        .await
-                        .map(|_| Some(()))
-                }
-            })
-            .await?;
+            delete_quietly(&pvs, &volume, &DeleteParams::default()).await?;
         }
-        retry(&format!("delete claim {name}"), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                api.delete(&name, &DeleteParams::default())
-                    .await
-                    .map(|_| Some(()))
-            }
-        })
-        .await?;
+        delete_quietly(&api, &name, &DeleteParams::default()).await?;
         let record = &mut self.records[claim];
         record.deleted = true;
         record.bound_at_deletion = bound;
@@ -597,17 +574,7 @@ impl Run {
         }))
         .map_err(|e| e.to_string())?;
         let pods = self.pods_api();
-        retry(&format!("create pod uses-{name}"), || {
-            let pods = pods.clone();
-            let pod = pod.clone();
-            async move {
-                match pods.create(&PostParams::default(), &pod).await {
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
-                    other => other.map(|_| Some(())),
-                }
-            }
-        })
-        .await?;
+        create_once(&pods, &pod).await?;
         self.pods.insert(claim);
         Ok(())
     }
@@ -617,12 +584,7 @@ impl Run {
     async fn stop_pod(&mut self, claim: usize) -> Result<(), String> {
         let name = self.claim_name(claim);
         let api = self.claims();
-        let current = retry(&format!("get claim {name}"), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move { api.get_opt(&name).await }
-        })
-        .await?;
+        let current = get_live(&api, &name).await?;
         if let Some(violation) =
             invariants::protection_violation(&name, current.map(claim_fact).as_ref())
         {
@@ -686,17 +648,7 @@ impl Run {
         }))
         .map_err(|e| e.to_string())?;
         let sets: Api<StatefulSet> = Api::namespaced(self.env.client.clone(), &self.env.ns);
-        retry(&format!("create set {name}"), || {
-            let sets = sets.clone();
-            let object = object.clone();
-            async move {
-                match sets.create(&PostParams::default(), &object).await {
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
-                    other => other.map(|_| Some(())),
-                }
-            }
-        })
-        .await?;
+        create_once(&sets, &object).await?;
         self.sets.push(SetRecord {
             name,
             replicas,
@@ -717,13 +669,7 @@ impl Run {
         self.ensure_claim(set, ordinal).await?;
         let name = Self::set_name(set);
         let sets: Api<StatefulSet> = Api::namespaced(self.env.client.clone(), &self.env.ns);
-        let Some(object) = retry(&format!("get set {name}"), || {
-            let sets = sets.clone();
-            let name = name.clone();
-            async move { sets.get_opt(&name).await }
-        })
-        .await?
-        else {
+        let Some(object) = get_live(&sets, &name).await? else {
             return Ok(());
         };
         let pod: Pod = serde_json::from_value(json!({
@@ -745,17 +691,7 @@ impl Run {
         }))
         .map_err(|e| e.to_string())?;
         let pods = self.pods_api();
-        retry(&format!("create pod {name}-{ordinal}"), || {
-            let pods = pods.clone();
-            let pod = pod.clone();
-            async move {
-                match pods.create(&PostParams::default(), &pod).await {
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
-                    other => other.map(|_| Some(())),
-                }
-            }
-        })
-        .await?;
+        create_once(&pods, &pod).await?;
         Ok(())
     }
 
@@ -767,25 +703,16 @@ impl Run {
         let api = self.claims();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let current = retry(&format!("get claim {claim_name}"), || {
-                let api = api.clone();
-                let claim_name = claim_name.clone();
-                async move { api.get_opt(&claim_name).await }
-            })
-            .await?;
+            let current = get_live(&api, &claim_name).await?;
             // The StatefulSet controller's PodClaimIsStale: under
             // whenScaled=Delete a claim still owned by a (condemned) pod is
             // about to be collected with it; it blocks the replica until it
             // is gone, then is created anew.
             let pod_name = format!("{name}-{ordinal}");
             let pods = self.pods_api();
-            let pod_uid = retry(&format!("get pod {pod_name}"), || {
-                let pods = pods.clone();
-                let pod_name = pod_name.clone();
-                async move { pods.get_opt(&pod_name).await }
-            })
-            .await?
-            .and_then(|p| p.metadata.uid);
+            let pod_uid = get_live(&pods, &pod_name)
+                .await?
+                .and_then(|p| p.metadata.uid);
             let stale = |c: &PersistentVolumeClaim| {
                 self.sets[set].when_scaled == Reclaim::Delete
                     && c.metadata
@@ -865,16 +792,7 @@ impl Run {
         let pods = self.pods_api();
         for ordinal in replicas..before {
             let pod = format!("{name}-{ordinal}");
-            retry(&format!("delete pod {pod}"), || {
-                let pods = pods.clone();
-                let pod = pod.clone();
-                async move {
-                    pods.delete(&pod, &DeleteParams::default().grace_period(0))
-                        .await
-                        .map(|_| Some(()))
-                }
-            })
-            .await?;
+            delete_quietly(&pods, &pod, &DeleteParams::default().grace_period(0)).await?;
         }
         // Under whenScaled=Delete the condemned claims must go (a minute
         // at most) before the set may grow again: the retention loop runs
@@ -888,12 +806,7 @@ impl Run {
                 let claim = format!("data-{name}-{ordinal}");
                 loop {
                     let api = self.claims();
-                    let current = retry(&format!("get claim {claim}"), || {
-                        let api = api.clone();
-                        let claim = claim.clone();
-                        async move { api.get_opt(&claim).await }
-                    })
-                    .await?;
+                    let current = get_live(&api, &claim).await?;
                     if current.is_none() {
                         break;
                     }
@@ -1101,18 +1014,6 @@ fn claim_fact(pvc: PersistentVolumeClaim) -> ClaimFact {
     }
 }
 
-async fn lease_holder(env: &Env) -> Option<String> {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(env.client.clone(), &env.ns);
-    leases
-        .list(&Default::default())
-        .await
-        .ok()?
-        .items
-        .into_iter()
-        .find_map(|l| l.spec?.holder_identity.filter(|h| !h.is_empty()))
-}
-
 /// The workload's own requests ride out the faults aimed at the sidecar
 /// (and an API server restart): retried for up to a minute; 404 on a
 /// delete is done.
@@ -1130,4 +1031,44 @@ where
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
+}
+
+/// Creates `object` through the faults; one already there counts as
+/// created (an earlier try may have reached the server).
+async fn create_once<K>(api: &Api<K>, object: &K) -> Result<(), String>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let what = format!(
+        "create {}",
+        object.meta().name.as_deref().unwrap_or_default()
+    );
+    retry(&what, || async {
+        match api.create(&PostParams::default(), object).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+            other => other.map(|_| Some(())),
+        }
+    })
+    .await
+    .map(|_| ())
+}
+
+/// Reads `name` through the faults (`None`: not there).
+async fn get_live<K>(api: &Api<K>, name: &str) -> Result<Option<K>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    retry(&format!("get {name}"), || api.get_opt(name)).await
+}
+
+/// Deletes `name` through the faults; gone already is done.
+async fn delete_quietly<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<(), String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    retry(&format!("delete {name}"), || async {
+        api.delete(name, params).await.map(|_| Some(()))
+    })
+    .await
+    .map(|_| ())
 }

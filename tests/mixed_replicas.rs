@@ -82,19 +82,6 @@ impl Drop for Replica {
     }
 }
 
-/// The Lease's holder, once someone holds it.
-async fn holder(env: &Env) -> Option<String> {
-    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(env.client.clone(), &env.ns);
-    leases
-        .list(&Default::default())
-        .await
-        .ok()?
-        .items
-        .into_iter()
-        .find_map(|l| l.spec?.holder_identity.filter(|h| !h.is_empty()))
-}
-
 /// Waits until `leader` (and not the other) holds the Lease: the Go image
 /// names itself after the host, ours after the host plus a suffix, so the
 /// holder is told apart by the log line each writes when it wins.
@@ -105,7 +92,7 @@ async fn wait_leader(env: &Env, leader: &Replica) {
     };
     let started = std::time::Instant::now();
     while started.elapsed() < Duration::from_secs(30) {
-        if leader.log().contains(won) && holder(env).await.is_some() {
+        if leader.log().contains(won) && env.lease_holder().await.is_some() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -124,16 +124,7 @@ pub fn build_pv(
         });
     }
 
-    let mut volume_attributes = BTreeMap::from([(
-        wk::VOLUME_ATTR_PROVISIONER_IDENTITY.to_owned(),
-        config.provisioner_identity.clone(),
-    )]);
-    volume_attributes.extend(
-        volume
-            .volume_context
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone())),
-    );
+    let volume_attributes = volume_attributes(volume, config);
 
     // Only a claim that is ReadOnlyMany and nothing else is published read-only.
     let capabilities = &plan.request.volume_capabilities;
@@ -199,19 +190,8 @@ pub fn build_pv(
         },
         spec: Some(PersistentVolumeSpec {
             access_modes: Some(plan.access_modes.clone()),
-            capacity: Some(BTreeMap::from([(
-                "storage".to_owned(),
-                bytes_to_quantity(capacity),
-            )])),
-            claim_ref: Some(ObjectReference {
-                api_version: Some("v1".to_owned()),
-                kind: Some(wk::PVC_KIND.to_owned()),
-                namespace: Some(claim.namespace.clone()),
-                name: Some(claim.name.clone()),
-                uid: Some(claim.uid.clone()),
-                resource_version: claim.resource_version.clone(),
-                field_path: None,
-            }),
+            capacity: Some(storage_capacity(capacity)),
+            claim_ref: Some(claim_reference(claim)),
             csi: Some(csi),
             mount_options: (!plan.mount_options.is_empty()).then(|| plan.mount_options.clone()),
             node_affinity: if config.topology_enabled {
@@ -283,16 +263,7 @@ pub fn retained_volume_pv(
     } else {
         requested
     };
-    let mut volume_attributes = BTreeMap::from([(
-        wk::VOLUME_ATTR_PROVISIONER_IDENTITY.to_owned(),
-        config.provisioner_identity.clone(),
-    )]);
-    volume_attributes.extend(
-        volume
-            .volume_context
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone())),
-    );
+    let volume_attributes = volume_attributes(volume, config);
     PersistentVolume {
         metadata: ObjectMeta {
             name: Some(request.name.clone()),
@@ -304,18 +275,8 @@ pub fn retained_volume_pv(
         },
         spec: Some(PersistentVolumeSpec {
             access_modes: Some(access_modes),
-            capacity: Some(BTreeMap::from([(
-                "storage".to_owned(),
-                bytes_to_quantity(capacity),
-            )])),
-            claim_ref: Some(ObjectReference {
-                api_version: Some("v1".to_owned()),
-                kind: Some(wk::PVC_KIND.to_owned()),
-                namespace: Some(claim.namespace.clone()),
-                name: Some(claim.name.clone()),
-                uid: Some(claim.uid.clone()),
-                ..ObjectReference::default()
-            }),
+            capacity: Some(storage_capacity(capacity)),
+            claim_ref: Some(claim_reference(claim)),
             csi: Some(CSIPersistentVolumeSource {
                 driver: config.driver_name.clone(),
                 volume_handle: volume.volume_id.clone(),
@@ -334,6 +295,44 @@ pub fn retained_volume_pv(
         }),
         status: None,
     }
+}
+
+/// The claim reference of a PV (the resourceVersion when known).
+fn claim_reference(claim: &ClaimIdentity) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some(wk::PVC_KIND.to_owned()),
+        namespace: Some(claim.namespace.clone()),
+        name: Some(claim.name.clone()),
+        uid: Some(claim.uid.clone()),
+        resource_version: claim.resource_version.clone(),
+        field_path: None,
+    }
+}
+
+fn storage_capacity(
+    bytes: i64,
+) -> BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+    BTreeMap::from([("storage".to_owned(), bytes_to_quantity(bytes))])
+}
+
+/// The PV's CSI volume attributes: the provisioner identity, then the
+/// driver's volume context.
+fn volume_attributes(
+    volume: &csi_proto::v1::Volume,
+    config: &ProvisionerConfig,
+) -> BTreeMap<String, String> {
+    let mut attributes = BTreeMap::from([(
+        wk::VOLUME_ATTR_PROVISIONER_IDENTITY.to_owned(),
+        config.provisioner_identity.clone(),
+    )]);
+    attributes.extend(
+        volume
+            .volume_context
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    attributes
 }
 
 /// The Kubernetes access mode of a CSI one.

@@ -1027,6 +1027,19 @@ impl Env {
         }
     }
 
+    /// The holder of the test namespace's Lease, once someone holds it.
+    pub async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        leases
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find_map(|l| l.spec?.holder_identity.filter(|h| !h.is_empty()))
+    }
+
     pub fn backend_name(&self) -> &'static str {
         match self.server {
             Server::Test { .. } => "test server",
