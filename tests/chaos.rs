@@ -925,6 +925,9 @@ impl Run {
                     }
                 }
             }
+            if let Err(e) = self.reselect_nodes().await {
+                reconciled = reconciled.and(Err(e));
+            }
             match self.world().await {
                 Ok(world) => {
                     let mut records = self.records.clone();
@@ -947,6 +950,41 @@ impl Run {
         }
         last.insert(0, format!("not quiet after {QUIESCENCE:?} without faults"));
         Err(last)
+    }
+
+    /// The scheduler's part once more: a provisioner that cannot make a
+    /// volume on the selected node (ResourceExhausted) takes the
+    /// `selected-node` annotation away so that the pod is scheduled again,
+    /// and the scheduler then selects a node anew. Our claims stand for
+    /// pods that are always pending, so every WaitForFirstConsumer claim
+    /// still waiting without a node gets one back.
+    async fn reselect_nodes(&self) -> Result<(), String> {
+        let api = self.claims();
+        for record in &self.records {
+            if record.deleted
+                || record.name.is_empty()
+                || record.class.binding != Binding::WaitForFirstConsumer
+            {
+                continue;
+            }
+            let Some(claim) = get_live(&api, &record.name).await? else {
+                continue;
+            };
+            let pending = claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound");
+            let has_node = claim
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(support::SELECTED_NODE));
+            if pending && !has_node && claim.metadata.deletion_timestamp.is_none() {
+                let patch =
+                    json!({"metadata": {"annotations": {support::SELECTED_NODE: self.env.node}}});
+                api.patch(&record.name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map_err(|e| format!("select a node for claim {}: {e}", record.name))?;
+            }
+        }
+        Ok(())
     }
 
     async fn world(&self) -> Result<World, String> {

@@ -17,6 +17,8 @@ use support::{Backend, ClusterConfig, Env, http_get};
 e2e!(ClusterConfig::standard();
     a_deleted_secret_does_not_block_the_deletion_of_a_volume,
     remembered_objects_fall_back_when_their_objects_go,
+    a_cleanup_asks_again_after_final_errors,
+    a_final_answer_that_holds_ends_a_cleanup,
 );
 
 /// Case 2: the PV create committed but its answer was lost, and the next
@@ -372,5 +374,111 @@ async fn an_oversized_journal_entry_is_refused_alone() {
         env.backend_volumes().len() == 5,
         "no CreateVolume for the claim that could not be journalled"
     );
+    env.assert_consistent().await;
+}
+
+/// Chaos seeds 686 and 828: the claim is deleted after the driver created
+/// its volume but before the answer came back. The cleanup repeats the
+/// CreateVolume to learn the volume's id; a final error on a repeat (a
+/// driver's bad moment) must not be taken at once for "no volume", or the
+/// volume leaks for ever.
+async fn a_cleanup_asks_again_after_final_errors(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.run_driver_as_process().await;
+    // The driver makes the volume and dies before it answers.
+    env.set_faults(vec![
+        Fault::exit_after_backend_change("CreateVolume").times(1),
+    ]);
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    let mut exited = false;
+    for _ in 0..200 {
+        if env.driver_exited() {
+            exited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(exited, "the driver did not exit\n{}", env.logs());
+    assert_eq!(env.backend_volumes().len(), 1, "the volume was made");
+    // The claim goes while the driver is down ...
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("claim gone", Duration::from_secs(30), || async {
+        env.pvc(&env.ns, "data").await.is_none().then_some(())
+    })
+    .await;
+    // ... and the restarted driver answers the first repeats with errors
+    // that are final, one of each kind.
+    env.set_faults(
+        [
+            tonic::Code::Internal,
+            tonic::Code::NotFound,
+            tonic::Code::AlreadyExists,
+            tonic::Code::InvalidArgument,
+        ]
+        .into_iter()
+        .map(|code| Fault::error("CreateVolume", code).times(1))
+        .collect(),
+    );
+    env.start_driver();
+    env.wait_for("the volume deleted", Duration::from_secs(60), || async {
+        env.backend_volumes().is_empty().then_some(())
+    })
+    .await;
+    env.wait_for("the entry finished", Duration::from_secs(20), || async {
+        env.journal().await.is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        env.logs()
+            .contains("asking again before taking it for no volume"),
+        "{}",
+        env.logs()
+    );
+    env.assert_consistent().await;
+}
+
+/// The other side: a driver that holds to a final error for the repeated
+/// CreateVolume (it never made the volume) ends the cleanup; the entry does
+/// not stay in the journal for ever.
+async fn a_final_answer_that_holds_ends_a_cleanup(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    // Not final: the operation stays in flight (and in the journal).
+    env.set_faults(vec![Fault::error(
+        "CreateVolume",
+        tonic::Code::DeadlineExceeded,
+    )]);
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for("the entry journaled", Duration::from_secs(20), || async {
+        (env.journal().await.len() == 1).then_some(())
+    })
+    .await;
+    env.set_faults(vec![Fault::error(
+        "CreateVolume",
+        tonic::Code::InvalidArgument,
+    )]);
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("the entry finished", Duration::from_secs(60), || async {
+        env.journal().await.is_empty().then_some(())
+    })
+    .await;
+    let logs = env.logs();
+    assert!(
+        logs.contains("no volume to clean up")
+            && logs.contains(&format!(
+                "answers={}",
+                csi_provisioner::provision::controller::CLEANUP_FINAL_ANSWERS
+            )),
+        "{logs}"
+    );
+    assert!(env.backend_volumes().is_empty());
+    env.clear_faults();
     env.assert_consistent().await;
 }

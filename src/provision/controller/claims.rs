@@ -28,7 +28,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::journal::JournalEntry;
-use super::{ClaimKey, Context, InFlight};
+use super::{CLEANUP_FINAL_ANSWERS, ClaimKey, Context, InFlight};
 use crate::csi::CsiError;
 use crate::provision::events::{self as notes, EventNote};
 use crate::provision::snapshot_types::{VolumeSnapshot, VolumeSnapshotContent};
@@ -213,6 +213,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 secret: plan.provisioner_secret.clone(),
                 retain: plan.reclaim_policy == "Retain",
                 migrated: plan.is_migrated(),
+                final_cleanup_answers: 0,
             };
             let entry =
                 JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref())
@@ -717,9 +718,21 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
             Next::Retry
         }
         Err(e) if e.is_final() => {
-            // A final error: the driver did not create (and will not
+            let answers = op.final_cleanup_answers.saturating_add(1);
+            if answers < CLEANUP_FINAL_ANSWERS {
+                tracing::warn!(claim = %key, volume = %op.request.name, error = %e, answers, "cleanup CreateVolume failed; asking again before taking it for no volume");
+                ctx.set_in_flight(
+                    &key.uid,
+                    InFlight {
+                        final_cleanup_answers: answers,
+                        ..op
+                    },
+                );
+                return Next::Retry;
+            }
+            // The driver holds to it: it did not create (and will not
             // create) the volume.
-            tracing::info!(claim = %key, volume = %op.request.name, error = %e, "cleanup CreateVolume failed for good: no volume to clean up");
+            tracing::info!(claim = %key, volume = %op.request.name, error = %e, answers, "cleanup CreateVolume failed for good: no volume to clean up");
             ctx.finish(&key.uid);
             Next::Done
         }
