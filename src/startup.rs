@@ -254,7 +254,7 @@ pub async fn run(
                 Some(crate::capacity::new(&shared, capacity_driver, settings).await?);
         }
         shared.caches.start(&shared.client);
-        let leadership = match &elector {
+        let mut leadership = match &elector {
             Some(elector) => {
                 let (leadership, ()) =
                     tokio::join!(elector.acquire(), shared.caches.wait_until_ready());
@@ -266,8 +266,12 @@ pub async fn run(
             }
         };
         // Loaded only now: a previous leader may have written the journal
-        // until it stopped.
-        provisioning.run().await?;
+        // until it stopped. Its read waits out an unreachable API server,
+        // but never past the lease.
+        tokio::select! {
+            ran = provisioning.run() => ran?,
+            lost = lease_lost(&mut leadership) => return Err(lost.into()),
+        }
         embedded.start();
         Ok::<_, RunError>((provisioning, embedded, leadership))
     };

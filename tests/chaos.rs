@@ -314,7 +314,7 @@ impl Run {
                 .to_owned();
             *self.tally.steps.entry(name).or_default() += 1;
             self.step(step).await?;
-            self.revive_driver().await;
+            self.revive_exited().await;
         }
         Ok(())
     }
@@ -348,18 +348,18 @@ impl Run {
         }
     }
 
-    /// Sleeps, restarting the driver (and, on the real cluster, the
-    /// controller-manager) as soon as it has ended (as the kubelet restarts
-    /// a container).
+    /// Sleeps, restarting the driver, the sidecars (and, on the real
+    /// cluster, the controller-manager) as soon as one has ended (as the
+    /// kubelet restarts a container).
     async fn pause(&mut self, how_long: Duration) {
         let until = Instant::now() + how_long;
         while Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(50).min(until - Instant::now())).await;
-            self.revive_driver().await;
+            self.revive_exited().await;
         }
     }
 
-    async fn revive_driver(&mut self) {
+    async fn revive_exited(&mut self) {
         if let Some(plane) = self.env.plane() {
             match tokio::task::spawn_blocking(move || plane.revive_controller_manager()).await {
                 Ok(Ok(true)) => {
@@ -372,6 +372,24 @@ impl Run {
                 Ok(Ok(false)) => {}
                 Ok(Err(e)) => eprintln!("cannot restart kube-controller-manager: {e}"),
                 Err(e) => eprintln!("cannot restart kube-controller-manager: {e}"),
+            }
+        }
+        // A sidecar that ended on its own (a lost lease ends it by design)
+        // is restarted as the kubelet would; one killed by a fault is down
+        // (`None`) until the fault restarts it.
+        for replica in 0..self.replicas.len() {
+            if self.replicas[replica]
+                .as_mut()
+                .is_some_and(|child| !child.is_running())
+            {
+                *self
+                    .tally
+                    .steps
+                    .entry("sidecar exited and restarted".to_owned())
+                    .or_default() += 1;
+                self.kill_replica(replica);
+                tokio::time::sleep(self.driver_down).await;
+                self.start_replica(replica).await;
             }
         }
         if self.env.driver_exited() {
@@ -901,7 +919,7 @@ impl Run {
         if matches!(self.plan.backend, plan::Backend::TestServer) {
             self.env.api().clear_faults();
         }
-        self.revive_driver().await;
+        self.revive_exited().await;
         for replica in 0..self.replicas.len() {
             let dead = match self.replicas[replica].as_mut() {
                 None => true,
@@ -915,7 +933,7 @@ impl Run {
         let started = Instant::now();
         let mut last = Vec::new();
         while started.elapsed() < QUIESCENCE {
-            self.revive_driver().await;
+            self.revive_exited().await;
             // The StatefulSet controller's part: every replica has its claim.
             let mut reconciled = Ok(());
             for set in 0..self.sets.len() {

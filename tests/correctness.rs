@@ -482,3 +482,30 @@ async fn a_final_answer_that_holds_ends_a_cleanup(backend: Backend) {
     env.clear_faults();
     env.assert_consistent().await;
 }
+
+/// Chaos seed 141 (real cluster): kube-apiserver restarting while the
+/// sidecar starts made the journal's first read fail, and the process
+/// exited. The read is asked again until it answers; provisioning then
+/// starts as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_journal_at_start_is_read_again() {
+    // Needs the API test server: the journal's list is made to fail.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let ns = env.ns.clone();
+    env.api().fail_next(
+        3,
+        RequestMatch::new(Verb::List, "configmaps").namespace(&ns),
+        500,
+    );
+    env.start_sidecar(&[]).await;
+    env.provision(&env.ns, "data", "fast").await;
+    let running = env.sidecar.as_mut().is_some_and(|child| child.is_running());
+    assert!(running, "{}", env.logs());
+    let retries = env
+        .logs()
+        .matches("cannot read the write-ahead journal; provisioning waits for it")
+        .count();
+    assert_eq!(retries, 3, "{}", env.logs());
+}

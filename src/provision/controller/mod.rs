@@ -28,6 +28,7 @@ pub mod volumes;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use csi_proto::v1::CreateVolumeRequest;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
@@ -44,7 +45,7 @@ use crate::provision::node_deployment::{LocalTopology, journal_owner};
 use crate::provision::{
     ProvisionerConfig, SecretRef, is_annotated_for_us, is_our_volume, volume_on_this_node,
 };
-use crate::queue::WorkQueue;
+use crate::queue::{Backoff, WorkQueue};
 use crate::shared::Shared;
 
 use journal::{Journal, JournalInbox, JournalStore};
@@ -417,6 +418,38 @@ pub async fn new(
     Ok(ctx)
 }
 
+/// Reads the journal, asking again while the API server cannot answer:
+/// an API server restarting while the sidecar starts (chaos seed 141 on the
+/// real cluster) would otherwise end the process and leave provisioning to
+/// the kubelet's restart back-off. RBAC's refusal is final (the caller runs
+/// without the journal), as is a shutdown or a lost lease (the caller's
+/// `select!`).
+async fn load_journal(
+    store: &mut JournalStore,
+) -> Result<std::collections::BTreeMap<String, journal::JournalEntry>, journal::JournalError> {
+    const BACKOFF: Backoff = Backoff {
+        start: Duration::from_millis(500),
+        max: Duration::from_secs(30),
+    };
+    let mut failures = 0;
+    loop {
+        match store.load().await {
+            Err(e) if !e.is_forbidden() => {
+                let delay = BACKOFF.delay(failures);
+                failures += 1;
+                tracing::warn!(
+                    journal = %format!("{}/{}", store.namespace(), store.name()),
+                    error = %e,
+                    ?delay,
+                    "cannot read the write-ahead journal; provisioning waits for it"
+                );
+                tokio::time::sleep(delay).await;
+            }
+            loaded => return loaded,
+        }
+    }
+}
+
 impl Context {
     /// Loads the journal, resumes every operation a previous run (or a
     /// previous leader) may have left on the backend, and starts the
@@ -430,7 +463,7 @@ impl Context {
         else {
             return Ok(());
         };
-        let recovered = match store.load().await {
+        let recovered = match load_journal(&mut store).await {
             Ok(recovered) => {
                 crate::metrics::set_capability("journal", true);
                 store.start_with(inbox);
