@@ -191,6 +191,22 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Ta
         Ok(()) => run.settle().await,
         Err(e) => Err(vec![e]),
     };
+    // Whatever the faults, the sidecar never panics.
+    let panics: Vec<String> = run
+        .env
+        .logs()
+        .lines()
+        .filter(|line| line.contains("panicked at"))
+        .map(|line| format!("the sidecar panicked: {line}"))
+        .collect();
+    let outcome = match outcome {
+        Ok(_) if !panics.is_empty() => Err(panics),
+        Err(mut violations) => {
+            violations.extend(panics);
+            Err(violations)
+        }
+        ok => ok,
+    };
     match outcome {
         Ok(settle) => {
             run.tally.settle = settle;
@@ -378,14 +394,14 @@ impl Run {
         // is restarted as the kubelet would; one killed by a fault is down
         // (`None`) until the fault restarts it.
         for replica in 0..self.replicas.len() {
-            if self.replicas[replica]
+            let exited = self.replicas[replica]
                 .as_mut()
-                .is_some_and(|child| !child.is_running())
-            {
+                .and_then(|child| child.try_wait());
+            if let Some(status) = exited {
                 *self
                     .tally
                     .steps
-                    .entry("sidecar exited and restarted".to_owned())
+                    .entry(format!("sidecar exited ({status}) and restarted"))
                     .or_default() += 1;
                 self.kill_replica(replica);
                 tokio::time::sleep(self.driver_down).await;
