@@ -994,28 +994,36 @@ impl Run {
     /// still waiting without a node gets one back.
     async fn reselect_nodes(&self) -> Result<(), String> {
         let api = self.claims();
-        for record in &self.records {
-            if record.deleted
-                || record.name.is_empty()
-                || record.class.binding != Binding::WaitForFirstConsumer
-            {
-                continue;
-            }
-            let Some(claim) = get_live(&api, &record.name).await? else {
-                continue;
-            };
+        let waiting: BTreeSet<&str> = self
+            .records
+            .iter()
+            .filter(|r| !r.deleted && r.class.binding == Binding::WaitForFirstConsumer)
+            .map(|r| r.name.as_str())
+            .collect();
+        let claims = retry("list claims", || async {
+            api.list(&Default::default()).await.map(Some)
+        })
+        .await?
+        .map(|list| list.items)
+        .unwrap_or_default();
+        for claim in claims {
+            let name = claim.metadata.name.clone().unwrap_or_default();
             let pending = claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound");
             let has_node = claim
                 .metadata
                 .annotations
                 .as_ref()
                 .is_some_and(|a| a.contains_key(support::SELECTED_NODE));
-            if pending && !has_node && claim.metadata.deletion_timestamp.is_none() {
+            if waiting.contains(name.as_str())
+                && pending
+                && !has_node
+                && claim.metadata.deletion_timestamp.is_none()
+            {
                 let patch =
                     json!({"metadata": {"annotations": {support::SELECTED_NODE: self.env.node}}});
-                api.patch(&record.name, &PatchParams::default(), &Patch::Merge(patch))
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
-                    .map_err(|e| format!("select a node for claim {}: {e}", record.name))?;
+                    .map_err(|e| format!("select a node for claim {name}: {e}"))?;
             }
         }
         Ok(())

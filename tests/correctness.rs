@@ -474,7 +474,7 @@ async fn a_final_answer_that_holds_ends_a_cleanup(backend: Backend) {
         logs.contains("no volume to clean up")
             && logs.contains(&format!(
                 "answers={}",
-                csi_provisioner::provision::controller::CLEANUP_FINAL_ANSWERS
+                csi_provisioner::provision::CLEANUP_FINAL_ANSWERS
             )),
         "{logs}"
     );

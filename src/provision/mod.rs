@@ -115,8 +115,8 @@ pub use finalizer::{
     FinalizerChange, add_finalizer_patch, pv_finalizer_change, remove_finalizer_patch,
 };
 pub use outcome::{
-    CreateVolumeOutcome, classify_create_volume_error, go_code_name, grpc_error_text,
-    may_reschedule,
+    CLEANUP_FINAL_ANSWERS, CleanupAfterError, CreateVolumeOutcome, classify_create_volume_error,
+    cleanup_after_error, go_code_name, grpc_error_text, may_reschedule,
 };
 pub use plan::{
     ClaimIdentity, ProvisionInputs, ProvisionPlan, PvSecretRefs, claim_class_name, csi_access_mode,

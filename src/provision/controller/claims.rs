@@ -28,15 +28,16 @@ use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::journal::JournalEntry;
-use super::{CLEANUP_FINAL_ANSWERS, ClaimKey, Context, InFlight};
+use super::{ClaimKey, Context, InFlight};
 use crate::csi::CsiError;
 use crate::provision::events::{self as notes, EventNote};
 use crate::provision::snapshot_types::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::provision::{
-    ClaimIdentity, CreateVolumeOutcome, DataSourceKind, DataSourceObjects, ProvisionDecision,
-    ProvisionInputs, SourceFinalizer, build_pv, classify_create_volume_error, data_source_ref,
-    grpc_error_text, may_reschedule, plan_provision, records_same_volume, retained_volume_pv,
-    selected_node_name, should_provision, volume_attributes_class_name, volume_name,
+    CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
+    DataSourceObjects, ProvisionDecision, ProvisionInputs, SourceFinalizer, build_pv,
+    classify_create_volume_error, cleanup_after_error, data_source_ref, grpc_error_text,
+    may_reschedule, plan_provision, records_same_volume, retained_volume_pv, selected_node_name,
+    should_provision, volume_attributes_class_name, volume_name,
 };
 use crate::wellknown as wk;
 
@@ -710,36 +711,30 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
                 }
             }
         }
-        // ALREADY_EXISTS says a volume of that name exists: never take it
-        // for "nothing to clean up" (chaos seed 453 leaked it so); retried
-        // until the driver answers the frozen request.
-        Err(e) if e.code() == tonic::Code::AlreadyExists => {
-            tracing::warn!(claim = %key, volume = %op.request.name, error = %e, "cleanup CreateVolume says the volume exists but gives no id; will retry");
-            Next::Retry
-        }
-        Err(e) if e.is_final() => {
-            let answers = op.final_cleanup_answers.saturating_add(1);
-            if answers < CLEANUP_FINAL_ANSWERS {
-                tracing::warn!(claim = %key, volume = %op.request.name, error = %e, answers, "cleanup CreateVolume failed; asking again before taking it for no volume");
+        Err(e) => match cleanup_after_error(e.code(), op.final_cleanup_answers) {
+            CleanupAfterError::AskAgain { final_answers }
+                if final_answers > op.final_cleanup_answers =>
+            {
+                tracing::warn!(claim = %key, volume = %op.request.name, error = %e, answers = final_answers, "cleanup CreateVolume failed; asking again before taking it for no volume");
                 ctx.set_in_flight(
                     &key.uid,
                     InFlight {
-                        final_cleanup_answers: answers,
+                        final_cleanup_answers: final_answers,
                         ..op
                     },
                 );
-                return Next::Retry;
+                Next::Retry
             }
-            // The driver holds to it: it did not create (and will not
-            // create) the volume.
-            tracing::info!(claim = %key, volume = %op.request.name, error = %e, answers, "cleanup CreateVolume failed for good: no volume to clean up");
-            ctx.finish(&key.uid);
-            Next::Done
-        }
-        Err(e) => {
-            tracing::warn!(claim = %key, error = %e, "cleanup CreateVolume failed; will retry");
-            Next::Retry
-        }
+            CleanupAfterError::AskAgain { .. } => {
+                tracing::warn!(claim = %key, volume = %op.request.name, error = %e, "cleanup CreateVolume failed; will retry");
+                Next::Retry
+            }
+            CleanupAfterError::NoVolume => {
+                tracing::info!(claim = %key, volume = %op.request.name, error = %e, answers = CLEANUP_FINAL_ANSWERS, "cleanup CreateVolume failed for good: no volume to clean up");
+                ctx.finish(&key.uid);
+                Next::Done
+            }
+        },
     }
 }
 

@@ -89,21 +89,10 @@ pub struct InFlight {
     /// `migrated` label of its CSI calls, after a restart too).
     pub migrated: bool,
     /// Final errors the cleanup's repeated `CreateVolume` has got so far
-    /// (see [`CLEANUP_FINAL_ANSWERS`]); kept in memory only, so a restart
+    /// (see [`crate::provision::CLEANUP_FINAL_ANSWERS`]); kept in memory only, so a restart
     /// asks again from zero.
     pub final_cleanup_answers: u32,
 }
-
-/// How many final errors the repeated `CreateVolume` of a claim
-/// deleted during provisioning must get before the cleanup takes them for
-/// "no volume exists". The first call's answer was lost, so the volume may
-/// exist; a compliant driver then answers the identical request with it,
-/// but a driver whose backend hiccups (INTERNAL, or any code on a bad
-/// moment) would have one error leak the volume for ever (chaos seeds 686
-/// and 828). Asked again over the retry back-off (about 15 s at the
-/// default `--retry-interval-start`), a final answer that holds is
-/// believed; upstream believes the first one.
-pub const CLEANUP_FINAL_ANSWERS: u32 = 5;
 
 /// Everything a worker needs.
 pub struct Context {
