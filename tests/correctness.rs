@@ -456,9 +456,17 @@ async fn a_final_answer_that_holds_ends_a_cleanup(backend: Backend) {
     env.start_sidecar(&[]).await;
     env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
         .await;
-    env.wait_for("the entry journaled", Duration::from_secs(20), || async {
-        (env.journal().await.len() == 1).then_some(())
-    })
+    // The entry is journaled before the first call: wait for that call's
+    // answer too, or the final fault below would answer it while the claim
+    // still exists (a plain provisioning failure, no cleanup).
+    env.wait_for(
+        "the entry journaled and its call answered",
+        Duration::from_secs(20),
+        || async {
+            (env.journal().await.len() == 1 && env.logs().contains("code = DeadlineExceeded"))
+                .then_some(())
+        },
+    )
     .await;
     env.set_faults(vec![Fault::error(
         "CreateVolume",
