@@ -87,6 +87,23 @@ async fn stock_upstream_rbac_and_flags_provision_and_delete(backend: Backend) {
         support::finalizers(&pv).contains(&support::FINALIZER.to_owned()),
         "the PV carries our finalizer (PVs: patch is in the stock rules)"
     );
+    // The API server names the field manager after the user agent, as for
+    // the Go sidecar (client-go's default agent, from the binary's name).
+    let managers: Vec<_> = pv
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        managers.contains(&"csi-provisioner".to_owned()),
+        "field managers of the PV: {managers:?}"
+    );
+    assert!(
+        !managers.contains(&"unknown".to_owned()),
+        "field managers of the PV: {managers:?}"
+    );
     env.delete_pvc(&env.ns, "data").await;
     env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
         (env.pv(&pv_name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
@@ -131,6 +148,13 @@ async fn stock_upstream_rbac_and_flags_provision_and_delete(backend: Backend) {
         .map(|r| format!("{} {}", r.verb, r.request_uri))
         .collect();
     assert!(refused.len() <= 2, "refused requests: {refused:#?}");
+    let other_agents: Vec<_> = plane
+        .audit()
+        .into_iter()
+        .filter(|r| r.user.username == user && !r.user_agent.starts_with("csi-provisioner/v"))
+        .map(|r| format!("{} {} {:?}", r.verb, r.request_uri, r.user_agent))
+        .collect();
+    assert!(other_agents.is_empty(), "{other_agents:#?}");
     env.assert_consistent().await;
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }

@@ -37,6 +37,8 @@ pub struct Request {
     pub stage_timestamp: String,
     #[serde(default)]
     pub annotations: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub user_agent: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
