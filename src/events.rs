@@ -110,6 +110,14 @@ where
     }
 }
 
+/// The event source of the Go sidecar (sig-storage-lib-external-provisioner):
+/// `<driver>_<host>_<uuid>`, a new uuid per process so two replicas on one
+/// host tell apart. The Go recorder sets no host: the whole identity is in
+/// the component (and `reportingController`), `reportingInstance` is empty.
+pub fn source_component(driver: &str, host: &str, instance: uuid::Uuid) -> String {
+    format!("{driver}_{host}_{instance}")
+}
+
 /// Builds the Event object client-go would write for one occurrence.
 /// Cluster-scoped objects (PVs) get their events in `default`, as client-go
 /// does.
@@ -514,7 +522,18 @@ mod tests {
         );
         assert_eq!(ev.metadata.namespace.as_deref(), Some("default"));
         assert_eq!(ev.type_.as_deref(), Some("Warning"));
+        assert_eq!(ev.reporting_component.as_deref(), Some("c"));
+        assert_eq!(ev.reporting_instance.as_deref(), Some(""));
         assert_eq!(ev.source.and_then(|s| s.host), None);
+    }
+
+    #[test]
+    fn the_source_is_the_go_sidecars() {
+        let instance = uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        assert_eq!(
+            source_component("hostpath.csi.k8s.io", "node-1", instance),
+            "hostpath.csi.k8s.io_node-1_01234567-89ab-cdef-0123-456789abcdef"
+        );
     }
 
     fn queued(uid: &str, reason: &str, at: Instant) -> Queued {

@@ -210,8 +210,8 @@ pub async fn run(
         caches: Arc::new(Caches::new()),
         recorder: Arc::new(Recorder::new(
             client.clone(),
-            format!("{}_{host}", config.driver_name),
-            host.clone(),
+            crate::events::source_component(&config.driver_name, &host, uuid::Uuid::new_v4()),
+            "",
         )),
         backoff: Backoff {
             start: options.retry_interval_start,

@@ -246,11 +246,11 @@ catalogue! {
     };
     claim_clone_source_missing: Case {
         input: Input::Claim { class: "{}", claim: r#"{"spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "nothing"}, "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "nothing"}}}"# },
-        expect: Expect::Event { reason: "ProvisioningFailed", message: "error getting handle for DataSource Type PersistentVolumeClaim by Name nothing: error getting PVC nothing (namespace \"{ns}\") from api server: not found" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "error getting handle for DataSource Type PersistentVolumeClaim by Name nothing: error getting PVC nothing (namespace \"{ns}\") from api server: persistentvolumeclaim \"nothing\" not found" },
     };
     claim_snapshot_missing: Case {
         input: Input::Claim { class: "{}", claim: SNAPSHOT_SOURCE },
-        expect: Expect::Event { reason: "ProvisioningFailed", message: "error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: not found" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: volumesnapshots.snapshot.storage.k8s.io \"snap\" not found" },
     };
     claim_snapshot_not_ready: Case {
         input: Input::ClaimAfter {

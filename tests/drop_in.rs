@@ -10,26 +10,13 @@ mod support;
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use support::{Backend, ClusterConfig, Env, free_port, http_get};
 
 e2e_real!(ClusterConfig::standard();
     stock_upstream_rbac_and_flags_provision_and_delete,
     rbac_without_volume_attributes_classes_turns_the_gate_off_once,
 );
-
-fn stock_rules() -> (Value, Value) {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/upstream-v6.3-rbac.yaml"
-    ))
-    .expect("fixture");
-    let rules: Value = serde_yaml::from_str(&text).expect("fixture YAML");
-    (
-        rules["clusterRules"].clone(),
-        rules["namespaceRules"].clone(),
-    )
-}
 
 /// How many log lines contain `needle`.
 fn lines_with(env: &Env, needle: &str) -> usize {
@@ -40,7 +27,7 @@ async fn stock_upstream_rbac_and_flags_provision_and_delete(backend: Backend) {
     let mut env = Env::new(backend).await;
     let plane = env.plane().expect("real cluster");
     let user = format!("stock-{}", env.id);
-    let (cluster_rules, namespace_rules) = stock_rules();
+    let (cluster_rules, namespace_rules) = support::upstream_stock_rules();
     env.grant_rules(&user, cluster_rules, namespace_rules).await;
     let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
     env.storage_class("fast", "WaitForFirstConsumer", "Delete", json!({}))

@@ -130,7 +130,10 @@ impl From<TopologyError> for ProvisionError {
 /// Why a clone source or snapshot cannot be used (yet).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DataSourceError {
-    #[error("error getting PVC {name} (namespace {namespace:?}) from api server: not found")]
+    /// The text after the colon is the claim lister's NotFound, as upstream.
+    #[error(
+        "error getting PVC {name} (namespace {namespace:?}) from api server: persistentvolumeclaim {name:?} not found"
+    )]
     SourceClaimNotFound { name: String, namespace: String },
     #[error("the PVC DataSource {name} must have a status of Bound.  Got {phase:?}")]
     SourceClaimNotBound { name: String, phase: String },
@@ -159,7 +162,10 @@ pub enum DataSourceError {
         source_mode: String,
         requested_mode: String,
     },
-    #[error("error getting snapshot {0} from api server: not found")]
+    /// The text after the colon is the API server's NotFound, as upstream.
+    #[error(
+        "error getting snapshot {0} from api server: volumesnapshots.snapshot.storage.k8s.io {0:?} not found"
+    )]
     SnapshotNotFound(String),
     #[error("snapshot {0} is being deleted")]
     SnapshotBeingDeleted(String),

@@ -1253,3 +1253,18 @@ pub async fn http_get(port: u16, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// The upstream project's stock RBAC rules (deploy/kubernetes/rbac.yaml of
+/// v6.3): (ClusterRole rules, Role rules).
+pub fn upstream_stock_rules() -> (Value, Value) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/upstream-v6.3-rbac.yaml"
+    ))
+    .expect("fixture");
+    let rules: Value = serde_yaml::from_str(&text).expect("fixture YAML");
+    (
+        rules["clusterRules"].clone(),
+        rules["namespaceRules"].clone(),
+    )
+}

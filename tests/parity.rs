@@ -1,0 +1,604 @@
+//! Side by side with the upstream Go `csi-provisioner` on a real cluster:
+//! the same claims of the same classes, against the same driver, one image
+//! after the other, each as a user bound to `deploy/`'s rules with the same
+//! flags. What each writes (PVs, the events of claims and PVs, what the
+//! driver was asked for, what is left after deletion) must be the same, up
+//! to names, uids, times and volume ids, and up to the differences the
+//! README lists. Real cluster only (needs the upstream binary of
+//! `../shared/k8s`).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use controlplane::GuardedChild;
+use k8s_openapi::api::core::v1::{Event, PersistentVolume};
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::{Value, json};
+use support::{Backend, ClusterConfig, Env};
+
+e2e_real!(ClusterConfig::standard();
+    the_same_claims_give_the_same_objects_as_the_go_sidecar,
+);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Image {
+    Go,
+    Rust,
+}
+
+impl Image {
+    fn short(self) -> &'static str {
+        match self {
+            Image::Go => "go",
+            Image::Rust => "rs",
+        }
+    }
+}
+
+/// The flags both images run with (the harness's usual timings, plus the
+/// metadata parameters, so the driver's records tell the runs apart).
+const FLAGS: &[&str] = &[
+    "--extra-create-metadata",
+    "--retry-interval-start=100ms",
+    "--retry-interval-max=1s",
+    "--timeout=5s",
+    "--v=5",
+];
+
+/// Claims that are provisioned, and how.
+fn good_claims(env: &Env) -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    vec![
+        ("plain", "plain", "5Mi", json!({})),
+        (
+            "full",
+            "full",
+            "7Mi",
+            json!({"metadata": {"annotations": {"team": "blue"}},
+                   "spec": {"accessModes": ["ReadWriteOncePod"]}}),
+        ),
+        (
+            "block",
+            "plain",
+            "3Mi",
+            json!({"spec": {"volumeMode": "Block"}}),
+        ),
+        (
+            "late",
+            "late",
+            "4Mi",
+            json!({"metadata": {"annotations": {support::SELECTED_NODE: env.node}}}),
+        ),
+    ]
+}
+
+/// Claims that cannot be provisioned, and the reason of their event.
+fn bad_claims() -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    vec![
+        ("toobig", "plain", "2Pi", json!({})),
+        ("nosecret", "nosecret", "5Mi", json!({})),
+        (
+            "nosource",
+            "plain",
+            "5Mi",
+            json!({"spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "absent"}}}),
+        ),
+    ]
+}
+
+/// What one image left behind, normalized.
+#[derive(Debug, Default, PartialEq)]
+struct Outcome {
+    /// Claim name → its PV.
+    pvs: BTreeMap<String, Value>,
+    /// Claim name → its claim (metadata and spec the sidecar may touch).
+    claims: BTreeMap<String, Value>,
+    /// Claim name → distinct events written by the sidecar about the claim.
+    claim_events: BTreeMap<String, BTreeSet<String>>,
+    /// Claim name → distinct events about its PV.
+    pv_events: BTreeMap<String, BTreeSet<String>>,
+    /// Claim name → the driver's record of its volume.
+    volumes: BTreeMap<String, Value>,
+    /// Claim name → what was left after the claim (and a Retain PV) was
+    /// deleted: "pv" and/or "volume".
+    left_after_delete: BTreeMap<String, BTreeSet<&'static str>>,
+}
+
+/// Replaces run-specific strings (namespace, uids, PV names, volume ids)
+/// with placeholders, in every string of `value`.
+fn normalize(value: &mut Value, replacements: &[(String, String)]) {
+    match value {
+        Value::String(s) => {
+            for (from, to) in replacements {
+                if !from.is_empty() && s.contains(from.as_str()) {
+                    *s = s.replace(from.as_str(), to);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| normalize(v, replacements)),
+        Value::Object(map) => map.values_mut().for_each(|v| normalize(v, replacements)),
+        _ => {}
+    }
+}
+
+/// An event source `<driver>_<host>_<uuid>` without its per-process uuid.
+fn without_uuid(component: &str) -> String {
+    match component.rsplit_once('_') {
+        Some((rest, last)) if uuid::Uuid::parse_str(last).is_ok() => format!("{rest}_UUID"),
+        _ => component.to_owned(),
+    }
+}
+
+/// Drops the fields every write changes.
+fn strip_meta(object: &mut Value) {
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        for key in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+            "generation",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
+            meta.remove(key);
+        }
+    }
+    if let Some(status) = object.get_mut("status").and_then(Value::as_object_mut) {
+        status.remove("lastPhaseTransitionTime");
+    }
+    if let Some(claim_ref) = object
+        .pointer_mut("/spec/claimRef")
+        .and_then(Value::as_object_mut)
+    {
+        claim_ref.remove("uid");
+        claim_ref.remove("resourceVersion");
+    }
+}
+
+/// Starts the upstream image with `FLAGS`.
+fn start_go(env: &Env, kubeconfig: &Path, bin: &Path) -> (GuardedChild, PathBuf) {
+    let log = env.dir.path().join("go.log");
+    let mut command = Command::new(bin);
+    command
+        .arg(format!("--csi-address={}", env.driver.endpoint.display()))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(FLAGS)
+        .env_remove("KUBECONFIG")
+        .env("NAMESPACE", &env.ns);
+    let child = GuardedChild::spawn("csi-provisioner-go", command, &log).expect("spawn");
+    (child, log)
+}
+
+async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (Outcome, String) {
+    let ns = format!("{}-{}", env.ns, image.short());
+    env.create_namespace(&ns).await;
+    env.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "creds", "namespace": ns}, "stringData": {"password": "x"}}))
+        .await;
+    let mut go = None;
+    match image {
+        Image::Go => go = Some(start_go(env, go_config, go_bin)),
+        Image::Rust => env.start_sidecar(FLAGS).await,
+    }
+    let logs = |env: &Env| match &go {
+        Some((_, log)) => std::fs::read_to_string(log).unwrap_or_default(),
+        None => env.logs(),
+    };
+
+    for (name, class, size, extra) in good_claims(env).into_iter().chain(bad_claims()) {
+        env.create_pvc(&ns, name, class, size, extra).await;
+    }
+    let mut outcome = Outcome::default();
+    let mut replacements = vec![(ns.clone(), "NS".to_owned())];
+    let mut pv_names = BTreeMap::new();
+    for (name, ..) in good_claims(env) {
+        let pv = env.wait_bound(&ns, name).await;
+        let pv_name = pv.metadata.name.clone().expect("PV name");
+        let claim = env.pvc(&ns, name).await.expect("claim");
+        let handle = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.clone())
+            .unwrap_or_default();
+        replacements.push((pv_name.clone(), "PV".to_owned()));
+        replacements.push((claim.metadata.uid.clone().unwrap_or_default(), "UID".into()));
+        replacements.push((handle, "ID".into()));
+        if let Some(identity) = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .and_then(|c| c.volume_attributes.as_ref())
+            .and_then(|a| a.get("storage.kubernetes.io/csiProvisionerIdentity"))
+        {
+            // `<start time>-<random>-<driver>`: one per process.
+            replacements.push((identity.clone(), "IDENTITY".into()));
+        }
+        pv_names.insert(name, pv_name);
+    }
+    // A clone of a bound claim.
+    env.create_pvc(
+        &ns,
+        "clone",
+        "plain",
+        "5Mi",
+        json!({"spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "plain"}}}),
+    )
+    .await;
+    let pv = env.wait_bound(&ns, "clone").await;
+    let claim = env.pvc(&ns, "clone").await.expect("clone");
+    replacements.push((pv.metadata.name.clone().expect("PV name"), "PV".into()));
+    replacements.push((claim.metadata.uid.clone().unwrap_or_default(), "UID".into()));
+    if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+        replacements.push((csi.volume_handle.clone(), "ID".into()));
+    }
+    pv_names.insert("clone", pv.metadata.name.clone().expect("PV name"));
+    // Every bad claim has its failure event.
+    for (name, ..) in bad_claims() {
+        env.wait_for(
+            &format!("{image:?}: ProvisioningFailed on {ns}/{name}"),
+            Duration::from_secs(30),
+            || async {
+                env.events(&ns, name)
+                    .await
+                    .into_iter()
+                    .any(|(reason, _)| reason == "ProvisioningFailed")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    // The claim uids of the bad claims appear in volume names of messages.
+    for (name, ..) in bad_claims() {
+        let claim = env.pvc(&ns, name).await.expect("bad claim");
+        replacements.push((claim.metadata.uid.clone().unwrap_or_default(), "UID".into()));
+    }
+    // Longest first: a PV name contains its claim's uid.
+    replacements.sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
+
+    for (claim, pv_name) in &pv_names {
+        let mut pv = serde_json::to_value(env.pv(pv_name).await.expect("PV")).expect("json");
+        strip_meta(&mut pv);
+        normalize(&mut pv, &replacements);
+        outcome.pvs.insert(claim.to_string(), pv);
+    }
+    let all_claims = good_claims(env)
+        .into_iter()
+        .chain(bad_claims())
+        .map(|(name, ..)| name)
+        .chain(["clone"])
+        .collect::<Vec<_>>();
+    for name in &all_claims {
+        let mut claim: Value =
+            serde_json::to_value(env.pvc(&ns, name).await.expect("claim")).expect("json");
+        strip_meta(&mut claim);
+        // The controller-manager's, not the sidecar's.
+        if let Some(status) = claim.get_mut("status").and_then(Value::as_object_mut) {
+            status.remove("conditions");
+        }
+        // The clone source's protection is removed once the clone is
+        // provisioned: when depends on each image's client-side throttling.
+        if let Some(finalizers) = claim
+            .pointer_mut("/metadata/finalizers")
+            .and_then(Value::as_array_mut)
+        {
+            finalizers.retain(|f| f != "provisioner.storage.kubernetes.io/cloning-protection");
+        }
+        normalize(&mut claim, &replacements);
+        outcome.claims.insert(name.to_string(), claim);
+    }
+    // Events the sidecar wrote (the controller-manager's are the same for
+    // both and their timing differs).
+    let sidecar_events = |events: Vec<Event>, names: &BTreeMap<String, String>| {
+        let mut by_claim: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for event in events {
+            let component = event
+                .source
+                .as_ref()
+                .and_then(|s| s.component.clone())
+                .unwrap_or_default();
+            if component == "persistentvolume-controller" {
+                continue;
+            }
+            let Some(claim) = event
+                .involved_object
+                .name
+                .as_ref()
+                .and_then(|n| names.get(n))
+            else {
+                continue;
+            };
+            let reason = event.reason.unwrap_or_default();
+            // README: a `Provisioning` note is replaced by the outcome
+            // that comes within 2 s.
+            if reason == "Provisioning" {
+                continue;
+            }
+            let mut line = json!(format!(
+                "{} {} {reason} [{} host={:?} reporting={:?}/{:?}] {}",
+                event.type_.unwrap_or_default(),
+                event.involved_object.kind.unwrap_or_default(),
+                without_uuid(&component),
+                event.source.as_ref().and_then(|s| s.host.clone()),
+                event.reporting_component.as_deref().map(without_uuid),
+                event.reporting_instance,
+                event.message.unwrap_or_default()
+            ));
+            normalize(&mut line, &replacements);
+            by_claim
+                .entry(claim.clone())
+                .or_default()
+                .insert(line.as_str().unwrap_or_default().to_owned());
+        }
+        by_claim
+    };
+    for record in env.backend_volumes() {
+        let Some(claim) = record
+            .parameters
+            .get("csi.storage.k8s.io/pvc/name")
+            .cloned()
+            .filter(|_| record.parameters.get("csi.storage.k8s.io/pvc/namespace") == Some(&ns))
+        else {
+            continue;
+        };
+        let mut value = serde_json::to_value(&record).expect("json");
+        if let Some(map) = value.as_object_mut() {
+            map.remove("creation_time");
+        }
+        normalize(&mut value, &replacements);
+        outcome.volumes.insert(claim, value);
+    }
+
+    // Deletion: every claim goes; a Retain PV is then deleted by hand.
+    let pvs_by_name: BTreeMap<String, String> = pv_names
+        .iter()
+        .map(|(claim, pv)| (pv.clone(), claim.to_string()))
+        .collect();
+    for name in &all_claims {
+        env.delete_pvc(&ns, name).await;
+    }
+    let pv_api = Api::<PersistentVolume>::all(env.client.clone());
+    for (claim, pv_name) in &pv_names {
+        let policy = outcome.pvs[*claim]
+            .pointer("/spec/persistentVolumeReclaimPolicy")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if policy == "Retain" {
+            env.wait_for(
+                &format!("{image:?}: PV of {claim} released"),
+                Duration::from_secs(30),
+                || async {
+                    let pv = env.pv(pv_name).await?;
+                    (pv.status?.phase.as_deref() == Some("Released")).then_some(())
+                },
+            )
+            .await;
+            let _ = pv_api.delete(pv_name, &Default::default()).await;
+        }
+    }
+    for (claim, pv_name) in &pv_names {
+        let mut gone = false;
+        for _ in 0..150 {
+            if env.pv(pv_name).await.is_none() {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut left = BTreeSet::new();
+        if !gone {
+            left.insert("pv");
+        }
+        if outcome.volumes.get(*claim).is_some_and(|v| {
+            let id = v.get("name").and_then(Value::as_str).unwrap_or_default();
+            env.backend_volumes().iter().any(|r| {
+                let mut name = json!(r.name.clone());
+                normalize(&mut name, &replacements);
+                name.as_str() == Some(id)
+                    && r.parameters.get("csi.storage.k8s.io/pvc/namespace") == Some(&ns)
+            })
+        }) {
+            left.insert("volume");
+        }
+        outcome.left_after_delete.insert(claim.to_string(), left);
+    }
+    // Events are written behind the work (the Go image's client-side
+    // throttling, our queue): wait until no new one comes for 3 s.
+    let claim_names: BTreeMap<String, String> = all_claims
+        .iter()
+        .map(|n| (n.to_string(), n.to_string()))
+        .collect();
+    let (mut seen, mut quiet_since) = (0, std::time::Instant::now());
+    let started = std::time::Instant::now();
+    loop {
+        let claim_events = Api::<Event>::namespaced(env.client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items;
+        let pv_events = Api::<Event>::namespaced(env.client.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items;
+        let count = claim_events.len() + pv_events.len();
+        let succeeded: BTreeSet<&str> = claim_events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
+            .filter_map(|e| e.involved_object.name.as_deref())
+            .collect();
+        let all_succeeded = pv_names.keys().all(|claim| succeeded.contains(claim));
+        if count != seen {
+            (seen, quiet_since) = (count, std::time::Instant::now());
+        } else if (all_succeeded && quiet_since.elapsed() > Duration::from_secs(3))
+            || started.elapsed() > Duration::from_secs(60)
+        {
+            outcome.claim_events = sidecar_events(claim_events, &claim_names);
+            outcome.pv_events = sidecar_events(pv_events, &pvs_by_name);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for name in &all_claims {
+        env.wait_for(
+            &format!("{image:?}: claim {name} gone"),
+            Duration::from_secs(30),
+            || async { env.pvc(&ns, name).await.is_none().then_some(()) },
+        )
+        .await;
+    }
+    let log = logs(env);
+    match go {
+        Some((mut child, _)) => child.kill(),
+        None => {
+            env.stop_sidecar();
+        }
+    }
+    // Volumes a Retain PV kept stay on the backend: not this test's to
+    // compare any further.
+    (outcome, log)
+}
+
+/// Field-by-field differences of two JSON values, as `path: go | ours`.
+fn differences(path: &str, go: &Value, ours: &Value, out: &mut Vec<String>) {
+    match (go, ours) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for key in keys {
+                let null = Value::Null;
+                differences(
+                    &format!("{path}/{key}"),
+                    a.get(key).unwrap_or(&null),
+                    b.get(key).unwrap_or(&null),
+                    out,
+                );
+            }
+        }
+        _ if go != ours => out.push(format!("{path}: {go} | {ours}")),
+        _ => {}
+    }
+}
+
+fn set_differences(
+    what: &str,
+    go: &BTreeMap<String, BTreeSet<String>>,
+    ours: &BTreeMap<String, BTreeSet<String>>,
+    out: &mut Vec<String>,
+) {
+    let claims: BTreeSet<&String> = go.keys().chain(ours.keys()).collect();
+    let empty = BTreeSet::new();
+    for claim in claims {
+        let a = go.get(claim).unwrap_or(&empty);
+        let b = ours.get(claim).unwrap_or(&empty);
+        for only in a.difference(b) {
+            out.push(format!("{what} {claim}: only Go: {only}"));
+        }
+        for only in b.difference(a) {
+            out.push(format!("{what} {claim}: only ours: {only}"));
+        }
+    }
+}
+
+async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let Some(plane) = env.plane() else {
+        return;
+    };
+    if !plane.binaries().has("csi-provisioner") {
+        eprintln!(
+            "SKIPPED parity: {} has no upstream csi-provisioner",
+            plane.binaries().dir.display()
+        );
+        return;
+    }
+    let go_bin = plane.binaries().path("csi-provisioner");
+    // The Go image with its own project's stock rules (plus `secrets: get`,
+    // commented out there, for the classes with secrets): deploy/'s
+    // differ (patch instead of update on claims).
+    let go_user = format!("go-{}", env.id);
+    let (mut cluster_rules, namespace_rules) = support::upstream_stock_rules();
+    if let Some(rules) = cluster_rules.as_array_mut() {
+        rules.push(json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}));
+    }
+    env.grant_rules(&go_user, cluster_rules, namespace_rules)
+        .await;
+    let go_config = plane.kubeconfig_for(&go_user, None).expect("kubeconfig");
+
+    env.storage_class_with(
+        "plain",
+        "Immediate",
+        "Delete",
+        json!({"color": "red"}),
+        json!({"mountOptions": ["noatime"], "allowVolumeExpansion": true}),
+    )
+    .await;
+    env.storage_class(
+        "full",
+        "Immediate",
+        "Retain",
+        json!({
+            "csi.storage.k8s.io/fstype": "xfs",
+            "csi.storage.k8s.io/provisioner-secret-name": "creds",
+            "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+            "csi.storage.k8s.io/controller-publish-secret-name": "${pvc.name}-publish",
+            "csi.storage.k8s.io/controller-publish-secret-namespace": "${pvc.namespace}",
+            "csi.storage.k8s.io/node-stage-secret-name": "${pvc.annotations['team']}",
+            "csi.storage.k8s.io/node-stage-secret-namespace": "${pvc.namespace}",
+            "csi.storage.k8s.io/node-publish-secret-name": "publish",
+            "csi.storage.k8s.io/node-publish-secret-namespace": "${pvc.namespace}",
+            "csi.storage.k8s.io/controller-expand-secret-name": "creds",
+            "csi.storage.k8s.io/controller-expand-secret-namespace": "${pvc.namespace}",
+            "csi.storage.k8s.io/node-expand-secret-name": "creds",
+            "csi.storage.k8s.io/node-expand-secret-namespace": "${pvc.namespace}",
+            "color": "blue",
+        }),
+    )
+    .await;
+    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    env.storage_class(
+        "nosecret",
+        "Immediate",
+        "Delete",
+        json!({
+            "csi.storage.k8s.io/provisioner-secret-name": "missing",
+            "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+        }),
+    )
+    .await;
+
+    let (go, go_log) = run(&mut env, Image::Go, &go_bin, &go_config).await;
+    let (ours, our_log) = run(&mut env, Image::Rust, &go_bin, &go_config).await;
+
+    let mut out = Vec::new();
+    let go_json = |o: &Outcome| {
+        json!({"pvs": o.pvs, "claims": o.claims, "volumes": o.volumes,
+               "left_after_delete": o.left_after_delete})
+    };
+    differences("", &go_json(&go), &go_json(&ours), &mut out);
+    set_differences(
+        "claim events",
+        &go.claim_events,
+        &ours.claim_events,
+        &mut out,
+    );
+    set_differences("PV events", &go.pv_events, &ours.pv_events, &mut out);
+    assert!(
+        out.is_empty(),
+        "differences from the Go sidecar (path: Go | ours):\n{}\n\n--- Go log (tail) ---\n{}\n--- our log (tail) ---\n{}",
+        out.join("\n"),
+        tail(&go_log, 60),
+        tail(&our_log, 60),
+    );
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
