@@ -15,9 +15,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use controlplane::GuardedChild;
-use k8s_openapi::api::core::v1::{Event, PersistentVolume};
+use csi_hostpath::faults::Fault;
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{Backend, ClusterConfig, Env};
 
@@ -86,6 +87,12 @@ fn bad_claims() -> Vec<(&'static str, &'static str, &'static str, Value)> {
             "plain",
             "5Mi",
             json!({"spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "absent"}}}),
+        ),
+        (
+            "selector",
+            "plain",
+            "5Mi",
+            json!({"spec": {"selector": {"matchLabels": {"disk": "fast"}}}}),
         ),
     ]
 }
@@ -238,6 +245,46 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
         replacements.push((csi.volume_handle.clone(), "ID".into()));
     }
     pv_names.insert("clone", pv.metadata.name.clone().expect("PV name"));
+    // The driver's faults, aimed at single volumes: the node the scheduler
+    // chose for `rx` is full (reschedule), and deleting `plain`'s volume
+    // fails twice.
+    let rx = env.create_pvc(&ns, "rx", "late", "5Mi", json!({})).await;
+    let rx_uid = rx.metadata.uid.clone().unwrap_or_default();
+    let plain_handle = env
+        .pv(&pv_names["plain"])
+        .await
+        .and_then(|pv| pv.spec?.csi.map(|c| c.volume_handle))
+        .expect("plain's volume");
+    env.set_faults(vec![
+        Fault::error("CreateVolume", tonic::Code::ResourceExhausted).on(&format!("pvc-{rx_uid}")),
+        Fault::error("DeleteVolume", tonic::Code::Internal)
+            .on(&plain_handle)
+            .times(2),
+    ]);
+    Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), &ns)
+        .patch(
+            "rx",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {support::SELECTED_NODE: env.node}}})),
+        )
+        .await
+        .expect("select a node");
+    env.wait_for(
+        &format!("{image:?}: {ns}/rx rescheduled"),
+        Duration::from_secs(30),
+        || async {
+            let claim = env.pvc(&ns, "rx").await?;
+            let annotations = claim.metadata.annotations.unwrap_or_default();
+            let failed = env
+                .events(&ns, "rx")
+                .await
+                .into_iter()
+                .any(|(reason, _)| reason == "ProvisioningFailed");
+            (failed && !annotations.contains_key(support::SELECTED_NODE)).then_some(())
+        },
+    )
+    .await;
+    replacements.push((rx_uid, "UID".into()));
     // Every bad claim has its failure event.
     for (name, ..) in bad_claims() {
         env.wait_for(
@@ -271,7 +318,7 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
         .into_iter()
         .chain(bad_claims())
         .map(|(name, ..)| name)
-        .chain(["clone"])
+        .chain(["clone", "rx"])
         .collect::<Vec<_>>();
     for name in &all_claims {
         let mut claim: Value =
@@ -409,7 +456,8 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
         outcome.left_after_delete.insert(claim.to_string(), left);
     }
     // Events are written behind the work (the Go image's client-side
-    // throttling, our queue): wait until no new one comes for 3 s.
+    // throttling, our queue): wait for the ones both must write, then
+    // until no new one comes for 3 s.
     let claim_names: BTreeMap<String, String> = all_claims
         .iter()
         .map(|n| (n.to_string(), n.to_string()))
@@ -433,12 +481,20 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
             .filter(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
             .filter_map(|e| e.involved_object.name.as_deref())
             .collect();
-        let all_succeeded = pv_names.keys().all(|claim| succeeded.contains(claim));
+        let failed_delete = pv_events.iter().any(|e| {
+            e.reason.as_deref() == Some("VolumeFailedDelete")
+                && e.involved_object.name.as_deref() == Some(pv_names["plain"].as_str())
+        });
+        let all_succeeded = failed_delete && pv_names.keys().all(|claim| succeeded.contains(claim));
         if count != seen {
             (seen, quiet_since) = (count, std::time::Instant::now());
         } else if (all_succeeded && quiet_since.elapsed() > Duration::from_secs(3))
             || started.elapsed() > Duration::from_secs(60)
         {
+            eprintln!(
+                "{image:?}: events settled after {:.1}s (all expected: {all_succeeded})",
+                started.elapsed().as_secs_f64()
+            );
             outcome.claim_events = sidecar_events(claim_events, &claim_names);
             outcome.pv_events = sidecar_events(pv_events, &pvs_by_name);
             break;
@@ -453,6 +509,7 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
         )
         .await;
     }
+    env.clear_faults();
     let log = logs(env);
     match go {
         Some((mut child, _)) => child.kill(),
