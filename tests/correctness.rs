@@ -19,6 +19,7 @@ e2e!(ClusterConfig::standard();
     remembered_objects_fall_back_when_their_objects_go,
     a_cleanup_asks_again_after_final_errors,
     a_final_answer_that_holds_ends_a_cleanup,
+    a_claim_deleted_before_its_first_create_volume_creates_nothing,
 );
 
 /// Case 2: the PV create committed but its answer was lost, and the next
@@ -516,4 +517,56 @@ async fn an_unreadable_journal_at_start_is_read_again() {
         .matches("cannot read the write-ahead journal; provisioning waits for it")
         .count();
     assert_eq!(retries, 3, "{}", env.logs());
+}
+
+/// Found side by side with the Go image (tests/parity.rs): the operation is
+/// journalled before the provisioner secret is read, so a claim whose
+/// secret is missing was in flight without any CreateVolume sent, and its
+/// deletion made the cleanup create a volume (to learn its id) and delete
+/// it again; with a driver that needs the secret, the cleanup failed for
+/// 15 s instead. Nothing was sent: nothing to clean up.
+async fn a_claim_deleted_before_its_first_create_volume_creates_nothing(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class(
+        "nosecret",
+        "Immediate",
+        "Delete",
+        json!({"csi.storage.k8s.io/provisioner-secret-name": "missing",
+               "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}"}),
+    )
+    .await;
+    // A rule that only counts: each CreateVolume takes one firing.
+    const FIRINGS: u32 = 1000;
+    env.set_faults(vec![
+        Fault::delay("CreateVolume", Duration::from_millis(1)).times(FIRINGS),
+    ]);
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "data", "nosecret", "5Mi", json!({}))
+        .await;
+    let message = env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    assert!(
+        message.contains("secrets \"missing\" not found"),
+        "{message}"
+    );
+    assert_eq!(env.journal().await.len(), 1, "the operation is journalled");
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("the entry finished", Duration::from_secs(20), || async {
+        env.journal().await.is_empty().then_some(())
+    })
+    .await;
+    let left = csi_hostpath::faults::Faults::load(&env.driver.faults_file).expect("faults");
+    assert_eq!(
+        left.rules.first().and_then(|r| r.count),
+        Some(FIRINGS),
+        "CreateVolume was called\n{}",
+        env.logs()
+    );
+    assert!(
+        env.logs()
+            .contains("no CreateVolume was sent for the claim; nothing to clean up"),
+        "{}",
+        env.logs()
+    );
+    env.clear_faults();
+    env.assert_consistent().await;
 }

@@ -113,6 +113,70 @@ struct Outcome {
     /// Claim name → what was left after the claim (and a Retain PV) was
     /// deleted: "pv" and/or "volume".
     left_after_delete: BTreeMap<String, BTreeSet<&'static str>>,
+    /// The provisioning metrics at the end: series → value, see
+    /// [`provisioning_metrics`].
+    metrics: BTreeMap<String, String>,
+}
+
+/// The series of the sidecar's own metric families (CSI calls, the
+/// provisioning controller's counters). Retries and their failures count
+/// by timing (and the Go image repeats DeleteVolume when the PV it would
+/// delete is gone already), so most series are compared by name and
+/// labels only; successful provisionings and `CreateVolume`s that answered
+/// OK are one per volume, and compared by value too.
+fn provisioning_metrics(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with("csi_sidecar_") || l.starts_with("controller_persistentvolume"))
+        .filter(|l| {
+            let name = l.split(['{', ' ']).next().unwrap_or_default();
+            !name.ends_with("_bucket") && !name.ends_with("_sum")
+        })
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            // Label order is each library's own.
+            let series = match series.split_once('{') {
+                Some((name, labels)) => {
+                    let mut labels: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
+                    labels.sort_unstable();
+                    format!("{name}{{{}}}", labels.join(","))
+                }
+                None => series.to_owned(),
+            };
+            let counted = series.starts_with("controller_persistentvolumeclaim_provision_total{")
+                || (series.starts_with("csi_sidecar_operations_seconds_count{")
+                    && series.contains("CreateVolume")
+                    && series.contains("grpc_status_code=\"OK\""));
+            let value = if counted { value } else { "any" };
+            // Which classes saw a failure, or a deletion counted only when
+            // the PV delete also succeeded at once, is timing: uncounted
+            // series keep the names of their labels but only the values
+            // that name the driver, the call and its code.
+            let series = if counted {
+                series
+            } else {
+                let (name, labels) = series.split_once('{').unwrap_or((&series, "}"));
+                let labels: Vec<String> = labels
+                    .trim_end_matches('}')
+                    .split(',')
+                    .filter(|l| !l.is_empty())
+                    .map(|label| match label.split_once('=') {
+                        Some((key, _))
+                            if !matches!(
+                                key,
+                                "driver_name" | "method_name" | "grpc_status_code" | "migrated"
+                            ) =>
+                        {
+                            format!("{key}=*")
+                        }
+                        _ => label.to_owned(),
+                    })
+                    .collect();
+                format!("{name}{{{}}}", labels.join(","))
+            };
+            Some((series, value.to_owned()))
+        })
+        .collect()
 }
 
 /// Replaces run-specific strings (namespace, uids, PV names, volume ids)
@@ -167,14 +231,14 @@ fn strip_meta(object: &mut Value) {
     }
 }
 
-/// Starts the upstream image with `FLAGS`.
-fn start_go(env: &Env, kubeconfig: &Path, bin: &Path) -> (GuardedChild, PathBuf) {
+/// Starts the upstream image with `flags`.
+fn start_go(env: &Env, kubeconfig: &Path, bin: &Path, flags: &[&str]) -> (GuardedChild, PathBuf) {
     let log = env.dir.path().join("go.log");
     let mut command = Command::new(bin);
     command
         .arg(format!("--csi-address={}", env.driver.endpoint.display()))
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(FLAGS)
+        .args(flags)
         .env_remove("KUBECONFIG")
         .env("NAMESPACE", &env.ns);
     let child = GuardedChild::spawn("csi-provisioner-go", command, &log).expect("spawn");
@@ -183,14 +247,17 @@ fn start_go(env: &Env, kubeconfig: &Path, bin: &Path) -> (GuardedChild, PathBuf)
 
 async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (Outcome, String) {
     let ns = format!("{}-{}", env.ns, image.short());
+    let port = support::free_port();
+    let http = format!("--http-endpoint=127.0.0.1:{port}");
+    let flags: Vec<&str> = FLAGS.iter().copied().chain([http.as_str()]).collect();
     env.create_namespace(&ns).await;
     env.create(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "creds", "namespace": ns}, "stringData": {"password": "x"}}))
         .await;
     let mut go = None;
     match image {
-        Image::Go => go = Some(start_go(env, go_config, go_bin)),
-        Image::Rust => env.start_sidecar(FLAGS).await,
+        Image::Go => go = Some(start_go(env, go_config, go_bin, &flags)),
+        Image::Rust => env.start_sidecar(&flags).await,
     }
     let logs = |env: &Env| match &go {
         Some((_, log)) => std::fs::read_to_string(log).unwrap_or_default(),
@@ -509,6 +576,11 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
         )
         .await;
     }
+    let (status, metrics) = support::http_get(port, "/metrics").await;
+    assert_eq!(status, 200, "{image:?}: /metrics");
+    let mut metrics = json!(provisioning_metrics(&metrics));
+    normalize(&mut metrics, &replacements);
+    outcome.metrics = serde_json::from_value(metrics).expect("metrics");
     env.clear_faults();
     let log = logs(env);
     match go {
@@ -636,7 +708,7 @@ async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backen
     let mut out = Vec::new();
     let go_json = |o: &Outcome| {
         json!({"pvs": o.pvs, "claims": o.claims, "volumes": o.volumes,
-               "left_after_delete": o.left_after_delete})
+               "left_after_delete": o.left_after_delete, "metrics": o.metrics})
     };
     differences("", &go_json(&go), &go_json(&ours), &mut out);
     set_differences(

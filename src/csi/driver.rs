@@ -162,6 +162,9 @@ impl Driver {
         )
         .await?;
         validate_driver_name(&plugin_info.name)?;
+        // The calls below count under the driver's name, as the Go sidecar's
+        // (which names its metrics right after GetPluginInfo).
+        crate::metrics::set_driver_name(&plugin_info.name);
 
         let caps = with_deadline(
             "GetPluginCapabilities",

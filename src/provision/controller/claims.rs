@@ -215,6 +215,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 retain: plan.reclaim_policy == "Retain",
                 migrated: plan.is_migrated(),
                 final_cleanup_answers: 0,
+                create_sent: false,
             };
             let entry =
                 JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref())
@@ -262,6 +263,15 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         }
     }
 
+    if !in_flight.create_sent {
+        ctx.set_in_flight(
+            &key.uid,
+            InFlight {
+                create_sent: true,
+                ..in_flight.clone()
+            },
+        );
+    }
     tracing::info!(claim = %key, volume = %plan.volume_name, "calling CreateVolume");
     let response = match ctx
         .driver
@@ -640,6 +650,11 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     let Some(op) = ctx.in_flight(&key.uid) else {
         return Next::Done;
     };
+    if !op.create_sent {
+        tracing::info!(claim = %key, volume = %op.request.name, "no CreateVolume was sent for the claim; nothing to clean up");
+        ctx.finish(&key.uid);
+        return Next::Done;
+    }
     // Saved as a PV after all: the PV owns the volume now. Asked live: the
     // cache may not have seen a PV whose create just committed.
     match Api::<PersistentVolume>::all(ctx.client.clone())

@@ -92,6 +92,12 @@ pub struct InFlight {
     /// (see [`crate::provision::CLEANUP_FINAL_ANSWERS`]); kept in memory only, so a restart
     /// asks again from zero.
     pub final_cleanup_answers: u32,
+    /// A `CreateVolume` of this operation may have reached the driver: set
+    /// just before the first call. Until then (the provisioner secret or
+    /// the source's finalizer failed first) a claim deleted meanwhile has
+    /// no volume to clean up, and the cleanup must not create one to learn
+    /// its id. Entries read back from the journal count as sent.
+    pub create_sent: bool,
 }
 
 /// Everything a worker needs.
@@ -490,6 +496,7 @@ impl Context {
                             retain: entry.retain,
                             migrated: entry.migrated,
                             final_cleanup_answers: 0,
+                            create_sent: true,
                         },
                     );
                     self.claims.add(ClaimKey {
