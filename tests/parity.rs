@@ -17,6 +17,7 @@ use std::time::Duration;
 use controlplane::GuardedChild;
 use csi_hostpath::faults::Fault;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -24,6 +25,7 @@ use support::{Backend, ClusterConfig, Env};
 
 e2e_real!(ClusterConfig::standard();
     the_same_claims_give_the_same_objects_as_the_go_sidecar,
+    capacity_objects_of_the_go_image_are_taken_over,
 );
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -634,22 +636,19 @@ fn set_differences(
     }
 }
 
-async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backend) {
-    let mut env = Env::new(backend).await;
-    let Some(plane) = env.plane() else {
-        return;
-    };
+/// The upstream binary and a kubeconfig of a user bound to its project's
+/// stock rules (plus `secrets: get`, commented out there, for classes with
+/// secrets; deploy/'s rules differ: patch instead of update on claims).
+/// None, said once, without the binary or off the real cluster.
+async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf)> {
+    let plane = env.plane()?;
     if !plane.binaries().has("csi-provisioner") {
         eprintln!(
             "SKIPPED parity: {} has no upstream csi-provisioner",
             plane.binaries().dir.display()
         );
-        return;
+        return None;
     }
-    let go_bin = plane.binaries().path("csi-provisioner");
-    // The Go image with its own project's stock rules (plus `secrets: get`,
-    // commented out there, for the classes with secrets): deploy/'s
-    // differ (patch instead of update on claims).
     let go_user = format!("go-{}", env.id);
     let (mut cluster_rules, namespace_rules) = support::upstream_stock_rules();
     if let Some(rules) = cluster_rules.as_array_mut() {
@@ -657,7 +656,15 @@ async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backen
     }
     env.grant_rules(&go_user, cluster_rules, namespace_rules)
         .await;
-    let go_config = plane.kubeconfig_for(&go_user, None).expect("kubeconfig");
+    let kubeconfig = plane.kubeconfig_for(&go_user, None).expect("kubeconfig");
+    Some((plane.binaries().path("csi-provisioner"), kubeconfig))
+}
+
+async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let Some((go_bin, go_config)) = go_image(&env).await else {
+        return;
+    };
 
     env.storage_class_with(
         "plain",
@@ -730,4 +737,130 @@ async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backen
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The CSIStorageCapacity objects of `env`'s driver, normalized, by name.
+async fn capacity_objects(env: &Env) -> BTreeMap<String, Value> {
+    Api::<CSIStorageCapacity>::namespaced(env.client.clone(), &env.ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list capacities")
+        .items
+        .into_iter()
+        .filter(|o| {
+            o.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("csi.storage.k8s.io/drivername"))
+                .is_some_and(|d| *d == env.driver_name)
+        })
+        .map(|o| {
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let mut value = serde_json::to_value(o).expect("json");
+            strip_meta(&mut value);
+            (name, value)
+        })
+        .collect()
+}
+
+/// The image swap with `--enable-capacity`: the objects the Go image
+/// published are adopted as they are (same names, same content, none
+/// created or deleted), then kept up to date.
+async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
+    const GI: u64 = 1 << 30;
+    let mut env = Env::new_with_driver(backend, |c| {
+        c.capacity = BTreeMap::from([("fast".to_owned(), GI)]);
+        c.max_volume_size = GI;
+    })
+    .await;
+    let Some((go_bin, go_config)) = go_image(&env).await else {
+        return;
+    };
+    env.storage_class(
+        "wffc",
+        "WaitForFirstConsumer",
+        "Delete",
+        json!({"kind": "fast"}),
+    )
+    .await;
+    env.storage_class("other", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    let flags = [
+        "--enable-capacity",
+        "--capacity-poll-interval=1s",
+        "--capacity-ownerref-level=-1",
+    ];
+    let (mut go, go_log) = start_go(&env, &go_config, &go_bin, &flags);
+    // Both classes published, then nothing changes for 3 polls.
+    let mut last = BTreeMap::new();
+    let mut stable_since = std::time::Instant::now();
+    let started = std::time::Instant::now();
+    let published = loop {
+        let now = capacity_objects(&env).await;
+        if now != last {
+            (last, stable_since) = (now, std::time::Instant::now());
+        } else if last.len() == 2 && stable_since.elapsed() > Duration::from_secs(3) {
+            break last;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the Go image published {last:#?}\n{}",
+            std::fs::read_to_string(&go_log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    go.kill();
+
+    env.start_sidecar(&flags).await;
+    // Several polls of ours.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let adopted = capacity_objects(&env).await;
+    let mut out = Vec::new();
+    differences("", &json!(published), &json!(adopted), &mut out);
+    assert!(
+        out.is_empty(),
+        "the Go image's objects (path: Go | ours):\n{}\n{}",
+        out.join("\n"),
+        env.logs()
+    );
+    let plane = env.plane().expect("real cluster");
+    let user = env.sidecar_user();
+    let writes: Vec<String> = plane
+        .audit()
+        .into_iter()
+        .filter(|r| {
+            r.user.username == user
+                && r.resource() == "csistoragecapacities"
+                && matches!(r.verb.as_str(), "create" | "delete")
+        })
+        .map(|r| format!("{} {}", r.verb, r.request_uri))
+        .collect();
+    assert!(writes.is_empty(), "adopted, not replaced: {writes:#?}");
+
+    // A volume of kind `fast` on the node: the adopted object follows.
+    let name_of_fast = adopted
+        .iter()
+        .find(|(_, o)| o["storageClassName"] == env.class("wffc"))
+        .map(|(name, _)| name.clone())
+        .expect("the wffc object");
+    env.create_pvc(
+        &env.ns,
+        "data",
+        "wffc",
+        "100Mi",
+        json!({"metadata": {"annotations": {support::SELECTED_NODE: env.node}}}),
+    )
+    .await;
+    env.wait_bound(&env.ns, "data").await;
+    env.wait_for(
+        "the adopted object shows the volume",
+        Duration::from_secs(20),
+        || async {
+            let now = capacity_objects(&env).await;
+            (now.get(&name_of_fast)?["capacity"] == "924Mi" && now.len() == 2).then_some(())
+        },
+    )
+    .await;
+    env.delete_pvc(&env.ns, "data").await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
