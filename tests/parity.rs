@@ -25,6 +25,8 @@ use support::{Backend, ClusterConfig, Env};
 
 e2e_real!(ClusterConfig::standard();
     the_same_claims_give_the_same_objects_as_the_go_sidecar,
+    with_other_naming_and_topology_flags_too,
+    without_the_topology_gate,
     capacity_objects_of_the_go_image_are_taken_over,
 );
 
@@ -247,11 +249,38 @@ fn start_go(env: &Env, kubeconfig: &Path, bin: &Path, flags: &[&str]) -> (Guarde
     (child, log)
 }
 
-async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (Outcome, String) {
+/// The name of the volume of claim `uid` (upstream's `makeVolumeName`).
+fn volume_name(flags: &[&str], uid: &str) -> String {
+    let value = |name: &str| {
+        flags
+            .iter()
+            .find_map(|f| f.strip_prefix(&format!("--{name}=")))
+    };
+    let prefix = value("volume-name-prefix").unwrap_or("pvc");
+    match value("volume-name-uuid-length").and_then(|l| l.parse::<usize>().ok()) {
+        Some(length) => {
+            let bare = uid.replace('-', "");
+            format!("{prefix}-{}", &bare[..length.min(bare.len())])
+        }
+        None => format!("{prefix}-{uid}"),
+    }
+}
+
+async fn run(
+    env: &mut Env,
+    image: Image,
+    (go_bin, go_config): (&Path, &Path),
+    extra_flags: &[&str],
+) -> (Outcome, String) {
     let ns = format!("{}-{}", env.ns, image.short());
     let port = support::free_port();
     let http = format!("--http-endpoint=127.0.0.1:{port}");
-    let flags: Vec<&str> = FLAGS.iter().copied().chain([http.as_str()]).collect();
+    let flags: Vec<&str> = FLAGS
+        .iter()
+        .chain(extra_flags)
+        .copied()
+        .chain([http.as_str()])
+        .collect();
     env.create_namespace(&ns).await;
     env.create(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "creds", "namespace": ns}, "stringData": {"password": "x"}}))
@@ -325,7 +354,8 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
         .and_then(|pv| pv.spec?.csi.map(|c| c.volume_handle))
         .expect("plain's volume");
     env.set_faults(vec![
-        Fault::error("CreateVolume", tonic::Code::ResourceExhausted).on(&format!("pvc-{rx_uid}")),
+        Fault::error("CreateVolume", tonic::Code::ResourceExhausted)
+            .on(&volume_name(&flags, &rx_uid)),
         Fault::error("DeleteVolume", tonic::Code::Internal)
             .on(&plain_handle)
             .times(2),
@@ -338,6 +368,7 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
         )
         .await
         .expect("select a node");
+    let topology_off = flags.contains(&"--feature-gates=Topology=false");
     env.wait_for(
         &format!("{image:?}: {ns}/rx rescheduled"),
         Duration::from_secs(30),
@@ -349,7 +380,10 @@ async fn run(env: &mut Env, image: Image, go_bin: &Path, go_config: &Path) -> (O
                 .await
                 .into_iter()
                 .any(|(reason, _)| reason == "ProvisioningFailed");
-            (failed && !annotations.contains_key(support::SELECTED_NODE)).then_some(())
+            // Without CSI topology there is nowhere else to go: upstream
+            // does not reschedule.
+            (failed && (topology_off || !annotations.contains_key(support::SELECTED_NODE)))
+                .then_some(())
         },
     )
     .await;
@@ -661,6 +695,29 @@ async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf)> {
 }
 
 async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backend) {
+    compare_with_the_go_image(backend, &[]).await;
+}
+
+/// Other naming and topology flags (and no CSI topology at all).
+async fn with_other_naming_and_topology_flags_too(backend: Backend) {
+    compare_with_the_go_image(
+        backend,
+        &[
+            "--volume-name-prefix=vol",
+            "--volume-name-uuid-length=10",
+            "--default-fstype=ext4",
+            "--strict-topology",
+            "--immediate-topology=false",
+        ],
+    )
+    .await;
+}
+
+async fn without_the_topology_gate(backend: Backend) {
+    compare_with_the_go_image(backend, &["--feature-gates=Topology=false"]).await;
+}
+
+async fn compare_with_the_go_image(backend: Backend, flags: &[&str]) {
     let mut env = Env::new(backend).await;
     let Some((go_bin, go_config)) = go_image(&env).await else {
         return;
@@ -709,8 +766,9 @@ async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backen
     )
     .await;
 
-    let (go, go_log) = run(&mut env, Image::Go, &go_bin, &go_config).await;
-    let (ours, our_log) = run(&mut env, Image::Rust, &go_bin, &go_config).await;
+    let go_image = (go_bin.as_path(), go_config.as_path());
+    let (go, go_log) = run(&mut env, Image::Go, go_image, flags).await;
+    let (ours, our_log) = run(&mut env, Image::Rust, go_image, flags).await;
 
     let mut out = Vec::new();
     let go_json = |o: &Outcome| {

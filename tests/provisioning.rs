@@ -17,6 +17,7 @@ e2e!(ClusterConfig::standard();
     deleting_the_pv_before_the_claim_does_not_leak,
     existing_pvs_get_the_finalizer_and_a_rollback_removes_it,
     wait_for_first_consumer_waits_for_the_selected_node,
+    wait_for_first_consumer_without_the_topology_gate_reads_the_node,
     claim_deleted_during_a_slow_create_leaves_nothing,
     sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothing,
     final_errors_are_reported_once_and_retried,
@@ -261,6 +262,45 @@ async fn wait_for_first_consumer_waits_for_the_selected_node(backend: Backend) {
         expr.values.as_deref(),
         Some(&[env.node.as_str().to_owned()][..])
     );
+    env.assert_consistent().await;
+}
+
+/// With `Topology=false` no Node is watched, but the node the scheduler
+/// selected must still be found (read live, as upstream's library does), or
+/// a WaitForFirstConsumer claim was rescheduled for ever (found by
+/// tests/parity.rs). A selected node that does not exist is rescheduled.
+async fn wait_for_first_consumer_without_the_topology_gate_reads_the_node(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&["--feature-gates=Topology=false"]).await;
+    let selected =
+        |node: &str| json!({"metadata": {"annotations": {support::SELECTED_NODE: node}}});
+    env.create_pvc(&env.ns, "late", "late", "5Mi", selected(&env.node))
+        .await;
+    env.create_pvc(&env.ns, "nowhere", "late", "5Mi", selected("no-such-node"))
+        .await;
+    let pv = env.wait_bound(&env.ns, "late").await;
+    assert!(
+        pv.spec.and_then(|s| s.node_affinity).is_none(),
+        "no topology, no affinity"
+    );
+    env.wait_for(
+        "the claim on a missing node rescheduled",
+        Duration::from_secs(20),
+        || async {
+            let claim = env.pvc(&env.ns, "nowhere").await?;
+            let annotations = claim.metadata.annotations.unwrap_or_default();
+            (!annotations.contains_key(support::SELECTED_NODE)).then_some(())
+        },
+    )
+    .await;
+    let message = env
+        .wait_event(&env.ns, "nowhere", "ProvisioningFailed")
+        .await;
+    assert!(message.contains("no-such-node"), "{message}");
+    assert_eq!(env.backend_volumes().len(), 1);
+    env.delete_pvc(&env.ns, "nowhere").await;
     env.assert_consistent().await;
 }
 

@@ -176,7 +176,19 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             return Next::Retry;
         }
     };
-    let topology = TopologyObjects::read(ctx, selected_node_name(&claim));
+    let selected = selected_node_name(&claim);
+    let topology = match TopologyObjects::read(ctx, selected)
+        .with_unwatched_selected_node(ctx, selected)
+        .await
+    {
+        Ok(topology) => topology,
+        Err(e) => {
+            tracing::warn!(claim = %key, error = %e, "cannot read the selected node");
+            let message = format!("failed to get target node: {}", notes::kube_error_text(&e));
+            note(ctx, &claim, notes::provisioning_failed(&message)).await;
+            return Next::Retry;
+        }
+    };
     let node_refs = topology.nodes();
     let csi_node_refs = topology.csi_nodes();
     let vac = volume_attributes_class_name(&claim, &ctx.config).and_then(|n| {
@@ -422,6 +434,28 @@ impl TopologyObjects {
                 Vec::new()
             },
         }
+    }
+
+    /// Without CSI topology no Node is watched (upstream's library then
+    /// reads the selected node from the API server too): the node the
+    /// scheduler chose for a WaitForFirstConsumer claim is asked for live,
+    /// once per attempt. It must exist, or the claim is rescheduled.
+    pub(super) async fn with_unwatched_selected_node(
+        mut self,
+        ctx: &Context,
+        selected: Option<&str>,
+    ) -> Result<Self, kube::Error> {
+        if ctx.config.topology_enabled || ctx.local_topology.is_some() {
+            return Ok(self);
+        }
+        let Some(name) = selected.filter(|name| !name.is_empty()) else {
+            return Ok(self);
+        };
+        self.selected_node = Api::<Node>::all(ctx.client.clone())
+            .get_opt(name)
+            .await?
+            .map(Arc::new);
+        Ok(self)
     }
 
     pub(super) fn selected_node(&self) -> Option<&Node> {
