@@ -81,6 +81,32 @@ fn good_claims(env: &Env) -> Vec<(&'static str, &'static str, &'static str, Valu
     ]
 }
 
+/// Claims whose outcome is only compared: neither image may provision
+/// them, and what each says (or not) must be the same.
+fn other_claims(env: &Env) -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    vec![
+        (
+            "populated",
+            "plain",
+            "5Mi",
+            json!({"spec": {"dataSourceRef": {"apiGroup": "example.com", "kind": "Sample", "name": "x"}}}),
+        ),
+        // The driver does not report MODIFY_VOLUME: refused, as upstream.
+        (
+            "gold",
+            "plain",
+            "5Mi",
+            json!({"spec": {"volumeAttributesClassName": env.class("gold")}}),
+        ),
+        (
+            "novac",
+            "plain",
+            "5Mi",
+            json!({"spec": {"volumeAttributesClassName": env.class("absent")}}),
+        ),
+    ]
+}
+
 /// Claims that cannot be provisioned, and the reason of their event.
 fn bad_claims() -> Vec<(&'static str, &'static str, &'static str, Value)> {
     vec![
@@ -249,6 +275,26 @@ fn start_go(env: &Env, kubeconfig: &Path, bin: &Path, flags: &[&str]) -> (Guarde
     (child, log)
 }
 
+/// The PV of claim `ns/name` once bound; fails with the image's log.
+async fn bound(env: &Env, ns: &str, name: &str, log: &impl Fn(&Env) -> String) -> PersistentVolume {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(claim) = env.pvc(ns, name).await
+            && claim.status.and_then(|s| s.phase).as_deref() == Some("Bound")
+            && let Some(volume) = claim.spec.and_then(|s| s.volume_name)
+            && let Some(pv) = env.pv(&volume).await
+        {
+            return pv;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "claim {ns}/{name} not bound\n{}",
+            tail(&log(env), 80)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The name of the volume of claim `uid` (upstream's `makeVolumeName`).
 fn volume_name(flags: &[&str], uid: &str) -> String {
     let value = |name: &str| {
@@ -295,14 +341,18 @@ async fn run(
         None => env.logs(),
     };
 
-    for (name, class, size, extra) in good_claims(env).into_iter().chain(bad_claims()) {
+    for (name, class, size, extra) in good_claims(env)
+        .into_iter()
+        .chain(bad_claims())
+        .chain(other_claims(env))
+    {
         env.create_pvc(&ns, name, class, size, extra).await;
     }
     let mut outcome = Outcome::default();
     let mut replacements = vec![(ns.clone(), "NS".to_owned())];
     let mut pv_names = BTreeMap::new();
     for (name, ..) in good_claims(env) {
-        let pv = env.wait_bound(&ns, name).await;
+        let pv = bound(env, &ns, name, &logs).await;
         let pv_name = pv.metadata.name.clone().expect("PV name");
         let claim = env.pvc(&ns, name).await.expect("claim");
         let handle = pv
@@ -335,7 +385,7 @@ async fn run(
         json!({"spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "plain"}}}),
     )
     .await;
-    let pv = env.wait_bound(&ns, "clone").await;
+    let pv = bound(env, &ns, "clone", &logs).await;
     let claim = env.pvc(&ns, "clone").await.expect("clone");
     replacements.push((pv.metadata.name.clone().expect("PV name"), "PV".into()));
     replacements.push((claim.metadata.uid.clone().unwrap_or_default(), "UID".into()));
@@ -404,7 +454,7 @@ async fn run(
         .await;
     }
     // The claim uids of the bad claims appear in volume names of messages.
-    for (name, ..) in bad_claims() {
+    for (name, ..) in bad_claims().into_iter().chain(other_claims(env)) {
         let claim = env.pvc(&ns, name).await.expect("bad claim");
         replacements.push((claim.metadata.uid.clone().unwrap_or_default(), "UID".into()));
     }
@@ -421,6 +471,7 @@ async fn run(
         .into_iter()
         .chain(bad_claims())
         .map(|(name, ..)| name)
+        .chain(other_claims(env).into_iter().map(|(name, ..)| name))
         .chain(["clone", "rx"])
         .collect::<Vec<_>>();
     for name in &all_claims {
@@ -687,6 +738,9 @@ async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf)> {
     let (mut cluster_rules, namespace_rules) = support::upstream_stock_rules();
     if let Some(rules) = cluster_rules.as_array_mut() {
         rules.push(json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}));
+        // As deploy/ grants ours (without it both turn the gate off).
+        rules.push(json!({"apiGroups": ["storage.k8s.io"],
+            "resources": ["volumeattributesclasses"], "verbs": ["get", "list", "watch"]}));
     }
     env.grant_rules(&go_user, cluster_rules, namespace_rules)
         .await;
@@ -755,6 +809,12 @@ async fn compare_with_the_go_image(backend: Backend, flags: &[&str]) {
     .await;
     env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
         .await;
+    env.create(
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttributesClass",
+        "metadata": {"name": env.class("gold")}, "driverName": env.driver_name,
+        "parameters": {"iops": "100"}}),
+    )
+    .await;
     env.storage_class(
         "nosecret",
         "Immediate",
