@@ -28,6 +28,7 @@ e2e_real!(ClusterConfig::standard();
     with_other_naming_and_topology_flags_too,
     without_the_topology_gate,
     in_node_deployment,
+    against_the_upstream_hostpath_driver,
     capacity_objects_of_the_go_image_are_taken_over,
 );
 
@@ -161,7 +162,11 @@ fn provisioning_metrics(text: &str) -> BTreeMap<String, String> {
         .filter(|l| l.starts_with("csi_sidecar_") || l.starts_with("controller_persistentvolume"))
         .filter(|l| {
             let name = l.split(['{', ' ']).next().unwrap_or_default();
-            !name.ends_with("_bucket") && !name.ends_with("_sum")
+            // The Go image also counts there its retries of deleting a PV
+            // that is gone already.
+            !name.ends_with("_bucket")
+                && !name.ends_with("_sum")
+                && name != "controller_persistentvolume_delete_failed_total"
         })
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
@@ -277,6 +282,94 @@ fn start_go(env: &Env, kubeconfig: &Path, bin: &Path, flags: &[&str]) -> (Guarde
     (child, log)
 }
 
+/// The CSI driver both images run against.
+enum Driver {
+    /// This repository's `csi-hostpath`, run by the harness.
+    Ours,
+    /// The upstream Go `hostpathplugin` of `../shared/k8s`, as the checks
+    /// outside this repository run it.
+    Upstream {
+        state_dir: PathBuf,
+        _process: GuardedChild,
+    },
+}
+
+impl Driver {
+    /// Starts the upstream driver in place of ours, with the same name,
+    /// node and socket. None, said once, without the binary.
+    async fn upstream(env: &mut Env, extra: &[&str]) -> Option<Driver> {
+        let plane = env.plane()?;
+        if !plane.binaries().has("hostpathplugin") {
+            eprintln!(
+                "SKIPPED parity with the upstream driver: {} has no hostpathplugin",
+                plane.binaries().dir.display()
+            );
+            return None;
+        }
+        env.stop_driver().await;
+        let socket = env.driver.endpoint.clone();
+        let _ = std::fs::remove_file(&socket);
+        let state_dir = env.dir.path().join("upstream-state");
+        let mut command = Command::new(plane.binaries().path("hostpathplugin"));
+        command
+            .arg(format!("--endpoint=unix://{}", socket.display()))
+            .arg(format!("--nodeid={}", env.node))
+            .arg(format!("--drivername={}", env.driver_name))
+            .arg(format!("--statedir={}", state_dir.display()))
+            .args(extra);
+        let process = GuardedChild::spawn(
+            "hostpathplugin",
+            command,
+            &env.dir.path().join("hostpathplugin.log"),
+        )
+        .expect("spawn hostpathplugin");
+        for _ in 0..100 {
+            if socket.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            socket.exists(),
+            "hostpathplugin did not listen on {}",
+            socket.display()
+        );
+        Some(Driver::Upstream {
+            state_dir,
+            _process: process,
+        })
+    }
+
+    /// The backend's volumes by CSI name (the PV's name), as each driver
+    /// records them.
+    fn volumes(&self, env: &Env) -> BTreeMap<String, Value> {
+        match self {
+            Driver::Ours => env
+                .backend_volumes()
+                .into_iter()
+                .map(|record| {
+                    let name = record.name.clone();
+                    let mut value = serde_json::to_value(&record).expect("json");
+                    if let Some(map) = value.as_object_mut() {
+                        map.remove("creation_time");
+                    }
+                    (name, value)
+                })
+                .collect(),
+            // hostpathplugin's state file: {"Volumes": [{"VolName", ...}]}.
+            Driver::Upstream { state_dir, .. } => std::fs::read_dir(state_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|entry| std::fs::read(entry.path()).ok())
+                .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+                .flat_map(|state| state["Volumes"].as_array().cloned().unwrap_or_default())
+                .filter_map(|volume| Some((volume["VolName"].as_str()?.to_owned(), volume)))
+                .collect(),
+        }
+    }
+}
+
 /// The PV of claim `ns/name` once bound; fails with the image's log.
 async fn bound(env: &Env, ns: &str, name: &str, log: &impl Fn(&Env) -> String) -> PersistentVolume {
     let started = std::time::Instant::now();
@@ -319,6 +412,7 @@ async fn run(
     image: Image,
     (go_bin, go_config): (&Path, &Path),
     extra_flags: &[&str],
+    driver: &Driver,
 ) -> (Outcome, String) {
     let ns = format!("{}-{}", env.ns, image.short());
     let port = support::free_port();
@@ -399,51 +493,66 @@ async fn run(
         replacements.push((csi.volume_handle.clone(), "ID".into()));
     }
     pv_names.insert("clone", pv.metadata.name.clone().expect("PV name"));
-    // The driver's faults, aimed at single volumes: the node the scheduler
-    // chose for `rx` is full (reschedule), and deleting `plain`'s volume
-    // fails twice.
-    let rx = env.create_pvc(&ns, "rx", "late", "5Mi", json!({})).await;
-    let rx_uid = rx.metadata.uid.clone().unwrap_or_default();
-    let plain_handle = env
-        .pv(&pv_names["plain"])
-        .await
-        .and_then(|pv| pv.spec?.csi.map(|c| c.volume_handle))
-        .expect("plain's volume");
-    env.set_faults(vec![
-        Fault::error("CreateVolume", tonic::Code::ResourceExhausted)
-            .on(&volume_name(&flags, &rx_uid)),
-        Fault::error("DeleteVolume", tonic::Code::Internal)
-            .on(&plain_handle)
-            .times(2),
-    ]);
-    Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), &ns)
-        .patch(
-            "rx",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {support::SELECTED_NODE: env.node}}})),
+    // Only our driver takes injected faults; the upstream one offers
+    // MODIFY_VOLUME, so a VolumeAttributesClass is provisioned there.
+    let faults = matches!(driver, Driver::Ours);
+    if faults {
+        // The driver's faults, aimed at single volumes: the node the scheduler
+        // chose for `rx` is full (reschedule), and deleting `plain`'s volume
+        // fails twice.
+        let rx = env.create_pvc(&ns, "rx", "late", "5Mi", json!({})).await;
+        let rx_uid = rx.metadata.uid.clone().unwrap_or_default();
+        let plain_handle = env
+            .pv(&pv_names["plain"])
+            .await
+            .and_then(|pv| pv.spec?.csi.map(|c| c.volume_handle))
+            .expect("plain's volume");
+        env.set_faults(vec![
+            Fault::error("CreateVolume", tonic::Code::ResourceExhausted)
+                .on(&volume_name(&flags, &rx_uid)),
+            Fault::error("DeleteVolume", tonic::Code::Internal)
+                .on(&plain_handle)
+                .times(2),
+        ]);
+        Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), &ns)
+            .patch(
+                "rx",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {support::SELECTED_NODE: env.node}}}),
+                ),
+            )
+            .await
+            .expect("select a node");
+        let topology_off = flags.contains(&"--feature-gates=Topology=false");
+        env.wait_for(
+            &format!("{image:?}: {ns}/rx rescheduled"),
+            Duration::from_secs(30),
+            || async {
+                let claim = env.pvc(&ns, "rx").await?;
+                let annotations = claim.metadata.annotations.unwrap_or_default();
+                let failed = env
+                    .events(&ns, "rx")
+                    .await
+                    .into_iter()
+                    .any(|(reason, _)| reason == "ProvisioningFailed");
+                // Without CSI topology there is nowhere else to go: upstream
+                // does not reschedule.
+                (failed && (topology_off || !annotations.contains_key(support::SELECTED_NODE)))
+                    .then_some(())
+            },
         )
-        .await
-        .expect("select a node");
-    let topology_off = flags.contains(&"--feature-gates=Topology=false");
-    env.wait_for(
-        &format!("{image:?}: {ns}/rx rescheduled"),
-        Duration::from_secs(30),
-        || async {
-            let claim = env.pvc(&ns, "rx").await?;
-            let annotations = claim.metadata.annotations.unwrap_or_default();
-            let failed = env
-                .events(&ns, "rx")
-                .await
-                .into_iter()
-                .any(|(reason, _)| reason == "ProvisioningFailed");
-            // Without CSI topology there is nowhere else to go: upstream
-            // does not reschedule.
-            (failed && (topology_off || !annotations.contains_key(support::SELECTED_NODE)))
-                .then_some(())
-        },
-    )
-    .await;
-    replacements.push((rx_uid, "UID".into()));
+        .await;
+        replacements.push((rx_uid, "UID".into()));
+    } else {
+        let pv = bound(env, &ns, "gold", &logs).await;
+        if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+            replacements.push((csi.volume_handle.clone(), "ID".into()));
+        }
+        let pv_name = pv.metadata.name.clone().expect("PV name");
+        replacements.push((pv_name.clone(), "PV".into()));
+        pv_names.insert("gold", pv_name);
+    }
     // Every bad claim gets its failure event, normally: wait up to 30 s in
     // all (not every mode says so, and the comparison tells what each
     // said).
@@ -478,7 +587,8 @@ async fn run(
         .chain(bad_claims())
         .map(|(name, ..)| name)
         .chain(other_claims(env).into_iter().map(|(name, ..)| name))
-        .chain(["clone", "rx"])
+        .chain(["clone"])
+        .chain(faults.then_some("rx"))
         .collect::<Vec<_>>();
     for name in &all_claims {
         let mut claim: Value =
@@ -552,21 +662,13 @@ async fn run(
             }
             by_claim
         };
-    for record in env.backend_volumes() {
-        let Some(claim) = record
-            .parameters
-            .get("csi.storage.k8s.io/pvc/name")
-            .cloned()
-            .filter(|_| record.parameters.get("csi.storage.k8s.io/pvc/namespace") == Some(&ns))
-        else {
-            continue;
-        };
-        let mut value = serde_json::to_value(&record).expect("json");
-        if let Some(map) = value.as_object_mut() {
-            map.remove("creation_time");
+    let listed = driver.volumes(env);
+    for (claim, pv_name) in &pv_names {
+        if let Some(volume) = listed.get(pv_name) {
+            let mut volume = volume.clone();
+            normalize(&mut volume, &replacements);
+            outcome.volumes.insert(claim.to_string(), volume);
         }
-        normalize(&mut value, &replacements);
-        outcome.volumes.insert(claim, value);
     }
 
     // Deletion: every claim goes; a Retain PV is then deleted by hand.
@@ -610,15 +712,7 @@ async fn run(
         if !gone {
             left.insert("pv");
         }
-        if outcome.volumes.get(*claim).is_some_and(|v| {
-            let id = v.get("name").and_then(Value::as_str).unwrap_or_default();
-            env.backend_volumes().iter().any(|r| {
-                let mut name = json!(r.name.clone());
-                normalize(&mut name, &replacements);
-                name.as_str() == Some(id)
-                    && r.parameters.get("csi.storage.k8s.io/pvc/namespace") == Some(&ns)
-            })
-        }) {
+        if driver.volumes(env).contains_key(pv_name) {
             left.insert("volume");
         }
         outcome.left_after_delete.insert(claim.to_string(), left);
@@ -649,10 +743,11 @@ async fn run(
             .filter(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
             .filter_map(|e| e.involved_object.name.as_deref())
             .collect();
-        let failed_delete = pv_events.iter().any(|e| {
-            e.reason.as_deref() == Some("VolumeFailedDelete")
-                && e.involved_object.name.as_deref() == Some(pv_names["plain"].as_str())
-        });
+        let failed_delete = !faults
+            || pv_events.iter().any(|e| {
+                e.reason.as_deref() == Some("VolumeFailedDelete")
+                    && e.involved_object.name.as_deref() == Some(pv_names["plain"].as_str())
+            });
         let all_succeeded = failed_delete && pv_names.keys().all(|claim| succeeded.contains(claim));
         if count != seen {
             (seen, quiet_since) = (count, std::time::Instant::now());
@@ -799,6 +894,19 @@ async fn without_the_topology_gate(backend: Backend) {
 }
 
 async fn compare_with_the_go_image(backend: Backend, flags: &[&str]) {
+    compare_with_the_go_image_on(backend, flags, None).await;
+}
+
+/// The same claims against the upstream `hostpathplugin` (with `driver_flags`).
+async fn against_the_upstream_hostpath_driver(backend: Backend) {
+    compare_with_the_go_image_on(backend, &[], Some(&["--enable-controller-modify-volume"])).await;
+}
+
+async fn compare_with_the_go_image_on(
+    backend: Backend,
+    flags: &[&str],
+    upstream_driver: Option<&[&str]>,
+) {
     let mut env = Env::new(backend).await;
     let Some((go_bin, go_config)) = go_image(&env).await else {
         return;
@@ -853,9 +961,16 @@ async fn compare_with_the_go_image(backend: Backend, flags: &[&str]) {
     )
     .await;
 
+    let driver = match upstream_driver {
+        None => Driver::Ours,
+        Some(extra) => match Driver::upstream(&mut env, extra).await {
+            Some(driver) => driver,
+            None => return,
+        },
+    };
     let go_image = (go_bin.as_path(), go_config.as_path());
-    let (go, go_log) = run(&mut env, Image::Go, go_image, flags).await;
-    let (ours, our_log) = run(&mut env, Image::Rust, go_image, flags).await;
+    let (go, go_log) = run(&mut env, Image::Go, go_image, flags, &driver).await;
+    let (ours, our_log) = run(&mut env, Image::Rust, go_image, flags, &driver).await;
 
     let mut out = Vec::new();
     let go_json = |o: &Outcome| {

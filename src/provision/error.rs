@@ -83,7 +83,8 @@ pub enum ProvisionError {
         name: String,
         reason: Box<DataSourceError>,
     },
-    #[error("VolumeAttributesClass {0:?} referenced in PVC not found")]
+    /// The lister's NotFound, which upstream reports as it is.
+    #[error("volumeattributesclasses.storage.k8s.io {0:?} not found")]
     VolumeAttributesClassNotFound(String),
     #[error(
         "VAC {name} referenced in PVC is for driver {driver} which does not match driver name {ours}"
