@@ -122,6 +122,36 @@ fn pv_creates_by(env: &Env, user: &str) -> usize {
         .unwrap_or_default()
 }
 
+/// The Lease's spec as JSON, with the holder's per-process uuid and the
+/// times replaced by their shape.
+async fn lease_spec(env: &Env) -> serde_json::Value {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    let lease = leases
+        .list(&Default::default())
+        .await
+        .expect("leases")
+        .items
+        .into_iter()
+        .next()
+        .expect("a Lease");
+    let mut spec = serde_json::to_value(lease.spec).expect("json");
+    if let Some(map) = spec.as_object_mut() {
+        for time in ["acquireTime", "renewTime"] {
+            if map.contains_key(time) {
+                map.insert(time.to_owned(), json!("TIME"));
+            }
+        }
+        if let Some(holder) = map.get_mut("holderIdentity")
+            && let Some((host, id)) = holder.as_str().and_then(|h| h.rsplit_once('_'))
+            && uuid::Uuid::parse_str(id).is_ok()
+        {
+            *holder = json!(format!("{host}_UUID"));
+        }
+    }
+    spec
+}
+
 async fn provision(env: &Env, names: &[&str]) {
     for name in names {
         env.create_pvc(&env.ns, name, "fast", "5Mi", json!({}))
@@ -165,6 +195,7 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
     // The Go image leads; ours joins as the new replica of the rollout.
     let mut go = Replica::start(&env, Image::Go, 1, &go_config, &go_bin);
     wait_leader(&env, &go).await;
+    let go_lease = lease_spec(&env).await;
     let mut rust = Replica::start(&env, Image::Rust, 1, &rust_config, &rust_bin);
     provision(&env, &["a1", "a2", "a3"]).await;
     assert_eq!(
@@ -181,6 +212,25 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
     // The old pod goes: ours takes the Lease over and provisions.
     go.kill();
     wait_leader(&env, &rust).await;
+    // The Lease as ours writes it is the Go image's, one transition on.
+    let mut our_lease = lease_spec(&env).await;
+    let transitions = |lease: &serde_json::Value| lease["leaseTransitions"].as_i64().unwrap_or(0);
+    assert_eq!(
+        transitions(&our_lease),
+        transitions(&go_lease) + 1,
+        "{our_lease}"
+    );
+    our_lease["leaseTransitions"] = go_lease["leaseTransitions"].clone();
+    // README: ours is `<hostname>_<uuid>` where the Go image's is the bare
+    // hostname (the pod's name), so that replicas sharing a hostname are
+    // still two candidates.
+    let go_holder = go_lease["holderIdentity"].as_str().unwrap_or_default();
+    assert_eq!(
+        our_lease["holderIdentity"],
+        json!(format!("{go_holder}_UUID"))
+    );
+    our_lease["holderIdentity"] = go_lease["holderIdentity"].clone();
+    assert_eq!(our_lease, go_lease, "the Lease of ours | of the Go image");
     provision(&env, &["b1", "b2", "b3"]).await;
     assert_eq!(
         pv_creates_by(&env, &rust_user),
