@@ -127,7 +127,6 @@ pub fn build_event(
     reason: &str,
     message: &str,
     component: &str,
-    host: &str,
     now: Timestamp,
 ) -> Event {
     let namespace = involved
@@ -154,12 +153,14 @@ pub fn build_event(
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         event_time: None::<MicroTime>,
+        // As the Go recorder: the whole identity is in the component (see
+        // [`source_component`]), no host, an empty reporting instance.
         source: Some(EventSource {
             component: Some(component.to_owned()),
-            host: Some(host.to_owned()).filter(|h| !h.is_empty()),
+            host: None,
         }),
         reporting_component: Some(component.to_owned()),
-        reporting_instance: Some(host.to_owned()),
+        reporting_instance: Some(String::new()),
         ..Event::default()
     }
 }
@@ -260,7 +261,6 @@ impl EventQueue {
 pub struct Recorder {
     client: Client,
     component: String,
-    host: String,
     filter: Arc<TransitionFilter>,
     queue: Arc<Mutex<EventQueue>>,
     wake: Arc<Notify>,
@@ -270,11 +270,10 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(client: Client, component: impl Into<String>, host: impl Into<String>) -> Self {
+    pub fn new(client: Client, component: impl Into<String>) -> Self {
         Self {
             client,
             component: component.into(),
-            host: host.into(),
             filter: Arc::default(),
             queue: Arc::new(Mutex::new(EventQueue::new(QUEUE_CAPACITY))),
             wake: Arc::default(),
@@ -304,7 +303,6 @@ impl Recorder {
             reason,
             message,
             &self.component,
-            &self.host,
             Timestamp::now(),
         );
         let delay = if reason == SUPERSEDED_REASON {
@@ -481,7 +479,6 @@ mod tests {
             "Provisioning",
             "External provisioner is provisioning volume for claim \"apps/data\"",
             "hostpath.csi.k8s.io_node-1",
-            "node-1",
             now,
         );
         assert_eq!(ev.metadata.namespace.as_deref(), Some("apps"));
@@ -517,7 +514,6 @@ mod tests {
             "VolumeFailedDelete",
             "x",
             "c",
-            "",
             now,
         );
         assert_eq!(ev.metadata.namespace.as_deref(), Some("default"));

@@ -75,7 +75,6 @@ pub async fn connect_driver(
         () = shutdown => return Ok(None),
     };
     let info = driver.info();
-    crate::metrics::set_driver_name(&info.name);
     tracing::info!(
         driver = %info.name,
         version = %info.vendor_version,
@@ -211,7 +210,6 @@ pub async fn run(
         recorder: Arc::new(Recorder::new(
             client.clone(),
             crate::events::source_component(&config.driver_name, &host, uuid::Uuid::new_v4()),
-            "",
         )),
         backoff: Backoff {
             start: options.retry_interval_start,

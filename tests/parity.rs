@@ -390,21 +390,19 @@ async fn bound(env: &Env, ns: &str, name: &str, log: &impl Fn(&Env) -> String) -
     }
 }
 
-/// The name of the volume of claim `uid` (upstream's `makeVolumeName`).
+/// The name of the volume of claim `uid` under `flags`.
 fn volume_name(flags: &[&str], uid: &str) -> String {
     let value = |name: &str| {
         flags
             .iter()
             .find_map(|f| f.strip_prefix(&format!("--{name}=")))
     };
-    let prefix = value("volume-name-prefix").unwrap_or("pvc");
-    match value("volume-name-uuid-length").and_then(|l| l.parse::<usize>().ok()) {
-        Some(length) => {
-            let bare = uid.replace('-', "");
-            format!("{prefix}-{}", &bare[..length.min(bare.len())])
-        }
-        None => format!("{prefix}-{uid}"),
-    }
+    csi_provisioner::provision::volume_name(
+        value("volume-name-prefix").unwrap_or("pvc"),
+        uid,
+        value("volume-name-uuid-length").and_then(|l| l.parse().ok()),
+    )
+    .expect("volume name")
 }
 
 async fn run(

@@ -295,7 +295,7 @@ impl Harness {
             client: client.clone(),
             driver_name: DRIVER.into(),
             caches: Arc::new(Caches::new()),
-            recorder: Arc::new(Recorder::new(client.clone(), "test", "test")),
+            recorder: Arc::new(Recorder::new(client.clone(), "test")),
             backoff: Backoff {
                 start: Duration::from_millis(10),
                 max: Duration::from_millis(100),

@@ -221,7 +221,7 @@ mod tests {
             client: client.clone(),
             driver_name: "hostpath.csi.k8s.io".to_owned(),
             caches: Arc::new(Caches::new()),
-            recorder: Arc::new(Recorder::new(client, "test", "host")),
+            recorder: Arc::new(Recorder::new(client, "test")),
             backoff: Backoff {
                 start: Duration::from_millis(10),
                 max: Duration::from_millis(10),
