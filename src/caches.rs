@@ -18,27 +18,31 @@ use k8s_openapi::api::storage::v1::{
 };
 use kube::Client;
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::informer::{Informer, Waiting};
 use crate::provision::reference_grant::ReferenceGrant;
+use crate::provision::{ProvisionerConfig, claim_class_name};
+use crate::relevance;
 use crate::trim::Trim;
 
 /// How often claims and volumes are re-announced to every loop.
 pub const RESYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
-/// How every cache lists and watches: one list request per kind, however
-/// many objects the cluster holds, as client-go's informers (kube's default
-/// pages by 500; at `--kube-api-qps=5` the pages of 8,000 claims and PVs
-/// took 3 s of the budget PV creates need at start). The list stays a
-/// consistent read: a list from the watch cache (`resourceVersion=0`) may be
-/// older than events already seen, and a claim missing from it would be
-/// taken for deleted.
+/// How every cache lists and watches: a streaming list (`sendInitialEvents`,
+/// served by Kubernetes 1.32 and later), so that the initial list and every
+/// re-list arrive object by object. Each object is trimmed and kept or
+/// dropped ([`crate::relevance`]) as it arrives: a re-list of 50,000 objects
+/// never holds a whole list response, nor a decoded list of full objects,
+/// beside the cache. The stream is a consistent read (the API server waits
+/// until its watch cache is as fresh as etcd before it sends the initial
+/// events), as a list from etcd is: a list from the watch cache
+/// (`resourceVersion=0`) may be older than events already seen, and a claim
+/// missing from it would be taken for deleted. An API server that refuses
+/// streaming lists gets a list in pages instead ([`crate::informer`]).
 pub fn list_watch_config() -> watcher::Config {
-    watcher::Config {
-        page_size: None,
-        ..watcher::Config::default()
-    }
+    watcher::Config::default().streaming_lists()
 }
 
 /// The kinds we can watch.
@@ -74,6 +78,10 @@ pub struct Caches {
     pub reference_grants: Arc<Informer<ReferenceGrant>>,
     pub jobs: Arc<Informer<Job>>,
     wanted: Mutex<BTreeSet<Kind>>,
+    /// The claims' filter reads the class and volume caches: list claims
+    /// only once those are filled, or claims would be kept or dropped on
+    /// half the evidence.
+    claims_wait_for_classes_and_volumes: bool,
 }
 
 impl Default for Caches {
@@ -97,6 +105,43 @@ impl Caches {
             reference_grants: Arc::new(Informer::new()),
             jobs: Arc::new(Informer::new()),
             wanted: Mutex::default(),
+            claims_wait_for_classes_and_volumes: false,
+        }
+    }
+
+    /// The caches of a sidecar for `config`'s driver: each keeps only what
+    /// some loop can act on ([`crate::relevance`]).
+    pub fn for_driver(config: &ProvisionerConfig) -> Self {
+        let caches = Self::new();
+        {
+            let config = config.clone();
+            caches
+                .volumes
+                .keep_only(move |pv| relevance::keep_volume(pv, &config));
+        }
+        {
+            let config = config.clone();
+            let classes = caches.classes.store();
+            let volumes = caches.volumes.store();
+            caches.claims.keep_only(move |claim| {
+                let class_name = claim_class_name(claim);
+                let class = (!class_name.is_empty())
+                    .then(|| classes.get(&ObjectRef::new(&class_name)))
+                    .flatten();
+                let volume = claim
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.volume_name.as_deref())
+                    .filter(|name| !name.is_empty())
+                    .and_then(|name| volumes.get(&ObjectRef::new(name)));
+                relevance::keep_claim(claim, class.as_deref(), volume.as_deref(), &config)
+            });
+        }
+        caches.pods.keep_only(relevance::keep_pod);
+        caches.jobs.keep_only(relevance::keep_job);
+        Self {
+            claims_wait_for_classes_and_volumes: true,
+            ..caches
         }
     }
 
@@ -137,8 +182,28 @@ impl Caches {
             let api: Api<K> = Api::all(client.clone());
             tokio::spawn(async move { informer.run(api, list_watch_config(), resync).await });
         }
-        for kind in self.wanted() {
+        let wanted = self.wanted();
+        for kind in wanted.iter().copied() {
             match kind {
+                Kind::Claims if self.claims_wait() => {
+                    let claims = Arc::clone(&self.claims);
+                    let classes = wanted
+                        .contains(&Kind::Classes)
+                        .then(|| Arc::clone(&self.classes));
+                    let volumes = wanted
+                        .contains(&Kind::Volumes)
+                        .then(|| Arc::clone(&self.volumes));
+                    let client = client.clone();
+                    tokio::spawn(async move {
+                        if let Some(classes) = classes {
+                            classes.wait_until_ready().await;
+                        }
+                        if let Some(volumes) = volumes {
+                            volumes.wait_until_ready().await;
+                        }
+                        spawn(&claims, &client, Some(RESYNC_PERIOD));
+                    });
+                }
                 Kind::Claims => spawn(&self.claims, client, Some(RESYNC_PERIOD)),
                 Kind::Volumes => spawn(&self.volumes, client, Some(RESYNC_PERIOD)),
                 Kind::Classes => spawn(&self.classes, client, None),
@@ -152,6 +217,10 @@ impl Caches {
                 Kind::Jobs => spawn(&self.jobs, client, None),
             }
         }
+    }
+
+    fn claims_wait(&self) -> bool {
+        self.claims_wait_for_classes_and_volumes
     }
 
     /// The wanted kinds whose cache is not filled yet, with why (for

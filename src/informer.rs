@@ -25,7 +25,7 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::{self, Event, InitialListStrategy};
 use serde::de::DeserializeOwned;
 
 use crate::trim::Trim;
@@ -40,6 +40,9 @@ pub enum Change<'a, K> {
 }
 
 type Handler<K> = Arc<dyn Fn(Change<'_, K>) + Send + Sync>;
+
+/// Which objects a cache keeps ([`crate::relevance`]).
+type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 
 /// Why a cache is not filled yet, for `/readyz` and the logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +61,8 @@ where
     store: Store<K>,
     writer: std::sync::Mutex<Option<Writer<K>>>,
     handlers: Arc<RwLock<Vec<Handler<K>>>>,
+    /// `None`: every object is kept.
+    keep: RwLock<Option<Keep<K>>>,
     /// Set once the first list is in the store.
     ready: tokio::sync::watch::Sender<bool>,
     /// Until ready: why not yet.
@@ -83,6 +88,7 @@ where
             store,
             writer: std::sync::Mutex::new(Some(writer)),
             handlers: Arc::default(),
+            keep: RwLock::new(None),
             ready: tokio::sync::watch::Sender::new(false),
             waiting: Mutex::new(Waiting::Listing),
         }
@@ -100,6 +106,43 @@ where
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::new(handler));
+    }
+
+    /// Keeps only the objects for which `keep` holds; the others never
+    /// reach the store or a handler, and a cached object for which it stops
+    /// holding leaves the store as if deleted. Call before
+    /// [`run`](Self::run).
+    pub fn keep_only(&self, keep: impl Fn(&K) -> bool + Send + Sync + 'static) {
+        *self.keep.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(keep));
+    }
+
+    fn keeps(&self, obj: &K) -> bool {
+        self.keep
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_none_or(|keep| keep(obj))
+    }
+
+    /// The event the store and the handlers see: `None` for an object that
+    /// is not kept and not cached (nothing to do), a deletion for a cached
+    /// object that is no longer kept.
+    fn filter(&self, event: Event<K>) -> Option<Event<K>> {
+        match event {
+            Event::Apply(obj) if !self.keeps(&obj) => self
+                .store
+                .get(&ObjectRef::from_obj(&obj))
+                .is_some()
+                .then_some(Event::Delete(obj)),
+            Event::InitApply(obj) if !self.keeps(&obj) => None,
+            // Not cached and not kept: nobody was told of it.
+            Event::Delete(obj)
+                if self.store.get(&ObjectRef::from_obj(&obj)).is_none() && !self.keeps(&obj) =>
+            {
+                None
+            }
+            event => Some(event),
+        }
     }
 
     fn dispatch(&self, change: Change<'_, K>) {
@@ -155,10 +198,14 @@ where
             tracing::error!(kind = %K::kind(&()), "informer started twice; the second run does nothing");
             return;
         };
-        let stream = watcher(api, config)
-            .modify(|obj: &mut K| obj.trim())
-            .default_backoff();
-        futures_util::pin_mut!(stream);
+        let open = |config: watcher::Config| {
+            watcher(api.clone(), config)
+                .modify(|obj: &mut K| obj.trim())
+                .default_backoff()
+                .boxed()
+        };
+        let mut streaming = config.initial_list_strategy == InitialListStrategy::StreamingList;
+        let mut stream = open(config.clone());
         let mut before_list: Option<HashMap<ObjectRef<K>, Arc<K>>> = None;
         let mut last_error: Option<String> = None;
         let mut resync_timer = resync.map(|period| {
@@ -189,6 +236,12 @@ where
                 }
                 Some(None) => return,
                 Some(Some(Err(e))) => {
+                    if streaming && refuses_streaming_lists(&e) {
+                        tracing::warn!(kind = %K::kind(&()), error = %e, "the API server does not serve streaming lists (sendInitialEvents, Kubernetes 1.32+ with the WatchList feature); listing in pages instead");
+                        streaming = false;
+                        stream = open(paged(config.clone()));
+                        continue;
+                    }
                     let text = e.to_string();
                     // Once per distinct error, not once per retry: a
                     // forbidden list is retried with backoff for ever.
@@ -207,6 +260,9 @@ where
             if last_error.take().is_some() {
                 tracing::info!(kind = %K::kind(&()), "watch working again");
             }
+            let Some(event) = self.filter(event) else {
+                continue;
+            };
             if matches!(event, Event::Init) {
                 before_list = Some(
                     self.store
@@ -240,6 +296,31 @@ where
                 }
             }
         }
+    }
+}
+
+/// Whether a watch error says the API server refuses `sendInitialEvents`
+/// (an API server with the WatchList feature off answers 422 Invalid, an
+/// older one may answer 400): nothing else in a watch request we make can be
+/// invalid, so any such answer to a streaming list means "list instead".
+pub fn refuses_streaming_lists(error: &watcher::Error) -> bool {
+    let status = match error {
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.as_ref(),
+        watcher::Error::WatchError(status) => status.as_ref(),
+        _ => return false,
+    };
+    matches!(status.code, 400 | 422) || status.message.contains("sendInitialEvents")
+}
+
+/// The fallback for an API server without streaming lists: a list in pages
+/// of 500, as client-go's reflector, so that no response holds the whole
+/// cluster's objects at once.
+fn paged(config: watcher::Config) -> watcher::Config {
+    watcher::Config {
+        initial_list_strategy: InitialListStrategy::ListWatch,
+        page_size: Some(500),
+        ..config
     }
 }
 
@@ -378,5 +459,134 @@ mod tests {
                 "{name} not announced: {seen:?}"
             );
         }
+    }
+
+    fn csi_pv(name: &str, driver: &str) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                     "csi": {"driver": driver, "volumeHandle": name}}})
+    }
+
+    fn driver_of(pv: &PersistentVolume) -> &str {
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map_or("", |c| c.driver.as_str())
+    }
+
+    /// Objects that are not kept never reach the store nor a handler; one
+    /// that stops being kept leaves the store and is announced as deleted.
+    /// The list is a streaming one: no LIST request at all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn objects_not_kept_never_reach_the_store_or_a_handler() {
+        use std::sync::Mutex;
+        let server = kube_testserver::TestServer::new();
+        server.create_object(csi_pv("mine-0", "ours")).expect("pv");
+        server
+            .create_object(csi_pv("theirs-0", "theirs"))
+            .expect("pv");
+        let informer: Arc<Informer<PersistentVolume>> = Arc::new(Informer::new());
+        informer.keep_only(|pv| driver_of(pv) == "ours");
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        {
+            let seen = Arc::clone(&seen);
+            informer.on_change(move |change| {
+                let (sign, pv) = match change {
+                    Change::Applied(pv) => ("+", pv),
+                    Change::Deleted(pv) => ("-", pv),
+                };
+                seen.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+                    "{sign}{}",
+                    pv.metadata.name.clone().unwrap_or_default()
+                ));
+            });
+        }
+        let runner = {
+            let informer = Arc::clone(&informer);
+            let api: Api<PersistentVolume> = Api::all(server.client());
+            tokio::spawn(async move {
+                informer
+                    .run(api, crate::caches::list_watch_config(), None)
+                    .await
+            })
+        };
+        tokio::time::timeout(Duration::from_secs(5), informer.wait_until_ready())
+            .await
+            .expect("ready");
+        server.create_object(csi_pv("mine-1", "ours")).expect("pv");
+        server
+            .create_object(csi_pv("theirs-1", "theirs"))
+            .expect("pv");
+        // mine-0 is handed over to another driver (an edit no real PV gets,
+        // but the shape of "no longer relevant").
+        server
+            .delete_object("v1", "PersistentVolume", "", "mine-0")
+            .expect("delete");
+        server
+            .create_object(csi_pv("mine-0", "theirs"))
+            .expect("pv");
+        server
+            .delete_object("v1", "PersistentVolume", "", "theirs-0")
+            .expect("delete");
+        let store = informer.store();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while store.state().len() != 1 || store.get(&ObjectRef::new("mine-1")).is_none() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the store holds mine-1 only");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        runner.abort();
+        let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert_eq!(seen, ["+mine-0", "+mine-1", "-mine-0"], "{seen:?}");
+        let lists = server
+            .requests()
+            .iter()
+            .filter(|r| r.verb == kube_testserver::Verb::List && r.resource == "persistentvolumes")
+            .count();
+        assert_eq!(lists, 0, "the initial list is a streaming watch");
+    }
+
+    /// An API server that refuses `sendInitialEvents` (422, the WatchList
+    /// feature off) gets a paged list instead, once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_without_streaming_lists_is_listed_instead() {
+        let server = kube_testserver::TestServer::new();
+        server.create_object(csi_pv("mine-0", "ours")).expect("pv");
+        server.fail_next(
+            1,
+            kube_testserver::RequestMatch::new(kube_testserver::Verb::Watch, "persistentvolumes"),
+            422,
+        );
+        let informer: Arc<Informer<PersistentVolume>> = Arc::new(Informer::new());
+        let runner = {
+            let informer = Arc::clone(&informer);
+            let api: Api<PersistentVolume> = Api::all(server.client());
+            tokio::spawn(async move {
+                informer
+                    .run(api, crate::caches::list_watch_config(), None)
+                    .await
+            })
+        };
+        tokio::time::timeout(Duration::from_secs(10), informer.wait_until_ready())
+            .await
+            .expect("ready after falling back to a list");
+        runner.abort();
+        assert!(informer.store().get(&ObjectRef::new("mine-0")).is_some());
+        let verbs: Vec<(kube_testserver::Verb, u16)> = server
+            .requests()
+            .iter()
+            .filter(|r| r.resource == "persistentvolumes")
+            .map(|r| (r.verb, r.status))
+            .collect();
+        use kube_testserver::Verb::{List, Watch};
+        assert_eq!(
+            verbs.get(..2),
+            Some(&[(Watch, 422), (List, 200)][..]),
+            "a streaming list refused, then a list: {verbs:?}"
+        );
+        assert_eq!(verbs.iter().filter(|(v, _)| *v == List).count(), 1);
     }
 }

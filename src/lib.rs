@@ -22,6 +22,7 @@ pub mod provision;
 pub mod queue;
 pub mod ratelimit;
 pub mod releaser;
+pub mod relevance;
 pub mod retention;
 pub mod shared;
 pub mod snapshot_sweep;

@@ -206,7 +206,7 @@ pub async fn run(
     let shared = Shared {
         client: client.clone(),
         driver_name: config.driver_name.clone(),
-        caches: Arc::new(Caches::new()),
+        caches: Arc::new(Caches::for_driver(&config)),
         recorder: Arc::new(Recorder::new(
             client.clone(),
             crate::events::source_component(&config.driver_name, &host, uuid::Uuid::new_v4()),
