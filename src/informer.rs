@@ -204,8 +204,14 @@ where
                 .default_backoff()
                 .boxed()
         };
-        let mut streaming = config.initial_list_strategy == InitialListStrategy::StreamingList;
-        let mut stream = open(config.clone());
+        let refused = || STREAMING_LISTS_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+        let mut streaming =
+            config.initial_list_strategy == InitialListStrategy::StreamingList && !refused();
+        let mut stream = open(if streaming {
+            config.clone()
+        } else {
+            paged(config.clone())
+        });
         let mut before_list: Option<HashMap<ObjectRef<K>, Arc<K>>> = None;
         let mut last_error: Option<String> = None;
         let mut resync_timer = resync.map(|period| {
@@ -237,7 +243,10 @@ where
                 Some(None) => return,
                 Some(Some(Err(e))) => {
                     if streaming && refuses_streaming_lists(&e) {
-                        tracing::warn!(kind = %K::kind(&()), error = %e, "the API server does not serve streaming lists (sendInitialEvents, Kubernetes 1.32+ with the WatchList feature); listing in pages instead");
+                        if !STREAMING_LISTS_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed)
+                        {
+                            tracing::warn!(kind = %K::kind(&()), error = %e, "the API server cannot serve streaming lists (sendInitialEvents: Kubernetes 1.32+ with the WatchList feature, and etcd 3.4.31+ / 3.5.13+); every cache lists in pages instead");
+                        }
                         streaming = false;
                         stream = open(paged(config.clone()));
                         continue;
@@ -299,10 +308,13 @@ where
     }
 }
 
-/// Whether a watch error says the API server refuses `sendInitialEvents`
-/// (an API server with the WatchList feature off answers 422 Invalid, an
-/// older one may answer 400): nothing else in a watch request we make can be
-/// invalid, so any such answer to a streaming list means "list instead".
+/// Whether a watch error says the API server cannot serve streaming lists:
+/// an API server with the WatchList feature off answers 422 Invalid naming
+/// `sendInitialEvents` (an older one may answer 400), and one whose etcd
+/// lacks progress notifications (etcd before 3.4.31 / 3.5.13) answers 500
+/// "a watch stream was requested by the client but the required storage
+/// feature RequestWatchProgress is disabled". Nothing else in a watch
+/// request we make can be invalid.
 pub fn refuses_streaming_lists(error: &watcher::Error) -> bool {
     let status = match error {
         watcher::Error::WatchStartFailed(kube::Error::Api(status))
@@ -310,8 +322,20 @@ pub fn refuses_streaming_lists(error: &watcher::Error) -> bool {
         watcher::Error::WatchError(status) => status.as_ref(),
         _ => return false,
     };
-    matches!(status.code, 400 | 422) || status.message.contains("sendInitialEvents")
+    matches!(status.code, 400 | 422)
+        || [
+            "sendInitialEvents",
+            "RequestWatchProgress",
+            "watch stream was requested",
+        ]
+        .iter()
+        .any(|needle| status.message.contains(needle))
 }
+
+/// Set once any cache found that the API server cannot serve streaming
+/// lists: the caches started after it list at once instead of asking again.
+static STREAMING_LISTS_REFUSED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// The fallback for an API server without streaming lists: a list in pages
 /// of 500, as client-go's reflector, so that no response holds the whole
