@@ -2,16 +2,22 @@
 # conformance.sh BIN_DIR — conformance both ways with the upstream tools.
 #
 #   (a) the upstream Go csi-sanity (BIN_DIR/csi-sanity, kubernetes-csi/csi-test),
-#       whole suite, against our csi-hostpath driver: requires "0 Failed";
+#       whole suite, against our csi-hostpath driver: requires "0 Failed",
+#       every spec of csi-sanity/upstream-sanity-expected-pass.txt passed, and
+#       at most UPSTREAM_SANITY_MAX_SKIPPED skipped;
 #   (b) our csi-sanity against the upstream Go hostpath driver
 #       (BIN_DIR/hostpathplugin, kubernetes-csi/csi-driver-host-path): every
 #       failure must be a known deviation of that driver listed in
-#       csi-sanity/upstream-hostpath-deviations.txt, and every listed
-#       deviation must still fail (so the list stays true).
+#       csi-sanity/upstream-hostpath-deviations.txt, every listed deviation
+#       must still fail (so the list stays true), every check of
+#       csi-sanity/upstream-hostpath-expected-pass.txt passed, and at most
+#       OUR_SANITY_MAX_SKIPPED skipped.
 #
 # BIN_DIR holds the upstream binaries (../shared/k8s/install.sh BIN_DIR puts
-# them there). When it lacks them, the script prints one line saying so and
-# exits 0.
+# them there). When they are missing, the script fails (exit 2) naming them
+# if CI is `true` (or `1`) or BIN_DIR exists; only without CI and without
+# BIN_DIR (a newcomer without ../shared/k8s) it prints one line saying what
+# is skipped and exits 0.
 #
 # It builds nothing. Our binaries are taken from the environment:
 #   CSI_HOSTPATH  path of csi-hostpath (default: <repo>/target/debug/csi-hostpath)
@@ -19,7 +25,7 @@
 # e.g. `cargo build --locked -p csi-hostpath -p csi-sanity` first.
 #
 # Exit code 0 when both directions conform, 1 when not, 2 for bad usage or
-# missing binaries of ours. Temporary directories, driver processes and any
+# missing binaries (ours; the upstream ones as said above). Temporary directories, driver processes and any
 # mount left below them are cleaned up on every exit path.
 set -euo pipefail
 
@@ -32,24 +38,48 @@ bin_dir=$1
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 deviations_file="$here/upstream-hostpath-deviations.txt"
+upstream_sanity_pass_file="$here/upstream-sanity-expected-pass.txt"
+our_sanity_pass_file="$here/upstream-hostpath-expected-pass.txt"
+# The pinned counts of the last runs (the lists above pin what passes):
+#   upstream csi-sanity vs csi-hostpath: 66 Passed | 0 Failed | 1 Pending | 29 Skipped
+#   our csi-sanity vs hostpathplugin:   77 passed, 3 failed, 9 skipped
+UPSTREAM_SANITY_MAX_SKIPPED=29
+OUR_SANITY_MAX_SKIPPED=9
 our_hostpath=${CSI_HOSTPATH:-$repo/target/debug/csi-hostpath}
 our_sanity=${CSI_SANITY:-$repo/target/debug/csi-sanity}
 upstream_sanity=$bin_dir/csi-sanity
 upstream_hostpath=$bin_dir/hostpathplugin
 
+# A missing upstream binary is a skip only for a user without them and
+# without CI; in CI, or when BIN_DIR exists but is incomplete, it fails.
+missing_upstream=()
 for b in "$upstream_sanity" "$upstream_hostpath"; do
-  if [ ! -x "$b" ]; then
-    echo "conformance: skipped: $b is missing (run ../shared/k8s/install.sh $bin_dir to get the upstream csi-sanity and hostpathplugin)"
-    exit 0
-  fi
+  [ -x "$b" ] || missing_upstream+=("$b")
 done
+if [ ${#missing_upstream[@]} -gt 0 ]; then
+  no_skip=""
+  case "${CI:-}" in
+    [Tt][Rr][Uu][Ee] | 1) no_skip="CI=$CI" ;;
+  esac
+  if [ -z "$no_skip" ] && [ -d "$bin_dir" ]; then
+    no_skip="$bin_dir exists"
+  fi
+  if [ -n "$no_skip" ]; then
+    echo "conformance: FAILED: missing or not executable: ${missing_upstream[*]}; $no_skip, so this fails instead of skipping (run ../shared/k8s/install.sh $bin_dir to get the upstream csi-sanity and hostpathplugin)" >&2
+    exit 2
+  fi
+  echo "conformance: skipped: ${missing_upstream[*]} missing (run ../shared/k8s/install.sh $bin_dir to get the upstream csi-sanity and hostpathplugin)"
+  exit 0
+fi
 for b in "$our_hostpath" "$our_sanity"; do
   if [ ! -x "$b" ]; then
     echo "conformance: $b is missing; build it first (cargo build --locked -p csi-hostpath -p csi-sanity) or set CSI_HOSTPATH/CSI_SANITY" >&2
     exit 2
   fi
 done
-[ -f "$deviations_file" ] || { echo "conformance: $deviations_file is missing" >&2; exit 2; }
+for f in "$deviations_file" "$upstream_sanity_pass_file" "$our_sanity_pass_file"; do
+  [ -f "$f" ] || { echo "conformance: $f is missing" >&2; exit 2; }
+done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/csi-conformance.XXXXXX")
 driver_pid=""
@@ -127,6 +157,48 @@ no_mounts_left() {
   fi
 }
 
+# names FILE — the names of a list file, without comments and blank lines,
+# sorted.
+names() {
+  grep -vE '^[[:space:]]*(#|$)' "$1" | sed 's/[[:space:]]*$//' | LC_ALL=C sort -u
+}
+
+# expect_pass WHAT LIST PASSED — fails, printing them, when a name of the list
+# file LIST is not among the names in the file PASSED; notes passing names
+# the list lacks.
+expect_pass() {
+  local what=$1 list=$2 passed=$3 missing extra
+  names "$list" >"$work/expected.txt"
+  LC_ALL=C sort -u "$passed" >"$work/passed-sorted.txt"
+  missing=$(LC_ALL=C comm -23 "$work/expected.txt" "$work/passed-sorted.txt")
+  extra=$(LC_ALL=C comm -13 "$work/expected.txt" "$work/passed-sorted.txt")
+  echo "$what: $(wc -l <"$work/passed-sorted.txt") passed, $(wc -l <"$work/expected.txt") pinned in $(basename "$list")"
+  if [ -n "$extra" ]; then
+    echo "$what: passing but not pinned in $(basename "$list") (add them):"
+    sed 's/^/  /' <<<"$extra"
+  fi
+  if [ -n "$missing" ]; then
+    echo "$what: pinned in $(basename "$list") but did not pass:"
+    sed 's/^/  /' <<<"$missing"
+    return 1
+  fi
+}
+
+# expect_counts WHAT PASSED SKIPPED LIST MAX_SKIPPED — fails when fewer
+# passed than LIST pins or more were skipped than MAX_SKIPPED.
+expect_counts() {
+  local what=$1 passed=$2 skipped=$3 pinned
+  pinned=$(names "$4" | wc -l)
+  if [ "$passed" -lt "$pinned" ]; then
+    echo "$what: $passed passed, fewer than the $pinned pinned in $(basename "$4")"
+    return 1
+  fi
+  if [ "$skipped" -gt "$5" ]; then
+    echo "$what: $skipped skipped, more than the $5 pinned in $(basename "$0")"
+    return 1
+  fi
+}
+
 failed=0
 
 # --- (a) upstream csi-sanity against csi-hostpath ---------------------------
@@ -158,6 +230,20 @@ else
     tail -n 20 "$work/csi-hostpath.log"
     failed=1
   fi
+  # The specs that passed, from the JUnit report (one <testcase> per spec).
+  if [ -f "$work/upstream-sanity.xml" ]; then
+    grep -oE '<testcase [^>]*>' "$work/upstream-sanity.xml" | grep -F 'status="passed"' |
+      sed -E 's/.* name="([^"]*)".*/\1/; s/^\[It\] //; s/&quot;/"/g; s/&#39;/'"'"'/g; s/&lt;/</g; s/&gt;/>/g; s/&amp;/\&/g' \
+      >"$work/upstream-passed.txt" || true
+  else
+    echo "upstream csi-sanity wrote no JUnit report ($work/upstream-sanity.xml)"
+    : >"$work/upstream-passed.txt"
+  fi
+  expect_pass "upstream csi-sanity" "$upstream_sanity_pass_file" "$work/upstream-passed.txt" || failed=1
+  passed_n=$(sed -nE 's/.* ([0-9]+) Passed .*/\1/p' <<<"$summary")
+  skipped_n=$(sed -nE 's/.* ([0-9]+) Skipped.*/\1/p' <<<"$summary")
+  expect_counts "upstream csi-sanity" "${passed_n:-0}" "${skipped_n:-0}" \
+    "$upstream_sanity_pass_file" "$UPSTREAM_SANITY_MAX_SKIPPED" || failed=1
 fi
 no_mounts_left "csi-hostpath under upstream csi-sanity" || failed=1
 leaked=$(find "$work/hp-state/volumes" "$work/hp-state/snapshots" -maxdepth 1 -name '*.json' 2>/dev/null | wc -l)
@@ -202,6 +288,15 @@ else
       line=$(grep -F "$name" "$work/our-sanity.log" | head -n 1 || true)
       echo "  ${line:-not run: $name}"
     done <<<"$fixed"
+    failed=1
+  fi
+  sed -n 's/^PASS //p' "$work/our-sanity.log" >"$work/our-passed.txt"
+  expect_pass "csi-sanity against hostpathplugin" "$our_sanity_pass_file" "$work/our-passed.txt" || failed=1
+  if [[ $summary =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped$ ]]; then
+    expect_counts "csi-sanity against hostpathplugin" "${BASH_REMATCH[1]}" "${BASH_REMATCH[3]}" \
+      "$our_sanity_pass_file" "$OUR_SANITY_MAX_SKIPPED" || failed=1
+  else
+    echo "csi-sanity against hostpathplugin: no summary line (\"N passed, N failed, N skipped\"), last line: $summary"
     failed=1
   fi
 fi

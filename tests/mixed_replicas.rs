@@ -167,14 +167,9 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
     let Some(plane) = env.plane() else {
         return;
     };
-    if !plane.binaries().has("csi-provisioner") {
-        eprintln!(
-            "SKIPPED mixed replicas: {} has no upstream csi-provisioner",
-            plane.binaries().dir.display()
-        );
+    let Some(go_bin) = env.upstream_binary("csi-provisioner") else {
         return;
-    }
-    let go_bin = plane.binaries().path("csi-provisioner");
+    };
     let rust_bin = PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner"));
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;

@@ -296,21 +296,15 @@ enum Driver {
 
 impl Driver {
     /// Starts the upstream driver in place of ours, with the same name,
-    /// node and socket. None, said once, without the binary.
+    /// node and socket. None off the real cluster, and, said once, without
+    /// the binary where skipping is allowed (else the test fails).
     async fn upstream(env: &mut Env, extra: &[&str]) -> Option<Driver> {
-        let plane = env.plane()?;
-        if !plane.binaries().has("hostpathplugin") {
-            eprintln!(
-                "SKIPPED parity with the upstream driver: {} has no hostpathplugin",
-                plane.binaries().dir.display()
-            );
-            return None;
-        }
+        let hostpathplugin = env.upstream_binary("hostpathplugin")?;
         env.stop_driver().await;
         let socket = env.driver.endpoint.clone();
         let _ = std::fs::remove_file(&socket);
         let state_dir = env.dir.path().join("upstream-state");
-        let mut command = Command::new(plane.binaries().path("hostpathplugin"));
+        let mut command = Command::new(hostpathplugin);
         command
             .arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--nodeid={}", env.node))
@@ -831,16 +825,11 @@ fn set_differences(
 /// The upstream binary and a kubeconfig of a user bound to its project's
 /// stock rules (plus `secrets: get`, commented out there, for classes with
 /// secrets; deploy/'s rules differ: patch instead of update on claims).
-/// None, said once, without the binary or off the real cluster.
+/// None off the real cluster, and, said once, without the binary where
+/// skipping is allowed (else the test fails).
 async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf)> {
     let plane = env.plane()?;
-    if !plane.binaries().has("csi-provisioner") {
-        eprintln!(
-            "SKIPPED parity: {} has no upstream csi-provisioner",
-            plane.binaries().dir.display()
-        );
-        return None;
-    }
+    let go_bin = env.upstream_binary("csi-provisioner")?;
     let go_user = format!("go-{}", env.id);
     let (mut cluster_rules, namespace_rules) = support::upstream_stock_rules();
     if let Some(rules) = cluster_rules.as_array_mut() {
@@ -852,7 +841,7 @@ async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf)> {
     env.grant_rules(&go_user, cluster_rules, namespace_rules)
         .await;
     let kubeconfig = plane.kubeconfig_for(&go_user, None).expect("kubeconfig");
-    Some((plane.binaries().path("csi-provisioner"), kubeconfig))
+    Some((go_bin, kubeconfig))
 }
 
 async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backend) {

@@ -50,7 +50,10 @@ pub enum Backend {
 
 impl Backend {
     /// The real control plane of this test binary for `config`, or `None`
-    /// (after printing why) when the binaries are not available.
+    /// (after one `SKIPPED real-cluster test` line saying what is missing)
+    /// when the binaries are not available and skipping is allowed; with
+    /// `CI=true`, `K8S_BIN_DIR` or `KUBEBUILDER_ASSETS` set, a missing binary
+    /// fails the test instead, naming it ([`controlplane::BinEnv`]).
     pub fn real(config: &ClusterConfig, test: &str) -> Option<Backend> {
         ControlPlane::shared(config, test).map(Backend::Real)
     }
@@ -180,6 +183,15 @@ pub struct Env {
     kubelet: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// The name of the running test (the test harness names each test's
+/// thread after it; a scenario runs on that thread until its first spawn).
+pub fn current_test() -> String {
+    match std::thread::current().name() {
+        Some(name) if name != "main" => name.to_owned(),
+        _ => "(this test)".to_owned(),
+    }
+}
+
 /// Six random hex digits: unique among the tests sharing a cluster (with
 /// high probability) and short enough for every name derived from it.
 fn unique_id() -> String {
@@ -284,6 +296,15 @@ impl Env {
             Server::Real(plane) => Some(plane),
             Server::Test { .. } => None,
         }
+    }
+
+    /// The binary `name` of the real cluster's folder that this test needs
+    /// beyond the control plane (the upstream `csi-provisioner`,
+    /// `hostpathplugin`). `None` on the test server, and (after one
+    /// `SKIPPED real-cluster test` line) when it is missing and skipping is
+    /// allowed; fails the test, naming it, when skipping is not allowed.
+    pub fn upstream_binary(&self, name: &str) -> Option<PathBuf> {
+        self.plane()?.binaries().require(name, &current_test())
     }
 
     /// A kubeconfig with cluster-admin rights (kubectl, extra clients).

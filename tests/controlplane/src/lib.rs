@@ -7,9 +7,14 @@
 //! Tests share one control plane per test binary and configuration
 //! ([`ControlPlane::shared`]) and isolate themselves by namespace and driver
 //! name. Every process is stopped when the test process ends, even when it
-//! panics or is killed ([`process`]). Without the binaries,
-//! [`ControlPlane::shared`] prints one line saying what is skipped and which
-//! variable enables it, and returns `None`.
+//! panics or is killed ([`process`]).
+//!
+//! A missing binary skips or fails, decided once ([`BinEnv::no_skip_reason`],
+//! [`verdict`]): with `CI` set to `true` (or `1`), or with [`BIN_DIR_VAR`] or
+//! [`ENVTEST_VAR`] set, it fails the test with a message naming what is
+//! missing; otherwise (a newcomer without the binaries)
+//! [`ControlPlane::shared`] prints one `SKIPPED real-cluster test …` line
+//! saying what is missing and which variable enables it, and returns `None`.
 //!
 //! Binaries: `../shared/k8s/install.sh target/k8s` unpacks them here; anyone
 //! else can point the variable at a folder holding `kube-apiserver` and
@@ -23,6 +28,7 @@ mod pki;
 pub mod process;
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -36,6 +42,8 @@ pub use process::GuardedChild;
 pub const BIN_DIR_VAR: &str = "K8S_BIN_DIR";
 /// Accepted too: what envtest's `setup-envtest` prints.
 pub const ENVTEST_VAR: &str = "KUBEBUILDER_ASSETS";
+/// Set to `true` (or `1`) by CI systems: then nothing may skip.
+pub const CI_VAR: &str = "CI";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -55,6 +63,97 @@ pub enum Error {
     Client(String),
 }
 
+/// The environment that says where the binaries are and whether a missing
+/// one may skip a test: the values of [`CI_VAR`], [`BIN_DIR_VAR`],
+/// [`ENVTEST_VAR`] and `PATH` (for `etcd`). Empty values count as unset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BinEnv {
+    pub ci: Option<String>,
+    pub bin_dir: Option<PathBuf>,
+    pub envtest: Option<PathBuf>,
+    pub path: Option<OsString>,
+}
+
+impl BinEnv {
+    /// This process's environment.
+    pub fn from_process() -> BinEnv {
+        BinEnv {
+            ci: std::env::var(CI_VAR).ok(),
+            bin_dir: std::env::var_os(BIN_DIR_VAR).map(PathBuf::from),
+            envtest: std::env::var_os(ENVTEST_VAR).map(PathBuf::from),
+            path: std::env::var_os("PATH"),
+        }
+    }
+
+    fn bin_dir(&self) -> Option<&Path> {
+        self.bin_dir
+            .as_deref()
+            .filter(|d| !d.as_os_str().is_empty())
+    }
+
+    fn envtest(&self) -> Option<&Path> {
+        self.envtest
+            .as_deref()
+            .filter(|d| !d.as_os_str().is_empty())
+    }
+
+    /// Why a missing binary must fail the test rather than skip it: `CI` is
+    /// `true` or `1`, or a folder of binaries was named ([`BIN_DIR_VAR`],
+    /// [`ENVTEST_VAR`]). `None`: skipping is allowed (no CI and no folder
+    /// named, a newcomer without `../shared/k8s`).
+    pub fn no_skip_reason(&self) -> Option<String> {
+        if let Some(ci) = &self.ci
+            && matches!(ci.trim().to_ascii_lowercase().as_str(), "true" | "1")
+        {
+            return Some(format!("{CI_VAR}={ci}"));
+        }
+        if let Some(dir) = self.bin_dir() {
+            return Some(format!("{BIN_DIR_VAR}={} is set", dir.display()));
+        }
+        if let Some(dir) = self.envtest() {
+            return Some(format!("{ENVTEST_VAR}={} is set", dir.display()));
+        }
+        None
+    }
+
+    pub fn skips_allowed(&self) -> bool {
+        self.no_skip_reason().is_none()
+    }
+}
+
+/// Whether a missing binary may skip a test in this process (see
+/// [`BinEnv::no_skip_reason`]).
+pub fn skips_allowed() -> bool {
+    BinEnv::from_process().skips_allowed()
+}
+
+/// What a test does about its binaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict<T> {
+    /// Everything is there.
+    Run(T),
+    /// Something is missing (said here) and skipping is allowed.
+    Skip(String),
+    /// Something is missing and skipping is not allowed: the whole message.
+    Fail(String),
+}
+
+/// The one decision between running, skipping and failing: `found` is what
+/// a lookup found, or what it found missing.
+pub fn verdict<T>(env: &BinEnv, found: Result<T, String>) -> Verdict<T> {
+    match found {
+        Ok(found) => Verdict::Run(found),
+        Err(missing) => match env.no_skip_reason() {
+            None => Verdict::Skip(missing),
+            Some(reason) => Verdict::Fail(format!(
+                "{missing}; {reason}, so a missing binary fails the test instead of skipping it \
+                 (unpack the binaries with `../shared/k8s/install.sh target/k8s`, or point \
+                 {BIN_DIR_VAR} at a folder that has them)"
+            )),
+        },
+    }
+}
+
 /// Where the binaries are.
 #[derive(Debug, Clone)]
 pub struct Binaries {
@@ -63,41 +162,114 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// From [`BIN_DIR_VAR`] or [`ENVTEST_VAR`], else the workspace's
-    /// `target/k8s` where `install.sh` puts them; `etcd` from that folder or
-    /// `PATH`. Needs at least `kube-apiserver`.
-    pub fn from_env() -> Result<Binaries, Error> {
-        let default_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/k8s");
-        let dir = std::env::var_os(BIN_DIR_VAR)
-            .filter(|v| !v.is_empty())
-            .or_else(|| std::env::var_os(ENVTEST_VAR).filter(|v| !v.is_empty()))
-            .map(PathBuf::from)
-            .or_else(|| default_dir.join("kube-apiserver").is_file().then_some(default_dir))
-            .ok_or_else(|| {
-                Error::Unavailable(format!(
-                    "neither {BIN_DIR_VAR} nor {ENVTEST_VAR} is set and target/k8s has no kube-apiserver"
-                ))
-            })?;
-        let dir = dir
-            .canonicalize()
-            .map_err(|e| Error::Unavailable(format!("{BIN_DIR_VAR}={}: {e}", dir.display())))?;
-        if !dir.join("kube-apiserver").is_file() {
-            return Err(Error::Unavailable(format!(
-                "{} has no kube-apiserver",
-                dir.display()
-            )));
-        }
-        let etcd = if dir.join("etcd").is_file() {
-            dir.join("etcd")
-        } else {
-            find_on_path("etcd").ok_or_else(|| {
-                Error::Unavailable(format!(
-                    "no etcd in {} nor on PATH (Debian: apt-get install etcd-server)",
-                    dir.display()
-                ))
-            })?
+    /// The binaries per `env`: the folder of [`BIN_DIR_VAR`], else of
+    /// [`ENVTEST_VAR`], else `default_dir` (the workspace's `target/k8s`,
+    /// where `install.sh` puts them); `kube-apiserver` and every name of
+    /// `needs` in it, `etcd` in it or on `PATH`. `Err` names everything
+    /// missing. Pure: `files` answers for the file system.
+    pub fn locate(
+        env: &BinEnv,
+        default_dir: &Path,
+        needs: &[&str],
+        files: &dyn Files,
+    ) -> Result<Binaries, String> {
+        let (dir, named) = match (env.bin_dir(), env.envtest()) {
+            (Some(dir), _) => (dir, format!("{BIN_DIR_VAR}={}", dir.display())),
+            (None, Some(dir)) => (dir, format!("{ENVTEST_VAR}={}", dir.display())),
+            (None, None) => (
+                default_dir,
+                format!(
+                    "{} (neither {BIN_DIR_VAR} nor {ENVTEST_VAR} is set)",
+                    default_dir.display()
+                ),
+            ),
         };
-        Ok(Binaries { dir, etcd })
+        if !files.is_dir(dir) {
+            return Err(format!("{named}: no such folder"));
+        }
+        let mut absent: Vec<&str> = Vec::new();
+        let mut not_executable: Vec<&str> = Vec::new();
+        for name in std::iter::once("kube-apiserver").chain(needs.iter().copied()) {
+            if absent.contains(&name) || not_executable.contains(&name) {
+                continue;
+            }
+            match files.file(&dir.join(name)) {
+                FileState::Executable => {}
+                FileState::NotExecutable => not_executable.push(name),
+                FileState::Absent => absent.push(name),
+            }
+        }
+        let etcd = Some(dir.join("etcd"))
+            .filter(|p| files.file(p) == FileState::Executable)
+            .or_else(|| {
+                std::env::split_paths(env.path.as_deref()?)
+                    .map(|d| d.join("etcd"))
+                    .find(|p| files.file(p) == FileState::Executable)
+            });
+        let mut problems = Vec::new();
+        if !absent.is_empty() {
+            problems.push(format!("{named} has no {}", absent.join(", ")));
+        }
+        if !not_executable.is_empty() {
+            problems.push(format!(
+                "{} in {} {} not executable",
+                not_executable.join(", "),
+                dir.display(),
+                if not_executable.len() == 1 {
+                    "is"
+                } else {
+                    "are"
+                },
+            ));
+        }
+        if etcd.is_none() {
+            problems.push(format!(
+                "no etcd in {} nor on PATH (Debian: apt-get install etcd-server)",
+                dir.display()
+            ));
+        }
+        match etcd {
+            Some(etcd) if problems.is_empty() => Ok(Binaries {
+                dir: dir.to_owned(),
+                etcd,
+            }),
+            _ => Err(problems.join("; ")),
+        }
+    }
+
+    /// [`locate`](Self::locate) in this process's environment and file
+    /// system, with [`verdict`] applied.
+    pub fn lookup_verdict(needs: &[&str]) -> Verdict<Binaries> {
+        let env = BinEnv::from_process();
+        let default_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/k8s");
+        let default_dir = default_dir.canonicalize().unwrap_or(default_dir);
+        match verdict(
+            &env,
+            Binaries::locate(&env, &default_dir, needs, &RealFiles),
+        ) {
+            Verdict::Run(mut bins) => {
+                bins.dir = bins.dir.canonicalize().unwrap_or(bins.dir);
+                Verdict::Run(bins)
+            }
+            other => other,
+        }
+    }
+
+    /// [`lookup_verdict`](Self::lookup_verdict) as a `Result`: `Err` only
+    /// when skipping is allowed; panics, naming what is missing, when it is
+    /// not.
+    pub fn lookup(needs: &[&str]) -> Result<Binaries, Error> {
+        match Binaries::lookup_verdict(needs) {
+            Verdict::Run(bins) => Ok(bins),
+            Verdict::Skip(missing) => Err(Error::Unavailable(missing)),
+            Verdict::Fail(message) => panic!("real-cluster binaries: {message}"),
+        }
+    }
+
+    /// [`lookup`](Self::lookup) of `kube-apiserver` and `etcd`: `Err` only
+    /// when skipping is allowed, else panics naming what is missing.
+    pub fn from_env() -> Result<Binaries, Error> {
+        Binaries::lookup(&[])
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -105,14 +277,61 @@ impl Binaries {
     }
 
     pub fn has(&self, name: &str) -> bool {
-        self.path(name).is_file()
+        RealFiles.file(&self.path(name)) == FileState::Executable
+    }
+
+    /// The binary `name` that `test` needs beyond its [`Config`] (the
+    /// upstream `csi-provisioner`, `hostpathplugin`): `None` after one
+    /// `SKIPPED real-cluster test` line when it is missing and skipping is
+    /// allowed; panics naming it when skipping is not allowed.
+    pub fn require(&self, name: &str, test: &str) -> Option<PathBuf> {
+        let path = self.path(name);
+        let found = match RealFiles.file(&path) {
+            FileState::Executable => Ok(path),
+            FileState::NotExecutable => Err(format!("{} is not executable", path.display())),
+            FileState::Absent => Err(format!("{} has no {name}", self.dir.display())),
+        };
+        match verdict(&BinEnv::from_process(), found) {
+            Verdict::Run(path) => Some(path),
+            Verdict::Skip(missing) => {
+                skip(test, &missing);
+                None
+            }
+            Verdict::Fail(message) => panic!("real-cluster test {test}: {message}"),
+        }
     }
 }
 
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+/// What [`Binaries::locate`] knows of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileState {
+    Absent,
+    NotExecutable,
+    Executable,
+}
+
+/// The file system as [`Binaries::locate`] sees it.
+pub trait Files {
+    fn is_dir(&self, path: &Path) -> bool;
+    fn file(&self, path: &Path) -> FileState;
+}
+
+/// This machine's file system (following symbolic links).
+pub struct RealFiles;
+
+impl Files for RealFiles {
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+
+    fn file(&self, path: &Path) -> FileState {
+        use std::os::unix::fs::PermissionsExt;
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => FileState::Executable,
+            Ok(m) if m.is_file() => FileState::NotExecutable,
+            _ => FileState::Absent,
+        }
+    }
 }
 
 /// Which components run.
@@ -173,7 +392,8 @@ impl Config {
         self
     }
 
-    fn needs(&self) -> Vec<&'static str> {
+    /// The binaries of the folder this configuration starts.
+    pub fn needs(&self) -> Vec<&'static str> {
         let mut names = vec!["kube-apiserver"];
         if self.controllers.is_some() {
             names.push("kube-controller-manager");
@@ -225,22 +445,21 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// The control plane of this test process for `config`, started on first
     /// use. `None` (after printing why, past the test harness's output
-    /// capture) when the binaries are not there; panics when they are but
-    /// the control plane cannot start, so a broken setup fails the test.
+    /// capture) when a binary `config` needs is not there and skipping is
+    /// allowed ([`BinEnv::no_skip_reason`]); panics naming what is missing
+    /// when skipping is not allowed, and when the binaries are there but the
+    /// control plane cannot start, so a broken setup fails the test.
     pub fn shared(config: &Config, test: &str) -> Option<&'static ControlPlane> {
         static PLANES: OnceLock<Mutex<HashMap<Config, Result<&'static ControlPlane, String>>>> =
             OnceLock::new();
-        let bins = match Binaries::from_env() {
-            Ok(bins) => bins,
-            Err(e) => {
-                skip(test, &e.to_string());
+        let bins = match Binaries::lookup_verdict(&config.needs()) {
+            Verdict::Run(bins) => bins,
+            Verdict::Skip(missing) => {
+                skip(test, &missing);
                 return None;
             }
+            Verdict::Fail(message) => panic!("real-cluster test {test} cannot run: {message}"),
         };
-        if let Some(missing) = config.needs().into_iter().find(|b| !bins.has(b)) {
-            skip(test, &format!("{} has no {missing}", bins.dir.display()));
-            return None;
-        }
         let mut planes = PLANES
             .get_or_init(Mutex::default)
             .lock()
@@ -633,7 +852,12 @@ impl Drop for ControlPlane {
 
 /// Prints past the test harness's capture (it captures `print!`, not
 /// writes to the stderr handle), so a skip is never silent.
+/// Panics instead (naming `why`) when skipping is not allowed
+/// ([`BinEnv::no_skip_reason`]).
 pub fn skip(test: &str, why: &str) {
+    if let Verdict::Fail(message) = verdict::<()>(&BinEnv::from_process(), Err(why.to_owned())) {
+        panic!("real-cluster test {test} cannot run: {message}");
+    }
     let _ = writeln!(
         std::io::stderr(),
         "SKIPPED real-cluster test {test}: {why}; to run it, unpack the binaries with `../shared/k8s/install.sh target/k8s` or set {BIN_DIR_VAR} (or {ENVTEST_VAR}) to a folder with kube-apiserver and kube-controller-manager"
@@ -728,4 +952,282 @@ fn etcd_post(port: u16, path: &str, body: &str) -> Result<serde_json::Value, Err
         return Err(Error::Unavailable(format!("etcd {path}: {head} {json}")));
     }
     serde_json::from_str(json).map_err(|e| Error::Unavailable(format!("etcd {path}: {e}: {json}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file system of `dirs` and `files` (name, executable).
+    struct Fake {
+        dirs: Vec<&'static str>,
+        files: Vec<(&'static str, bool)>,
+    }
+
+    impl Files for Fake {
+        fn is_dir(&self, path: &Path) -> bool {
+            self.dirs.iter().any(|d| Path::new(d) == path)
+        }
+
+        fn file(&self, path: &Path) -> FileState {
+            match self.files.iter().find(|(f, _)| Path::new(f) == path) {
+                Some((_, true)) => FileState::Executable,
+                Some((_, false)) => FileState::NotExecutable,
+                None => FileState::Absent,
+            }
+        }
+    }
+
+    const DEFAULT: &str = "/repo/target/k8s";
+
+    fn env(ci: Option<&str>, bin_dir: Option<&str>, envtest: Option<&str>) -> BinEnv {
+        BinEnv {
+            ci: ci.map(str::to_owned),
+            bin_dir: bin_dir.map(PathBuf::from),
+            envtest: envtest.map(PathBuf::from),
+            path: Some(OsString::from("/usr/local/bin:/usr/bin")),
+        }
+    }
+
+    /// `install.sh`'s folder, complete, and etcd on `PATH`.
+    fn installed(dir: &'static str) -> Fake {
+        let files = [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "csi-provisioner",
+            "hostpathplugin",
+        ]
+        .iter()
+        .map(|name| (&*format!("{dir}/{name}").leak(), true))
+        .chain([("/usr/bin/etcd", true)])
+        .collect();
+        Fake {
+            dirs: vec![dir],
+            files,
+        }
+    }
+
+    fn nothing() -> Fake {
+        Fake {
+            dirs: vec![],
+            files: vec![("/usr/bin/etcd", true)],
+        }
+    }
+
+    fn decide(env: &BinEnv, files: &Fake, config: &Config) -> Verdict<PathBuf> {
+        let found = Binaries::locate(env, Path::new(DEFAULT), &config.needs(), files);
+        verdict(env, found.map(|b| b.dir))
+    }
+
+    fn fail_text(v: Verdict<PathBuf>) -> String {
+        match v {
+            Verdict::Fail(text) => text,
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn skipping_is_allowed_only_without_ci_and_without_a_named_folder() {
+        for ci in [None, Some(""), Some("false"), Some("0"), Some("no")] {
+            assert_eq!(env(ci, None, None).no_skip_reason(), None, "CI={ci:?}");
+            assert_eq!(env(ci, Some(""), Some("")).no_skip_reason(), None);
+        }
+        for ci in ["true", "TRUE", "True", "1", " true "] {
+            let reason = env(Some(ci), None, None).no_skip_reason();
+            assert_eq!(reason, Some(format!("CI={ci}")));
+        }
+        assert_eq!(
+            env(None, Some("/k8s"), None).no_skip_reason(),
+            Some("K8S_BIN_DIR=/k8s is set".into())
+        );
+        assert_eq!(
+            env(None, None, Some("/envtest")).no_skip_reason(),
+            Some("KUBEBUILDER_ASSETS=/envtest is set".into())
+        );
+        assert!(
+            env(Some("false"), Some("/k8s"), None)
+                .no_skip_reason()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_newcomer_without_binaries_skips_and_is_told_what_is_missing() {
+        let v = decide(&env(None, None, None), &nothing(), &Config::standard());
+        assert_eq!(
+            v,
+            Verdict::Skip(format!(
+                "{DEFAULT} (neither K8S_BIN_DIR nor KUBEBUILDER_ASSETS is set): no such folder"
+            ))
+        );
+        // A partial default folder: both missing binaries named.
+        let files = Fake {
+            dirs: vec![DEFAULT],
+            files: vec![("/repo/target/k8s/kube-apiserver", true)],
+        };
+        let config = Config::standard().with_scheduler();
+        assert_eq!(
+            decide(&env(Some("false"), None, None), &files, &config),
+            Verdict::Skip(format!(
+                "{DEFAULT} (neither K8S_BIN_DIR nor KUBEBUILDER_ASSETS is set) has no \
+                 kube-controller-manager, kube-scheduler; no etcd in {DEFAULT} nor on PATH \
+                 (Debian: apt-get install etcd-server)"
+            ))
+        );
+    }
+
+    #[test]
+    fn everything_there_runs_in_every_environment() {
+        let config = Config::standard().with_scheduler();
+        for e in [
+            env(None, None, None),
+            env(Some("true"), None, None),
+            env(Some("1"), Some(DEFAULT), None),
+        ] {
+            assert_eq!(
+                decide(&e, &installed(DEFAULT), &config),
+                Verdict::Run(PathBuf::from(DEFAULT))
+            );
+        }
+        // K8S_BIN_DIR before KUBEBUILDER_ASSETS, both before the default.
+        let e = env(Some("true"), Some("/k8s"), Some("/envtest"));
+        assert_eq!(
+            decide(&e, &installed("/k8s"), &config),
+            Verdict::Run(PathBuf::from("/k8s"))
+        );
+        let e = env(None, None, Some("/envtest"));
+        assert_eq!(
+            decide(&e, &installed("/envtest"), &config),
+            Verdict::Run(PathBuf::from("/envtest"))
+        );
+        // etcd in the folder is taken before PATH's.
+        let mut files = installed("/k8s");
+        files.files.push(("/k8s/etcd", true));
+        let found = Binaries::locate(
+            &env(None, Some("/k8s"), None),
+            Path::new(DEFAULT),
+            &[],
+            &files,
+        );
+        assert_eq!(found.expect("found").etcd, PathBuf::from("/k8s/etcd"));
+    }
+
+    #[test]
+    fn ci_fails_instead_of_skipping_and_names_what_is_missing() {
+        let text = fail_text(decide(
+            &env(Some("true"), None, None),
+            &nothing(),
+            &Config::standard(),
+        ));
+        assert!(
+            text.starts_with(&format!(
+                "{DEFAULT} (neither K8S_BIN_DIR nor KUBEBUILDER_ASSETS is set): no such folder; \
+                 CI=true, so a missing binary fails the test instead of skipping it"
+            )),
+            "{text}"
+        );
+        // A folder named but absent: fails even without CI.
+        let text = fail_text(decide(
+            &env(None, Some("/nonexistent"), None),
+            &nothing(),
+            &Config::standard(),
+        ));
+        assert!(
+            text.starts_with(
+                "K8S_BIN_DIR=/nonexistent: no such folder; K8S_BIN_DIR=/nonexistent is set, so"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_named_folder_without_what_a_config_needs_fails() {
+        // envtest's folder: an API server and etcd, no controller-manager.
+        let envtest = Fake {
+            dirs: vec!["/envtest"],
+            files: vec![("/envtest/kube-apiserver", true), ("/envtest/etcd", true)],
+        };
+        let e = env(None, None, Some("/envtest"));
+        assert_eq!(
+            decide(
+                &e,
+                &envtest,
+                &Config {
+                    controllers: None,
+                    ..Config::standard()
+                }
+            ),
+            Verdict::Run(PathBuf::from("/envtest"))
+        );
+        let text = fail_text(decide(&e, &envtest, &Config::standard().with_scheduler()));
+        assert!(
+            text.starts_with(
+                "KUBEBUILDER_ASSETS=/envtest has no kube-controller-manager, kube-scheduler; \
+                 KUBEBUILDER_ASSETS=/envtest is set, so"
+            ),
+            "{text}"
+        );
+        // No etcd anywhere.
+        let mut files = installed("/k8s");
+        files.files.retain(|(f, _)| !f.ends_with("/etcd"));
+        let text = fail_text(decide(
+            &env(Some("1"), Some("/k8s"), None),
+            &files,
+            &Config::standard(),
+        ));
+        assert!(
+            text.starts_with(
+                "no etcd in /k8s nor on PATH (Debian: apt-get install etcd-server); CI=1, so"
+            ),
+            "{text}"
+        );
+        // A binary there but not executable is broken, and said so.
+        let mut files = installed("/k8s");
+        files.files[1].1 = false;
+        let text = fail_text(decide(
+            &env(None, Some("/k8s"), None),
+            &files,
+            &Config::standard(),
+        ));
+        assert!(
+            text.starts_with(
+                "kube-controller-manager in /k8s is not executable; K8S_BIN_DIR=/k8s is set"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn what_each_configuration_needs() {
+        assert_eq!(
+            Config::standard().needs(),
+            ["kube-apiserver", "kube-controller-manager"]
+        );
+        assert_eq!(
+            Config::without_controllers(&["statefulset"])
+                .with_scheduler()
+                .needs(),
+            [
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler"
+            ]
+        );
+        let no_cm = Config {
+            controllers: None,
+            ..Config::standard()
+        };
+        assert_eq!(no_cm.needs(), ["kube-apiserver"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot run: left out")]
+    fn skip_itself_refuses_when_skipping_is_not_allowed() {
+        // The variables of this process decide; set one that forbids skips.
+        // SAFETY: this crate's unit tests read no other variable of this kind
+        // concurrently except through the same rule, which this only tightens.
+        unsafe { std::env::set_var(CI_VAR, "true") };
+        skip("skip_itself", "left out");
+    }
 }

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Checks the output of the benchmark's smoke run (`.ci/run`):
+
+    BENCH_SMOKE=1 cargo bench --locked --profile dev --bench realcluster > out
+    python3 tests/bench/check_smoke.py out
+
+`tests/bench/realcluster.rs` prints one JSON object per line: per
+(scenario, binary, driver) a result `{"scenario", "binary", "driver", ...}`
+with `binary` "ours" or "upstream" (the Go csi-provisioner), per (scenario,
+driver) a `{"ratio": scenario, "driver", "metric", "ours", "upstream",
+"ours_better_by"}` line, and `{"skipped": why}` alone when it ran nothing.
+
+The scenarios are taken from the output, not from a list: every scenario
+that appears must have, for every driver that appears, a result of both
+binaries (none of them `"completed": false`) and a ratio with numbers. An
+output without any scenario, or with a `skipped` line, fails. Exit code 0
+when all holds, 1 (after saying what is missing) when not, 2 on bad usage.
+"""
+
+import json
+import math
+import sys
+
+BINARIES = ("ours", "upstream")
+# Scenarios the bench runs for our binary alone, by design, without a ratio
+# (outside smoke mode: `idle` again with every loop of ours on).
+OURS_ONLY = {"idle-all-loops"}
+
+
+def number(value):
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+def check(lines):
+    """The problems of a smoke run's output lines, and a summary."""
+    problems = []
+    results = {}  # (scenario, driver) -> {binary: [result, ...]}
+    ratios = {}  # (scenario, driver) -> ratio object
+    drivers = set()
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(f"line {n}: not JSON ({e}): {line[:200]}")
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "skipped" in obj:
+            problems.append(f"line {n}: the benchmark skipped: {obj['skipped']}")
+        elif "ratio" in obj:
+            key = (str(obj["ratio"]), str(obj.get("driver")))
+            drivers.add(key[1])
+            if key in ratios:
+                problems.append(f"line {n}: a second ratio for {key[0]} / {key[1]}")
+            ratios[key] = obj
+        elif "scenario" in obj:
+            key = (str(obj["scenario"]), str(obj.get("driver")))
+            drivers.add(key[1])
+            binary = obj.get("binary")
+            if binary not in BINARIES:
+                problems.append(
+                    f"line {n}: {key[0]} / {key[1]}: unknown binary {binary!r}"
+                )
+                continue
+            results.setdefault(key, {}).setdefault(binary, []).append(obj)
+            if obj.get("completed") is False:
+                problems.append(
+                    f"line {n}: {key[0]} / {key[1]} / {binary}: did not complete"
+                )
+
+    scenarios = sorted({s for s, _ in results} | {s for s, _ in ratios})
+    if not scenarios:
+        problems.append("no scenario in the output: the benchmark ran nothing")
+    summary = []
+    for scenario in scenarios:
+        for driver in sorted(drivers):
+            key = (scenario, driver)
+            what = f"{scenario} / {driver}"
+            by_binary = results.get(key, {})
+            if scenario in OURS_ONLY:
+                if "ours" not in by_binary:
+                    problems.append(f"{what}: no result of ours")
+                continue
+            for binary in BINARIES:
+                if binary not in by_binary:
+                    problems.append(f"{what}: no result of {binary}")
+            ratio = ratios.get(key)
+            if ratio is None:
+                problems.append(f"{what}: no ratio line")
+                continue
+            bad = [
+                f for f in ("ours", "upstream", "ours_better_by") if not number(ratio.get(f))
+            ]
+            if bad:
+                problems.append(f"{what}: ratio without a number for {', '.join(bad)}: {ratio}")
+                continue
+            summary.append(
+                f"{what}: {ratio.get('metric')} ours {ratio['ours']} upstream "
+                f"{ratio['upstream']} (ours better by {ratio['ours_better_by']})"
+            )
+    return problems, summary
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(f"usage: {argv[0]} BENCH_OUTPUT (- for stdin)", file=sys.stderr)
+        return 2
+    if argv[1] == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        with open(argv[1], encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    problems, summary = check(lines)
+    for line in summary:
+        print(f"bench smoke: {line}")
+    if problems:
+        print(f"bench smoke: FAILED ({argv[1]}):", file=sys.stderr)
+        for p in problems:
+            print(f"  {p}", file=sys.stderr)
+        return 1
+    print(f"bench smoke: OK ({len(summary)} scenario/driver pairs, both binaries each)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
