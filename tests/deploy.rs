@@ -14,6 +14,10 @@
 //!   of the components applied; the hostpath driver's arguments parse with
 //!   its own command line; both agree on the socket, which is on a shared
 //!   volume;
+//! - the manifests compose cleanly (with kubectl only; the base, every
+//!   overlay, each component alone): no container has an env name twice,
+//!   a single-value flag twice, more than one `--feature-gates`, or a gate
+//!   twice in it;
 //! - the pod is hardened (non-root, read-only root filesystem, no
 //!   privilege escalation, no capabilities, seccomp, requests and limits),
 //!   its probes hit the `--http-endpoint` port, and the downward-API
@@ -42,7 +46,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use clap::Parser as _;
+use clap::{ArgAction, CommandFactory as _, Parser as _};
 use csi_provisioner::cli::Options;
 use csi_provisioner::features::Feature;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -696,6 +700,211 @@ fn driver_and_sidecar_share_the_socket() {
         }
     }
     fail_if_any("driver and sidecar", &problems);
+}
+
+/// Whether this is a CI run (`CI=true`): there a check that needs a tool
+/// fails without it instead of saying it was skipped.
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// The long flags a command line declares as lists, where each occurrence
+/// adds to the list (clap's `Append` or `Count`: `--leader-election-labels`,
+/// `--feature-gates`, the driver's `--capacity`). Any other flag takes one
+/// value, so a second occurrence silently drops the first.
+fn repeatable_flags(cmd: clap::Command) -> BTreeSet<String> {
+    cmd.get_arguments()
+        .filter(|a| matches!(a.get_action(), ArgAction::Append | ArgAction::Count))
+        .filter_map(|a| a.get_long().map(str::to_owned))
+        .collect()
+}
+
+/// The directories under `dir` holding a kustomization that is not a
+/// Component: the base, `deploy/kubernetes` itself and every overlay, found
+/// on disk so that a new overlay is checked without being listed here.
+fn kustomizations(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for file in ["kustomization.yaml", "kustomization.yml", "Kustomization"] {
+        let path = dir.join(file);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let kz: Value =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if kz["kind"] != "Component" {
+            out.push(dir.to_owned());
+        }
+        break;
+    }
+    let mut subdirs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    subdirs.sort();
+    for sub in subdirs {
+        kustomizations(&sub, out);
+    }
+}
+
+/// The manifests compose cleanly: rendered with `kubectl kustomize` (the
+/// base, `deploy/kubernetes`, every overlay, and the base with each
+/// component alone), no container has an env name twice (the API server
+/// warns that the second "hides previous definition", and `kubectl apply`
+/// may drop it), a flag twice (but the flags its binary declares as lists),
+/// more than one `--feature-gates`, or a gate twice in that flag. Components
+/// that need the same setting share the base's: one `--feature-gates` whose
+/// variables they fill, one `--controller-id=$(CONTROLLER_ID)`.
+///
+/// Needs kubectl (the fallback renderer is no judge of what kustomize
+/// does): skipped without it, a failure when `CI=true`.
+#[test]
+fn manifests_compose_without_duplicates() {
+    if let Some(why) = render::kubectl_unavailable() {
+        assert!(
+            !in_ci(),
+            "{why}: CI=true, and this check renders with kubectl kustomize only"
+        );
+        eprintln!("SKIPPED manifests compose without duplicates: {why}");
+        return;
+    }
+    let repo = render::repo();
+    let mut dirs = Vec::new();
+    kustomizations(&render::kubernetes_dir(), &mut dirs);
+    let names: Vec<String> = dirs
+        .iter()
+        .map(|d| d.strip_prefix(&repo).unwrap_or(d).display().to_string())
+        .collect();
+    for want in [
+        "deploy/kubernetes/base",
+        "deploy/kubernetes/overlays/all-gates",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} not found among {names:?}"
+        );
+    }
+    let mut targets: Vec<(String, Vec<Value>)> = names
+        .into_iter()
+        .zip(&dirs)
+        .map(|(name, dir)| (name, render::kustomize(dir)))
+        .collect();
+    // Each component alone on the base, as deploy/README.md offers them
+    // (these renderings are kubectl's here).
+    targets.extend(
+        renderings()
+            .iter()
+            .filter(|r| r.components.len() == 1)
+            .map(|r| (r.name.clone(), r.objects.clone())),
+    );
+    let repeatable = BTreeMap::from([
+        (PROVISIONER_CONTAINER, repeatable_flags(Options::command())),
+        (
+            DRIVER_CONTAINER,
+            repeatable_flags(csi_hostpath::cli::Cli::command()),
+        ),
+    ]);
+    let none = BTreeSet::new();
+    let mut problems = Vec::new();
+    let mut containers = 0;
+    for (name, objects) in &targets {
+        for obj in objects {
+            let spec = match render::kind(obj) {
+                "Pod" => &obj["spec"],
+                _ => &obj["spec"]["template"]["spec"],
+            };
+            for list in ["initContainers", "containers", "ephemeralContainers"] {
+                for c in spec[list].as_array().into_iter().flatten() {
+                    let c: Container = match serde_json::from_value(c.clone()) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            problems.push(format!("{name}: {}: {e}", render::describe(obj)));
+                            continue;
+                        }
+                    };
+                    containers += 1;
+                    let at = format!("{name}: {} container {}", render::describe(obj), c.name);
+                    let mut env = BTreeMap::<&str, usize>::new();
+                    for e in c.env.iter().flatten() {
+                        *env.entry(e.name.as_str()).or_default() += 1;
+                    }
+                    for (var, n) in env.into_iter().filter(|(_, n)| *n > 1) {
+                        problems.push(format!(
+                            "{at}: env {var} defined {n} times (the API server warns that the \
+                             last hides the others, which `kubectl apply` may drop); components \
+                             that need it must share one entry"
+                        ));
+                    }
+                    let allowed = repeatable.get(c.name.as_str()).unwrap_or(&none);
+                    let mut flags = BTreeMap::<&str, Vec<&str>>::new();
+                    for arg in c.command.iter().flatten().chain(c.args.iter().flatten()) {
+                        if arg == "--" {
+                            break;
+                        }
+                        let Some(flag) = arg.strip_prefix('-') else {
+                            continue; // the binary, or the value of `--flag VALUE`
+                        };
+                        let flag = flag.trim_start_matches('-');
+                        let flag = flag.split('=').next().unwrap_or(flag);
+                        flags.entry(flag).or_default().push(arg);
+                    }
+                    for (flag, given) in &flags {
+                        if given.len() < 2 {
+                            continue;
+                        }
+                        if *flag == "feature-gates" {
+                            problems.push(format!(
+                                "{at}: {} --feature-gates flags {given:?}; give one, listing \
+                                 every gate (components fill the GATE_* variables of the \
+                                 base's flag)",
+                                given.len()
+                            ));
+                        } else if !allowed.contains(*flag) {
+                            problems.push(format!(
+                                "{at}: --{flag} given {} times {given:?}; it takes one value, so \
+                                 all but the last are dropped; components that need it must \
+                                 share one flag",
+                                given.len()
+                            ));
+                        }
+                    }
+                    match expanded_args(&c) {
+                        Err(e) => problems.push(format!("{at}: {e}")),
+                        Ok(args) => {
+                            for arg in &args {
+                                let Some(list) =
+                                    arg.trim_start_matches('-').strip_prefix("feature-gates=")
+                                else {
+                                    continue;
+                                };
+                                let mut gates = BTreeSet::new();
+                                for entry in list.split(',').map(str::trim) {
+                                    let gate = entry.split('=').next().unwrap_or(entry);
+                                    if !entry.is_empty() && !gates.insert(gate) {
+                                        problems.push(format!(
+                                            "{at}: gate {gate} twice in --{} (expanded)",
+                                            arg.trim_start_matches('-')
+                                        ));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    fail_if_any("manifests compose without duplicates", &problems);
+    let lists: Vec<String> = repeatable
+        .iter()
+        .map(|(c, flags)| format!("{c}: {flags:?}"))
+        .collect();
+    eprintln!(
+        "composition: {} renderings, {containers} containers without a duplicate env name or \
+         flag (flags that are lists: {})",
+        targets.len(),
+        lists.join("; ")
+    );
 }
 
 /// Non-root, read-only root filesystem, no privilege escalation, no
