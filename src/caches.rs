@@ -92,18 +92,20 @@ impl Default for Caches {
 
 impl Caches {
     pub fn new() -> Self {
+        // What one watch learns of the API server's list support, all know.
+        let list_mode = Arc::default();
         Self {
-            claims: Arc::new(Informer::new()),
-            volumes: Arc::new(Informer::new()),
-            classes: Arc::new(Informer::new()),
-            nodes: Arc::new(Informer::new()),
-            csi_nodes: Arc::new(Informer::new()),
-            attributes_classes: Arc::new(Informer::new()),
-            attachments: Arc::new(Informer::new()),
-            pods: Arc::new(Informer::new()),
-            stateful_sets: Arc::new(Informer::new()),
-            reference_grants: Arc::new(Informer::new()),
-            jobs: Arc::new(Informer::new()),
+            claims: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            volumes: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            classes: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            nodes: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            csi_nodes: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            attributes_classes: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            attachments: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            pods: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            stateful_sets: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            reference_grants: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
+            jobs: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
             wanted: Mutex::default(),
             claims_wait_for_classes_and_volumes: false,
         }

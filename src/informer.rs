@@ -17,6 +17,7 @@
 //! that depends on time or on objects of other kinds is made again.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -63,6 +64,10 @@ where
     handlers: Arc<RwLock<Vec<Handler<K>>>>,
     /// `None`: every object is kept.
     keep: RwLock<Option<Keep<K>>>,
+    /// Set once any informer sharing it found that the API server cannot
+    /// serve streaming lists: those started after it list at once instead
+    /// of asking again.
+    streaming_refused: Arc<AtomicBool>,
     /// Set once the first list is in the store.
     ready: tokio::sync::watch::Sender<bool>,
     /// Until ready: why not yet.
@@ -83,12 +88,19 @@ where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
     pub fn new() -> Self {
+        Self::sharing(Arc::default())
+    }
+
+    /// An informer that shares with others what it learns of the API
+    /// server's list support.
+    pub fn sharing(streaming_refused: Arc<AtomicBool>) -> Self {
         let (store, writer) = reflector::store();
         Self {
             store,
             writer: std::sync::Mutex::new(Some(writer)),
             handlers: Arc::default(),
             keep: RwLock::new(None),
+            streaming_refused,
             ready: tokio::sync::watch::Sender::new(false),
             waiting: Mutex::new(Waiting::Listing),
         }
@@ -204,7 +216,7 @@ where
                 .default_backoff()
                 .boxed()
         };
-        let refused = || STREAMING_LISTS_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+        let refused = || self.streaming_refused.load(Ordering::Relaxed);
         let mut streaming =
             config.initial_list_strategy == InitialListStrategy::StreamingList && !refused();
         let mut stream = open(if streaming {
@@ -243,8 +255,7 @@ where
                 Some(None) => return,
                 Some(Some(Err(e))) => {
                     if streaming && refuses_streaming_lists(&e) {
-                        if !STREAMING_LISTS_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed)
-                        {
+                        if !self.streaming_refused.swap(true, Ordering::Relaxed) {
                             tracing::warn!(kind = %K::kind(&()), error = %e, "the API server cannot serve streaming lists (sendInitialEvents: Kubernetes 1.32+ with the WatchList feature, and etcd 3.4.31+ / 3.5.13+); every cache lists in pages instead");
                         }
                         streaming = false;
@@ -331,11 +342,6 @@ pub fn refuses_streaming_lists(error: &watcher::Error) -> bool {
         .iter()
         .any(|needle| status.message.contains(needle))
 }
-
-/// Set once any cache found that the API server cannot serve streaming
-/// lists: the caches started after it list at once instead of asking again.
-static STREAMING_LISTS_REFUSED: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
 
 /// The fallback for an API server without streaming lists: a list in pages
 /// of 500, as client-go's reflector, so that no response holds the whole

@@ -264,16 +264,15 @@ impl Scale {
         let after = rss_kib(pid);
         // The re-lists this sidecar made after the restart: a LIST (the Go
         // image) or a watch asking for the initial events (ours).
-        let relists: usize = self
-            .world
-            .plane
-            .audit()
+        let audit = self.world.plane.audit();
+        let relists: usize = audit
             .iter()
             .filter(|r| {
                 r.user.username == user
-                    && r.stage == "ResponseComplete"
                     && r.request_received_timestamp.as_str() >= restart_at.as_str()
-                    && r.request_uri.starts_with("/api/v1/persistentvolumes")
+                    && r.object_ref
+                        .as_ref()
+                        .is_some_and(|o| o.resource == "persistentvolumes")
                     && (r.verb == "list" || r.request_uri.contains("sendInitialEvents=true"))
             })
             .count();

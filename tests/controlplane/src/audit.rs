@@ -23,7 +23,8 @@ rules:
 pub struct Request {
     pub stage: String,
     pub verb: String,
-    #[serde(default)]
+    /// `requestURI` in the log (not camelCase's `requestUri`).
+    #[serde(default, rename = "requestURI")]
     pub request_uri: String,
     pub user: User,
     #[serde(default)]
