@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
 
+use crate::api::reference_grant::ReferenceGrant;
 use crate::caches::Caches;
 use crate::cli::Options;
 use crate::csi::connection::{ConnectError, connect_and_probe};
@@ -17,12 +18,11 @@ use crate::features::Feature;
 use crate::http::{self, HttpError};
 use crate::kube_client::{ClientConfigError, build_client, load_config};
 use crate::leader;
-use crate::provision::controller as provisioning;
 use crate::provision::node_deployment::{
     NodeDeploymentError, NodeDeploymentFlags, node_deployment, node_identity,
 };
-use crate::provision::reference_grant::ReferenceGrant;
 use crate::provision::{DriverCapabilities, ProvisionerConfig};
+use crate::provisioner;
 use crate::queue::Backoff;
 use crate::shared::Shared;
 
@@ -36,7 +36,7 @@ pub enum RunError {
     #[error(transparent)]
     KubeConfig(#[from] ClientConfigError),
     #[error("cannot start provisioning: {0}")]
-    Journal(#[from] provisioning::journal::JournalError),
+    Journal(#[from] provisioner::journal::JournalError),
     #[error(transparent)]
     Http(#[from] HttpError),
     #[error(transparent)]
@@ -235,7 +235,7 @@ pub async fn run(
     let capacity_driver = driver.clone();
     let restores_snapshots = config.capabilities.create_delete_snapshot;
     let start = async {
-        let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
+        let provisioning = provisioner::new(&shared, driver, config, &namespace).await?;
         // Embedded loops (DESIGN §5–§7) register their cache handlers and
         // kinds now; they start working only with the provisioning loop,
         // after the lease is ours.
