@@ -21,7 +21,7 @@ use crate::leader;
 use crate::provision::node_deployment::{
     NodeDeploymentError, NodeDeploymentFlags, node_deployment, node_identity,
 };
-use crate::provision::{DriverCapabilities, ProvisionerConfig};
+use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
 use crate::provisioner;
 use crate::queue::Backoff;
 use crate::shared::Shared;
@@ -587,7 +587,14 @@ pub fn provisioner_config(options: &Options, driver: &Driver) -> ProvisionerConf
     let info = driver.info();
     let gates = options.gates();
     let mut config = ProvisionerConfig::with_defaults(info.name.clone());
-    config.provisioner_identity = provisioner_identity(&info.name);
+    // Recorded in each PV's volume attributes so a restarted provisioner can
+    // tell its own PVs; unique per process start.
+    let start_unix_millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default();
+    config.provisioner_identity =
+        provisioner_identity(start_unix_millis, std::process::id(), &info.name);
     config.volume_name_prefix = options.volume_name_prefix.clone();
     config.volume_name_uuid_length = usize::try_from(options.volume_name_uuid_length).ok();
     config.default_fstype = options.default_fstype.clone();
@@ -618,16 +625,6 @@ fn node_deployment_flags(options: &Options) -> NodeDeploymentFlags {
         base_delay: options.node_deployment_base_delay,
         max_delay: options.node_deployment_max_delay,
     }
-}
-
-/// Upstream's identity string: recorded in each PV's volume attributes so a
-/// restarted provisioner can tell its own PVs; unique per process start.
-fn provisioner_identity(driver: &str) -> String {
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or_default();
-    format!("{millis}-{}-{driver}", std::process::id() % 10_000)
 }
 
 /// The namespace of the journal: `--leader-election-namespace`, else the
