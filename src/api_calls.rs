@@ -32,7 +32,7 @@ const fn call(
 
 const WATCH: &[&str] = &["get", "list", "watch"];
 
-/// The provisioning loop (`src/provision/controller`).
+/// The provisioning loop (`src/provisioner`).
 pub const PROVISIONER: &[ApiCall] = &[
     call(
         "",

@@ -21,8 +21,8 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
+use crate::api::reference_grant::ReferenceGrant;
 use crate::informer::{Informer, Waiting};
-use crate::provision::reference_grant::ReferenceGrant;
 use crate::provision::{ProvisionerConfig, claim_class_name};
 use crate::relevance;
 use crate::trim::Trim;

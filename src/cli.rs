@@ -983,9 +983,7 @@ mod tests {
         assert_eq!(options.log_json_info_buffer_size, 2048);
         assert_eq!(options.log_flush_frequency, secs(30));
         assert_eq!(
-            options
-                .vmodule
-                .level_for("src/provision/controller/claims.rs"),
+            options.vmodule.level_for("src/provisioner/claims.rs"),
             Some(5)
         );
         let without_effect: Vec<&str> = options

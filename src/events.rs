@@ -365,11 +365,7 @@ impl Recorder {
     where
         K: Resource<DynamicType = ()>,
     {
-        let event_type = match note.event_type {
-            crate::provision::events::EventType::Normal => EventType::Normal,
-            crate::provision::events::EventType::Warning => EventType::Warning,
-        };
-        self.record(obj, event_type, note.reason, &note.message)
+        self.record(obj, note.event_type, note.reason, &note.message)
             .await
     }
 

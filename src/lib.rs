@@ -1,5 +1,6 @@
 //! csi-provisioner: the Kubernetes CSI external-provisioner sidecar.
 
+pub mod api;
 pub mod api_calls;
 pub mod caches;
 pub mod capacity;
@@ -19,6 +20,7 @@ pub mod migration;
 pub mod pod_pvc;
 pub mod protection;
 pub mod provision;
+pub mod provisioner;
 pub mod queue;
 pub mod ratelimit;
 pub mod releaser;

@@ -89,7 +89,7 @@ pub fn parse_vmodule(value: &str) -> Result<VModule, String> {
 
 impl VModule {
     /// The verbosity `--vmodule` gives the source file `file` (as tracing
-    /// reports it: `src/provision/controller/claims.rs`, or an absolute
+    /// reports it: `src/provisioner/claims.rs`, or an absolute
     /// path for dependencies). A pattern without `/` is matched against the
     /// file name without `.rs`; one with `/` against the path without `.rs`,
     /// or any part of it that starts after a `/` (our paths are relative, a
@@ -441,8 +441,8 @@ mod tests {
             Ok(VModule(vec![rule("claims", 5), rule("leader*", 3)]))
         );
         assert_eq!(
-            parse_vmodule("controller/claims=9"),
-            Ok(VModule(vec![rule("controller/claims", 9)]))
+            parse_vmodule("provisioner/claims=9"),
+            Ok(VModule(vec![rule("provisioner/claims", 9)]))
         );
         for bad in ["claims", "=3", "claims=", "claims=x", "a=1=2", "claims=-1"] {
             assert!(parse_vmodule(bad).is_err(), "{bad} accepted");
@@ -466,9 +466,9 @@ mod tests {
             ("?", "", false),
             ("a*b*c", "aXXbYYc", true),
             ("a*b*c", "aXXbYY", false),
-            ("controller/*", "controller/claims", true),
-            ("*", "controller/claims", false),
-            ("*/claims", "controller/claims", true),
+            ("provisioner/*", "provisioner/claims", true),
+            ("*", "provisioner/claims", false),
+            ("*/claims", "provisioner/claims", true),
         ] {
             assert_eq!(glob_match(pattern, text), want, "{pattern} ~ {text}");
         }
@@ -476,10 +476,10 @@ mod tests {
 
     #[test]
     fn vmodule_matches_file_names_and_paths() {
-        let vm = parse_vmodule("claims=5,controller/vol*=3,leader=2").expect("valid");
+        let vm = parse_vmodule("claims=5,provisioner/vol*=3,leader=2").expect("valid");
         for (file, want) in [
-            ("src/provision/controller/claims.rs", Some(5)),
-            ("src/provision/controller/volumes.rs", Some(3)),
+            ("src/provisioner/claims.rs", Some(5)),
+            ("src/provisioner/volumes.rs", Some(3)),
             ("src/leader.rs", Some(2)),
             ("src/provision/claims.rs", Some(5)),
             ("src/provision/volumes.rs", None),
@@ -497,8 +497,8 @@ mod tests {
     fn levels_per_call_site() {
         let none = VModule::default();
         let vm = parse_vmodule("claims=5,mod=8").expect("valid");
-        let ours = "csi_provisioner::provision::controller::claims";
-        let claims = Some("src/provision/controller/claims.rs");
+        let ours = "csi_provisioner::provisioner::claims";
+        let claims = Some("src/provisioner/claims.rs");
         let other = Some("src/metrics.rs");
         let kube = Some("/x/kube-client/src/client/mod.rs");
         for (target, file, v, vmodule, want) in [
@@ -548,13 +548,13 @@ mod tests {
         let line = encode_json_line(
             1_795_474_048_749.593_3,
             Level::INFO,
-            Some("controller/claims.rs:42"),
+            Some("provisioner/claims.rs:42"),
             "calling CreateVolume",
             &fields,
         );
         assert_eq!(
             line,
-            r#"{"ts":1795474048749.5933,"caller":"controller/claims.rs:42","msg":"calling CreateVolume","v":0,"claim":"ns/data","attempt":3,"err":"boom \"quoted\""}"#
+            r#"{"ts":1795474048749.5933,"caller":"provisioner/claims.rs:42","msg":"calling CreateVolume","v":0,"claim":"ns/data","attempt":3,"err":"boom \"quoted\""}"#
         );
         let error = encode_json_line(1.5, Level::ERROR, None, "lost\nline", &[]);
         assert_eq!(error, r#"{"ts":1.5,"msg":"lost\nline"}"#);
@@ -568,8 +568,8 @@ mod tests {
             assert_eq!(klog_v(level), v, "{level}");
         }
         assert_eq!(
-            klog_caller(Some("src/provision/controller/claims.rs"), Some(7)).as_deref(),
-            Some("controller/claims.rs:7")
+            klog_caller(Some("src/provisioner/claims.rs"), Some(7)).as_deref(),
+            Some("provisioner/claims.rs:7")
         );
         assert_eq!(
             klog_caller(Some("main.rs"), None).as_deref(),

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
 
+use crate::api::reference_grant::ReferenceGrant;
 use crate::caches::Caches;
 use crate::cli::Options;
 use crate::csi::connection::{ConnectError, connect_and_probe};
@@ -17,12 +18,11 @@ use crate::features::Feature;
 use crate::http::{self, HttpError};
 use crate::kube_client::{ClientConfigError, build_client, load_config};
 use crate::leader;
-use crate::provision::controller as provisioning;
 use crate::provision::node_deployment::{
     NodeDeploymentError, NodeDeploymentFlags, node_deployment, node_identity,
 };
-use crate::provision::reference_grant::ReferenceGrant;
-use crate::provision::{DriverCapabilities, ProvisionerConfig};
+use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
+use crate::provisioner;
 use crate::queue::Backoff;
 use crate::shared::Shared;
 
@@ -36,7 +36,7 @@ pub enum RunError {
     #[error(transparent)]
     KubeConfig(#[from] ClientConfigError),
     #[error("cannot start provisioning: {0}")]
-    Journal(#[from] provisioning::journal::JournalError),
+    Journal(#[from] provisioner::journal::JournalError),
     #[error(transparent)]
     Http(#[from] HttpError),
     #[error(transparent)]
@@ -235,7 +235,7 @@ pub async fn run(
     let capacity_driver = driver.clone();
     let restores_snapshots = config.capabilities.create_delete_snapshot;
     let start = async {
-        let provisioning = provisioning::new(&shared, driver, config, &namespace).await?;
+        let provisioning = provisioner::new(&shared, driver, config, &namespace).await?;
         // Embedded loops (DESIGN §5–§7) register their cache handlers and
         // kinds now; they start working only with the provisioning loop,
         // after the lease is ours.
@@ -587,7 +587,14 @@ pub fn provisioner_config(options: &Options, driver: &Driver) -> ProvisionerConf
     let info = driver.info();
     let gates = options.gates();
     let mut config = ProvisionerConfig::with_defaults(info.name.clone());
-    config.provisioner_identity = provisioner_identity(&info.name);
+    // Recorded in each PV's volume attributes so a restarted provisioner can
+    // tell its own PVs; unique per process start.
+    let start_unix_millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default();
+    config.provisioner_identity =
+        provisioner_identity(start_unix_millis, std::process::id(), &info.name);
     config.volume_name_prefix = options.volume_name_prefix.clone();
     config.volume_name_uuid_length = usize::try_from(options.volume_name_uuid_length).ok();
     config.default_fstype = options.default_fstype.clone();
@@ -618,16 +625,6 @@ fn node_deployment_flags(options: &Options) -> NodeDeploymentFlags {
         base_delay: options.node_deployment_base_delay,
         max_delay: options.node_deployment_max_delay,
     }
-}
-
-/// Upstream's identity string: recorded in each PV's volume attributes so a
-/// restarted provisioner can tell its own PVs; unique per process start.
-fn provisioner_identity(driver: &str) -> String {
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or_default();
-    format!("{millis}-{}-{driver}", std::process::id() % 10_000)
 }
 
 /// The namespace of the journal: `--leader-election-namespace`, else the

@@ -144,7 +144,7 @@ trim_metadata_only!(
     VolumeAttachment,
     VolumeAttributesClass,
     CSIStorageCapacity,
-    crate::provision::reference_grant::ReferenceGrant,
+    crate::api::reference_grant::ReferenceGrant,
 );
 
 #[cfg(test)]

@@ -268,7 +268,7 @@ async fn the_finalizer_is_never_removed_from_a_pv_that_replaced_ours() {
         .expect("delete");
     env.api().create_object(pv("second")).expect("new pv");
     // The patch our deletion path sends for the first PV.
-    let patch = csi_provisioner::provision::controller::volumes::finalizer_removal_patch(
+    let patch = csi_provisioner::provisioner::volumes::finalizer_removal_patch(
         &[support::FINALIZER.to_owned()],
         &first_uid,
     )

@@ -54,7 +54,7 @@ async fn install_reference_grant_crd(env: &Env) {
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => panic!("ReferenceGrant CRD: {e}"),
     }
-    let grants: kube::Api<csi_provisioner::provision::reference_grant::ReferenceGrant> =
+    let grants: kube::Api<csi_provisioner::api::reference_grant::ReferenceGrant> =
         kube::Api::all(env.client.clone());
     env.wait_for(
         "ReferenceGrants served",

@@ -7,15 +7,19 @@
 //! upstream does and yields the CSI `VolumeContentSource` plus the finalizer
 //! that protects the source while the volume is made from it.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use csi_proto::v1::VolumeContentSource;
 use csi_proto::v1::volume_content_source::{SnapshotSource, Type, VolumeSource};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::config::ProvisionerConfig;
 use super::error::{DataSourceError, ProvisionError};
 use super::quantity::{parse_bytes, quantity_bytes};
-use super::snapshot_types::{VolumeSnapshot, VolumeSnapshotContent, annotations};
+use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::wellknown as wk;
 
 /// What a claim's data source is.
@@ -427,6 +431,14 @@ fn check_mode_change_allowed(
             "failed to convert {} annotation value to boolean with error: strconv.ParseBool: parsing {other:?}: invalid syntax",
             wk::ANN_ALLOW_VOLUME_MODE_CHANGE
         ))),
+    }
+}
+
+/// Annotations of a content, empty when it has none.
+fn annotations(metadata: &ObjectMeta) -> Cow<'_, BTreeMap<String, String>> {
+    match &metadata.annotations {
+        Some(annotations) => Cow::Borrowed(annotations),
+        None => Cow::Owned(BTreeMap::new()),
     }
 }
 

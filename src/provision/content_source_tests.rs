@@ -5,14 +5,14 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::api::snapshot::{
+    VolumeSnapshotContentSpec, VolumeSnapshotContentStatus, VolumeSnapshotSpec,
+    VolumeSnapshotStatus,
+};
 use crate::provision::fixtures::{
     DRIVER, annotate, claim, claim_spec, class, config, now, source_claim, source_volume,
 };
 use crate::provision::quantity::QuantityError;
-use crate::provision::snapshot_types::{
-    VolumeSnapshotContentSpec, VolumeSnapshotContentStatus, VolumeSnapshotSpec,
-    VolumeSnapshotStatus,
-};
 
 fn claim_ref(name: &str) -> DataSourceRef {
     DataSourceRef {

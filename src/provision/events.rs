@@ -2,22 +2,8 @@
 //! users can search for what they know from the Go sidecar. The I/O layer
 //! records each at most once per transition, not once per retry.
 
+use crate::events::EventType;
 use crate::wellknown as wk;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
-
-impl EventType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::Normal => "Normal",
-            EventType::Warning => "Warning",
-        }
-    }
-}
 
 /// An event to record on the claim or volume at hand.
 #[derive(Clone, Debug, PartialEq, Eq)]

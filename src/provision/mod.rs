@@ -3,7 +3,15 @@
 //! This is the core of upstream's split between the generic provisioning loop
 //! (sig-storage-lib-external-provisioner) and the CSI-specific provisioner:
 //! the loop (watch caches, work queues, API writes, CSI calls, in
-//! [`controller`]) calls these functions at each step.
+//! [`crate::provisioner`]) calls these functions at each step.
+//!
+//! The contract of this module: decisions only. Nothing here awaits, reads
+//! a cache, calls the API server or the driver, or keeps state between
+//! calls; everything it needs comes in as arguments (objects read by the
+//! loop, the [`ProvisionerConfig`]), and what it decides goes out as data
+//! (plans, patches, [`events::EventNote`]s, errors) for the loop to carry
+//! out. The API object types it reads that `k8s-openapi` lacks (snapshots,
+//! ReferenceGrants) are in [`crate::api`].
 //!
 //! # Provisioning a claim
 //!
@@ -81,14 +89,12 @@
 
 mod config;
 mod content_source;
-pub mod controller;
 mod delete;
 mod error;
 pub mod events;
 mod finalizer;
 #[cfg(test)]
 pub(crate) mod fixtures;
-pub mod infeasible;
 pub mod node_deployment;
 mod outcome;
 mod plan;
@@ -97,7 +103,6 @@ pub mod quantity;
 pub mod reference_grant;
 mod secrets;
 mod should_provision;
-pub mod snapshot_types;
 mod topology;
 
 pub use config::{DriverCapabilities, NodeDeployment, ProvisionerConfig, provisioner_identity};

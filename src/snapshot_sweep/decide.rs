@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
-use crate::provision::snapshot_types::VolumeSnapshot;
+use crate::api::snapshot::VolumeSnapshot;
 use crate::wellknown as wk;
 
 /// `namespace/name` of the snapshot a claim restores from, when it does.

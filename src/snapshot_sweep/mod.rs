@@ -23,8 +23,8 @@ use std::time::Duration;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
+use crate::api::snapshot::VolumeSnapshot;
 use crate::caches::Caches;
-use crate::provision::snapshot_types::VolumeSnapshot;
 use crate::wellknown as wk;
 
 pub struct Sweep {

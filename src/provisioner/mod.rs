@@ -1,5 +1,13 @@
 //! The provisioning loop: the I/O around the decisions of [`crate::provision`].
 //!
+//! Read it from here: the wiring is [`new`] (registers the cache handlers
+//! that feed the queues; no API call, so it may run before the leader
+//! election is won) and [`Context::run`] (loads the [`journal`], resumes
+//! what a previous run left on the backend, starts the workers); the
+//! [`Context`] is what every worker shares. Each step asks
+//! [`crate::provision`] what to do and carries the answer out here: cache
+//! reads, API writes, CSI calls, events.
+//!
 //! Two queues, each with `--worker-threads` workers:
 //! - **claims** ([`claims`]): a PVC that is ours → plan → journal →
 //!   `CreateVolume` → PV. Operations whose `CreateVolume` may still be running
@@ -16,11 +24,15 @@
 //! a jittered delay); topology comes from the driver's `NodeGetInfo`
 //! instead of the Node and CSINode objects, which are not watched.
 //!
+//! Claims whose `CreateVolume` was refused as infeasible wait for
+//! `--retry-interval-max` or a change ([`infeasible`]).
+//!
 //! Everything is read from the shared watch caches ([`Caches`]); the API is
 //! only written to, except for Secrets and snapshot objects, which are read
 //! when a claim needs them.
 
 pub mod claims;
+pub mod infeasible;
 pub mod journal;
 mod owner;
 pub mod volumes;
@@ -40,7 +52,6 @@ use crate::caches::{Caches, Kind};
 use crate::csi::Driver;
 use crate::events::Recorder;
 use crate::informer::Change;
-use crate::provision::infeasible::InfeasibleClaims;
 use crate::provision::node_deployment::{LocalTopology, journal_owner};
 use crate::provision::{
     ProvisionerConfig, SecretRef, is_annotated_for_us, is_our_volume, volume_on_this_node,
@@ -48,6 +59,7 @@ use crate::provision::{
 use crate::queue::{Backoff, WorkQueue};
 use crate::shared::Shared;
 
+use infeasible::InfeasibleClaims;
 use journal::{Journal, JournalInbox, JournalStore};
 
 /// A claim, identified by name and uid: a new claim with the same name is
@@ -209,7 +221,8 @@ impl Context {
         claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
         source: Option<&crate::provision::DataSourceRef>,
     ) -> bool {
-        use crate::provision::reference_grant::{CrossNamespaceSource, ReferenceGrant, is_granted};
+        use crate::api::reference_grant::ReferenceGrant;
+        use crate::provision::reference_grant::{CrossNamespaceSource, is_granted};
         let Some(source) = source.filter(|s| s.cross_namespace) else {
             return false;
         };

@@ -29,9 +29,9 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::journal::JournalEntry;
 use super::{ClaimKey, Context, InFlight};
+use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::csi::CsiError;
 use crate::provision::events::{self as notes, EventNote};
-use crate::provision::snapshot_types::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::provision::{
     CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
     DataSourceObjects, ProvisionDecision, ProvisionInputs, SourceFinalizer, build_pv,

@@ -5,7 +5,6 @@
 //! that objects written back carry them.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -193,14 +192,6 @@ impl kube::Resource for VolumeSnapshotContent {
     }
 }
 
-/// Annotations of a content, empty when it has none.
-pub(crate) fn annotations(metadata: &ObjectMeta) -> Cow<'_, BTreeMap<String, String>> {
-    match &metadata.annotations {
-        Some(annotations) => Cow::Borrowed(annotations),
-        None => Cow::Owned(BTreeMap::new()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,7 +260,12 @@ mod tests {
             Some("h")
         );
         assert_eq!(
-            annotations(&content.metadata).get("a").map(String::as_str),
+            content
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("a"))
+                .map(String::as_str),
             Some("b")
         );
         assert!(content.types.is_none());
