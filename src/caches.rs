@@ -78,10 +78,13 @@ pub struct Caches {
     pub reference_grants: Arc<Informer<ReferenceGrant>>,
     pub jobs: Arc<Informer<Job>>,
     wanted: Mutex<BTreeSet<Kind>>,
-    /// The claims' filter reads the class and volume caches: list claims
-    /// only once those are filled, or claims would be kept or dropped on
-    /// half the evidence.
-    claims_wait_for_classes_and_volumes: bool,
+    /// The claims' filter reads the class cache: list claims only once it
+    /// is filled (classes are few: it costs one short list), or every claim
+    /// of another driver's class would be kept at start-up. Volumes are
+    /// listed meanwhile, not before: at 50,000 of them waiting would double
+    /// the time to the first provisioned volume, and the volume is the
+    /// evidence of one rare case only ([`crate::relevance`]).
+    claims_wait_for_classes: bool,
 }
 
 impl Default for Caches {
@@ -107,7 +110,7 @@ impl Caches {
             reference_grants: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
             jobs: Arc::new(Informer::sharing(Arc::clone(&list_mode))),
             wanted: Mutex::default(),
-            claims_wait_for_classes_and_volumes: false,
+            claims_wait_for_classes: false,
         }
     }
 
@@ -142,7 +145,7 @@ impl Caches {
         caches.pods.keep_only(relevance::keep_pod);
         caches.jobs.keep_only(relevance::keep_job);
         Self {
-            claims_wait_for_classes_and_volumes: true,
+            claims_wait_for_classes: true,
             ..caches
         }
     }
@@ -192,16 +195,10 @@ impl Caches {
                     let classes = wanted
                         .contains(&Kind::Classes)
                         .then(|| Arc::clone(&self.classes));
-                    let volumes = wanted
-                        .contains(&Kind::Volumes)
-                        .then(|| Arc::clone(&self.volumes));
                     let client = client.clone();
                     tokio::spawn(async move {
                         if let Some(classes) = classes {
                             classes.wait_until_ready().await;
-                        }
-                        if let Some(volumes) = volumes {
-                            volumes.wait_until_ready().await;
                         }
                         spawn(&claims, &client, Some(RESYNC_PERIOD));
                     });
@@ -222,7 +219,7 @@ impl Caches {
     }
 
     fn claims_wait(&self) -> bool {
-        self.claims_wait_for_classes_and_volumes
+        self.claims_wait_for_classes
     }
 
     /// The wanted kinds whose cache is not filled yet, with why (for

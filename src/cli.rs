@@ -1,5 +1,6 @@
 //! The command line: the upstream csi-provisioner's flags with the same names,
-//! types and defaults (`reference/upstream-flags.md`), Go-style durations and
+//! types and defaults (upstream's `--help` is kept in
+//! `tests/fixtures/upstream-v6.3-help.txt` and checked), Go-style durations and
 //! booleans, and the Kubernetes `--feature-gates` syntax.
 
 use std::ffi::OsString;

@@ -1,5 +1,6 @@
 //! `--feature-gates` in the Kubernetes syntax (`A=true,B=false`), with the
-//! gate table of the design (DESIGN §2).
+//! gates, their maturity and defaults (the README's "Feature gates" table;
+//! docs/design.md, "The embedded loops and their gates").
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -7,13 +8,14 @@ use std::fmt;
 /// Every gate this sidecar knows, with its maturity and default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Feature {
-    /// KEP-2644: the PV deletion-protection finalizer (DESIGN §4).
+    /// KEP-2644: the PV deletion-protection finalizer, so that a PV deleted
+    /// before its claim cannot leak its volume.
     HonorPVReclaimPolicy,
-    /// Embedded PVC-protection loop (DESIGN §5).
+    /// Embedded PVC-protection loop ([`crate::protection`]).
     PVCProtection,
-    /// Embedded StatefulSet PVC retention loop (DESIGN §6).
+    /// Embedded StatefulSet PVC retention loop ([`crate::retention`]).
     StatefulSetAutoDeletePVC,
-    /// Embedded PV releaser loop (DESIGN §7), needs `--controller-id`.
+    /// Embedded PV releaser loop ([`crate::releaser`]), needs `--controller-id`.
     PVReleaser,
     /// Topology-aware provisioning.
     Topology,

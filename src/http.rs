@@ -1,7 +1,8 @@
 //! The diagnostics endpoint (`--http-endpoint`, or the deprecated
 //! `--metrics-address` for metrics only): Prometheus metrics at
 //! `--metrics-path`, `/healthz/leader-election` (as csi-lib-utils), and
-//! `/healthz` / `/readyz`, which pass when the driver answers `Probe`.
+//! `/healthz` / `/readyz`, which pass when the driver answers `Probe`
+//! (`/readyz` also only once the watch caches are filled).
 //!
 //! Plain hyper rather than axum: four fixed routes need no router, and
 //! hyper's server is already compiled for the test server.

@@ -396,7 +396,7 @@ mod tests {
         runner.abort();
     }
 
-    /// Issue 11 case 1: after `410 Gone` the reflector re-lists into a side
+    /// Hazard 1 (docs/design.md): after `410 Gone` the reflector re-lists into a side
     /// buffer; a handler told about a listed object before the store held
     /// it took it for deleted. Every handler call must agree with the store.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

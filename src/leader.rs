@@ -896,7 +896,7 @@ mod tests {
         assert!(err.contains("renew"), "{err}");
     }
 
-    /// Issue 11 case 8: a slow GET that returns a record renewed while it
+    /// Hazard 8 (docs/design.md): a slow GET that returns a record renewed while it
     /// was under way must not age that record by the request's latency.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_slow_read_of_a_fresh_renewal_does_not_shorten_the_lease() {

@@ -35,8 +35,9 @@
 //! do. One window stays: a claim of another driver's class, statically bound
 //! to one of our volumes, seen before that volume reached our cache, is
 //! dropped until its next change (the binder's own update of the claim is
-//! one). Start-up avoids the common case of it by filling the class and
-//! volume caches before the claims are listed ([`crate::caches`]).
+//! one, and so is its deletion, which is all protection acts on). The class
+//! cache is filled before the claims are listed ([`crate::caches`]); the
+//! volume cache is filled at the same time as the claim cache.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, PodSpec};

@@ -3,8 +3,8 @@
 //! the sidecar ends, and, as the new API server's watch cache starts at the
 //! current revision, resuming from the old resourceVersion gets `410 Gone`
 //! and a re-list. Claims created during and after that must be provisioned,
-//! and claims deleted meanwhile must have their volumes deleted (issue 11
-//! case 1: handlers were told about listed objects before the store held
+//! and claims deleted meanwhile must have their volumes deleted (hazard 1
+//! of docs/design.md: handlers were told about listed objects before the store held
 //! them; the claims created after the restart stayed Pending).
 
 mod support;

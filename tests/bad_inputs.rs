@@ -1,4 +1,4 @@
-//! The bad-input catalogue (issue 16 item 2): every way a user, an object
+//! The bad-input catalogue: every way a user, an object
 //! or a driver can hand the sidecar something wrong, each with the exact
 //! text the user is told (exit message, Event) and each its own test. Every
 //! case must end cleanly: the message, no panic, and nothing leaked (no

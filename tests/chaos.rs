@@ -1,4 +1,4 @@
-//! Chaos (issue 16 item 1): seeded, reproducible scenarios in which a
+//! Chaos: seeded, reproducible scenarios in which a
 //! workload creates, uses and deletes claims of four classes (Immediate and
 //! WaitForFirstConsumer, Delete and Retain; some PVs deleted before their
 //! claims, KEP-2644) and StatefulSets scaled up, down and deleted under

@@ -1,4 +1,4 @@
-//! CSI migration end to end (issue 14): claims of in-tree StorageClasses
+//! CSI migration end to end: claims of in-tree StorageClasses
 //! (`kubernetes.io/aws-ebs`, EKS's `gp2`; `kubernetes.io/gce-pd`) served by
 //! the sidecar of their CSI migration target, provisioned as in-tree PVs and
 //! deleted through their translated volume handle.

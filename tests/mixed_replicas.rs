@@ -1,5 +1,5 @@
-//! A rolling update from the upstream Go `csi-provisioner` to ours and back
-//! (issue 10): both replicas share one Lease (same name, client-go's
+//! A rolling update from the upstream Go `csi-provisioner` to ours and back:
+//! both replicas share one Lease (same name, client-go's
 //! protocol), exactly one of them writes at any time, claims are provisioned
 //! by whichever leads, none gets two volumes, and deletion works across the
 //! hand-overs. Real cluster only (needs the upstream binary of

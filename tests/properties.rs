@@ -1,9 +1,8 @@
-//! Property tests of every parser that reads outside input (issue 16 item
-//! 3): feature gates, Go durations, quantities (the sidecar's and the
-//! shared one of the driver and csi-sanity), StorageClass secret templates,
-//! CSI socket addresses and the releaser's selection by controller id. Each
-//! must never panic on any input, and must agree with its own formatter or
-//! its specification.
+//! Property tests of every parser that reads outside input: feature gates,
+//! Go durations, quantities (the sidecar's and the shared one of the driver
+//! and csi-sanity), StorageClass secret templates, CSI socket addresses and
+//! the releaser's selection by controller id. Each must never panic on any
+//! input, and must agree with its own formatter or its specification.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -146,7 +145,7 @@ proptest! {
     }
 }
 
-/// The releaser's selection of PVs (issue 16 item 3): the managed-by label
+/// The releaser's selection of PVs: the managed-by label
 /// and the class annotation are matched as equality selectors on the
 /// controller id. Whatever the labels, annotations, phase and policy, a PV
 /// is released only when it is ours, selected for our id, Released with a

@@ -341,7 +341,7 @@ async fn a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume(backend: 
     assert_eq!(handle(&foreign), "foreign", "the other PV is left alone");
 }
 
-/// Issue 12 item 4: a snapshot-source finalizer left behind (a crash, a
+/// The snapshot sweep: a snapshot-source finalizer left behind (a crash, a
 /// claim deleted mid-restore) is removed by the sweep once no pending claim
 /// restores from the snapshot; one still needed is kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

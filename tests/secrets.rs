@@ -1,4 +1,4 @@
-//! Secrets never leak (issue 16 item 4): a full provisioning and deletion
+//! Secrets never leak: a full provisioning and deletion
 //! with provisioner and deletion secrets, logged at the most verbose level
 //! (`--v=10`, `RUST_LOG=trace`), leaves no secret value in the logs, the
 //! events, the journal or the PV. (`Debug` of every CSI message with a

@@ -534,7 +534,7 @@ async fn gate_off_makes_no_api_writes(backend: Backend) {
     env.assert_nothing_forbidden();
 }
 
-/// Issue 11 case 6: set `redis` (template `data-cache`, whenScaled=Delete,
+/// Hazard 6 (docs/design.md): set `redis` (template `data-cache`, whenScaled=Delete,
 /// scaled to 0) and set `cache-redis` (template `data`) both name a claim
 /// `data-cache-redis-0`; it carries `cache-redis`'s labels. Deleting it
 /// would lose `cache-redis`'s data: it must be left alone.
@@ -577,7 +577,7 @@ async fn a_claim_matched_by_name_only_is_never_deleted(backend: Backend) {
     assert!(env.logs().contains("labels do not match"), "{}", env.logs());
 }
 
-/// Issue 11 case 6, what the real controller-manager does with the same
+/// Hazard 6 (docs/design.md), what the real controller-manager does with the same
 /// two sets when its own statefulset controller does the work (our loop
 /// off): recorded here so that ours is held to doing no worse.
 async fn the_controller_manager_with_a_claim_matched_by_name_only(backend: Backend) {

@@ -1,5 +1,6 @@
 //! Our retention loop and the controller-manager's StatefulSet controller on
-//! the same claims must not fight (DESIGN §6). The controller-manager is
+//! the same claims must not fight: neither may undo the other's write. The
+//! controller-manager is
 //! played by a reference implementation written here from its source
 //! (`isClaimOwnerUpToDate` / `updateClaimOwnerRefForSetAndPod` in
 //! `pkg/controller/statefulset/stateful_set_utils.go`, Kubernetes 1.32+),
@@ -480,7 +481,8 @@ async fn configure(h: &Harness, replicas: i32, scaled: &str, deleted: &str) {
         .expect("configure set");
 }
 
-/// The claim's wanted owners (besides the user's), per DESIGN §6.
+/// The claim's wanted owners (besides the user's), as the controller-manager
+/// wants them per retention policy.
 fn wanted(ordinal: i32, replicas: i32, scaled: &str, deleted: &str) -> Vec<(String, String)> {
     let condemned = ordinal >= replicas;
     match (scaled, deleted, condemned) {

@@ -290,7 +290,7 @@ fn type_name(f: &prost_reflect::FieldDescriptor) -> String {
 }
 
 /// Every request with a secret field, `{:?}` and `{:#?}`: the value and the
-/// key never show (issue 16 item 4).
+/// key never show.
 #[test]
 fn debug_of_every_request_with_secrets_is_redacted() {
     macro_rules! check {

@@ -4,15 +4,13 @@
 //! happening on the backend and the caller may stop. A non-final error means
 //! the operation may still be running (or may run when retried with the same
 //! arguments), so the caller must keep retrying the same request before it
-//! may forget it — otherwise a volume created after the timeout would leak
-//! (DESIGN §3).
+//! may forget it — otherwise a volume created after the timeout would leak.
 
 use std::time::Duration;
 
 use tonic::Code;
 
-/// Final or non-final, per DESIGN §3 and the upstream sidecar's
-/// `isFinalError`.
+/// Final or non-final, as the upstream sidecar's `isFinalError` decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
     Final,

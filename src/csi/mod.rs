@@ -3,7 +3,8 @@
 //! - [`connection`]: wait for the socket and for `Probe` to say ready.
 //! - [`driver`]: the [`Driver`] facade — what the driver is and can do, and
 //!   the controller calls with the `--timeout` deadline.
-//! - [`error`]: [`CsiError`] and its final / non-final class (DESIGN §3).
+//! - [`error`]: [`CsiError`] and its final / non-final class (docs/design.md,
+//!   "Errors: final, non-final, retries").
 
 pub mod connection;
 pub mod driver;

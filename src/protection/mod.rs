@@ -1,4 +1,4 @@
-//! The PVC-protection loop (gate `PVCProtection`, DESIGN §5): the
+//! The PVC-protection loop (gate `PVCProtection`): the
 //! controller-manager's pvc-protection controller, for this driver's claims.
 //!
 //! - A claim of ours that is alive and lacks `kubernetes.io/pvc-protection`

@@ -14,7 +14,8 @@ pub enum FinalizerChange {
     Remove,
 }
 
-/// The change the PV loop makes to our finalizer on a PV (DESIGN §4):
+/// The change the PV loop makes to our finalizer on a PV (docs/design.md,
+/// "Finalizers"):
 /// - gate on: add to our Bound PVs with reclaim policy Delete and no deletion
 ///   timestamp (this covers PVs from before the sidecar ran and bound static
 ///   CSI PVs);

@@ -45,8 +45,8 @@ pub fn may_reschedule(topology_enabled: bool, selected_node: Option<&str>) -> bo
 /// reached the driver (no gRPC status at all) must be passed as
 /// [`Code::Unavailable`]: we cannot know whether an earlier attempt is running.
 ///
-/// `ResourceExhausted` without rescheduling is treated as in background, as
-/// DESIGN §3 asks: the code is also what gRPC reports for oversized messages,
+/// `ResourceExhausted` without rescheduling is treated as in background, on
+/// purpose: the code is also what gRPC reports for oversized messages,
 /// and keeping the request frozen is the side that cannot leak. (Upstream
 /// treats it as final.)
 pub fn classify_create_volume_error(code: Code, may_reschedule: bool) -> CreateVolumeOutcome {

@@ -1,11 +1,13 @@
 //! The volume worker: one PV name at a time.
 //!
-//! - Keeps our finalizer in line with HonorPVReclaimPolicy (DESIGN §4): PVs
-//!   that existed before the sidecar started get it on the initial list, a
-//!   rollback (gate off) removes it.
+//! - Keeps our finalizer in line with HonorPVReclaimPolicy (docs/design.md,
+//!   "Finalizers"): PVs that existed before the sidecar started get it on
+//!   the initial list, a rollback (gate off) removes it.
 //! - Deletes the backend volume of a Released PV with policy Delete, then the
 //!   PV object, then drops the finalizer. A crash between these steps only
-//!   repeats idempotent steps: `DeleteVolume` of a missing volume is `OK`,
+//!   repeats idempotent steps: `DeleteVolume` of a missing volume is `OK`
+//!   (the CSI spec; a driver that answers `NOT_FOUND` is retried instead,
+//!   see `Driver::delete_volume`),
 //!   deleting a PV that has a deletion timestamp changes nothing, and
 //!   removing the finalizer uses a JSON patch that tests the list first.
 
@@ -187,7 +189,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             // The uid precondition failed when the name belongs to a new PV
             // now: ours is gone, and the new one's finalizer is not ours to
-            // touch (issue 11 case 11). A 409 can also be a plain conflict
+            // touch (docs/design.md, hazard 11). A 409 can also be a plain conflict
             // (found by the chaos harness): then ours is still there, and
             // giving up would leave it Released for ever with its volume
             // gone. Fresh state tells which.

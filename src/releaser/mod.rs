@@ -1,4 +1,4 @@
-//! The PV-releaser loop (gate `PVReleaser`, `--controller-id`, DESIGN §7),
+//! The PV-releaser loop (gate `PVReleaser`, `--controller-id`),
 //! from the seed project kubernetes-dynamic-reclaimable-pvc-controllers.
 //!
 //! A PV of this driver is *associated* with our controller id by the label

@@ -1,4 +1,4 @@
-//! The PV-releaser decisions (DESIGN §7, from the seed project
+//! The PV-releaser decisions (from the seed project
 //! kubernetes-dynamic-reclaimable-pvc-controllers). Plain objects in,
 //! verdicts and patches out, no I/O.
 

@@ -1,4 +1,4 @@
-//! The retention decisions (DESIGN §6), as pure functions: objects in,
+//! The retention decisions (KEP-1847), as pure functions: objects in,
 //! wanted owner references or a deletion out. No I/O here.
 //!
 //! They follow the controller-manager's StatefulSet controller
@@ -165,7 +165,7 @@ pub struct ClaimFacts<'a> {
     pub claim_deleting: bool,
     /// The claim's labels match the set's selector, as every claim the
     /// controller-manager creates from a template does. A claim whose name
-    /// only happens to fit (issue 11 case 6: set `redis` with template
+    /// only happens to fit (hazard 6 of docs/design.md: set `redis` with template
     /// `data-cache` and set `cache-redis` with template `data` both name
     /// `data-cache-redis-0`) is not this set's.
     pub labels_match: bool,

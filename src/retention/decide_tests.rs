@@ -77,7 +77,7 @@ fn facts<'a>(
 const POD: PodState<'static> = PodState::OfSet { uid: POD_UID };
 
 /// (whenScaled, whenDeleted, condemned, wanted set ref, wanted pod ref),
-/// with the pod present: DESIGN §6.
+/// with the pod present, as the controller-manager wants them.
 const MATRIX: &[(Retention, Retention, bool, bool, bool)] = &[
     (R, R, false, false, false),
     (R, R, true, false, false),
@@ -935,7 +935,7 @@ fn label_selectors_match_as_in_kubernetes() {
     ));
 }
 
-/// Issue 11 case 6: set `redis` (template `data-cache`, whenScaled=Delete,
+/// Hazard 6 (docs/design.md): set `redis` (template `data-cache`, whenScaled=Delete,
 /// scaled to 0) and set `cache-redis` (template `data`) both name a claim
 /// `data-cache-redis-0`; it carries `cache-redis`'s labels. `redis` must
 /// leave it alone, neither delete it nor give it an owner.

@@ -1,5 +1,5 @@
-//! StatefulSet PVC retention (gate `StatefulSetAutoDeletePVC`, KEP-1847,
-//! DESIGN §6): the controller-manager's owner references on the claims of
+//! StatefulSet PVC retention (gate `StatefulSetAutoDeletePVC`, KEP-1847):
+//! the controller-manager's owner references on the claims of
 //! StatefulSets whose claim templates are for this driver, so that the
 //! garbage collector deletes a claim with its set (whenDeleted=Delete) or
 //! with its scaled-down pod (whenScaled=Delete).
@@ -425,7 +425,7 @@ impl Context {
                 // A pod reference condemns the claim to go with its pod. The
                 // cache may show the pod of a scale-up before the scale-up
                 // itself: confirm with the live set that the ordinal is
-                // still out of range (issue 11 case 6).
+                // still out of range (docs/design.md, hazard 6).
                 let adds_pod = wanted
                     .iter()
                     .any(|w| w.kind == "Pod" && !current.iter().any(|c| c.uid == w.uid));

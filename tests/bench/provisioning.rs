@@ -1,5 +1,6 @@
 //! Benchmarks of the real `csi-provisioner` binary against the in-memory API
-//! test server and the hostpath driver (DESIGN §11). Prints numbers; asserts
+//! test server and the hostpath driver (docs/design.md, "How it is tested").
+//! Prints numbers; asserts
 //! only that the runs completed.
 //!
 //! `cargo bench --bench provisioning` (sizes: BENCH_CLAIMS, default 300;

@@ -1,4 +1,4 @@
-//! Side-by-side benchmarks on a real control plane (issue 13): this
+//! Side-by-side benchmarks on a real control plane: this
 //! sidecar and the upstream Go `csi-provisioner`, one after the other, on
 //! the same kube-apiserver + etcd + kube-controller-manager, with our
 //! `csi-hostpath` driver (in-process) and the upstream Go `hostpathplugin`
