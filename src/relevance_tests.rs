@@ -229,3 +229,190 @@ fn jobs_are_kept_only_when_they_ask_for_a_claim() {
     )));
     assert!(!keep_job(&job(json!({"team": "a"}))));
 }
+
+/// Objects as a real kube-apiserver 1.36 serves them (managed fields,
+/// defaults, status), saved by hand from a control plane of
+/// `tests/controlplane`: a bound PV and claim of our driver, a statically
+/// bound pair of another driver, pods with and without claims, a Job, a
+/// StatefulSet and both classes.
+mod real_objects {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::batch::v1::Job;
+    use serde::de::DeserializeOwned;
+
+    use super::*;
+    use crate::trim::Trim;
+
+    /// A fixture as the cache would receive it: decoded, then trimmed.
+    fn cached<K: DeserializeOwned + Trim>(json: &str) -> K {
+        let mut object: K = serde_json::from_str(json).expect("fixture");
+        object.trim();
+        object
+    }
+
+    const PV_OURS: &str = include_str!("../tests/fixtures/real/pv-ours.json");
+    const PV_OTHER: &str = include_str!("../tests/fixtures/real/pv-other.json");
+    const PVC_OURS: &str = include_str!("../tests/fixtures/real/pvc-ours.json");
+    const PVC_OTHER: &str = include_str!("../tests/fixtures/real/pvc-other.json");
+    const POD_WITH_CLAIMS: &str = include_str!("../tests/fixtures/real/pod-with-claims.json");
+    const POD_WITHOUT_CLAIMS: &str = include_str!("../tests/fixtures/real/pod-without-claims.json");
+    const JOB: &str = include_str!("../tests/fixtures/real/job-annotated.json");
+    const STATEFUL_SET: &str = include_str!("../tests/fixtures/real/statefulset.json");
+    const CLASS_OURS: &str = include_str!("../tests/fixtures/real/storageclass-ours.json");
+    const CLASS_OTHER: &str = include_str!("../tests/fixtures/real/storageclass-other.json");
+
+    #[test]
+    fn our_volume_is_kept_with_what_deletion_and_the_finalizer_read() {
+        let pv: PersistentVolume = cached(PV_OURS);
+        assert!(keep_volume(&pv, &config()));
+        assert!(pv.metadata.managed_fields.is_none());
+        assert!(pv.metadata.resource_version.is_some() && pv.metadata.uid.is_some());
+        // Ours and the API server's own pv-protection.
+        assert!(
+            pv.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == wk::FINALIZER_PV)
+        );
+        let spec = pv.spec.as_ref().expect("spec");
+        let csi = spec.csi.as_ref().expect("csi source");
+        assert_eq!(
+            (csi.driver.as_str(), csi.volume_handle.as_str()),
+            (DRIVER, "vol-1")
+        );
+        assert!(csi.volume_attributes.is_some());
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Delete")
+        );
+        let claim_ref = spec.claim_ref.as_ref().expect("claimRef");
+        assert!(claim_ref.uid.is_some(), "the binder's claim uid is kept");
+        assert!(spec.node_affinity.is_some());
+        assert_eq!(
+            pv.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Bound")
+        );
+    }
+
+    #[test]
+    fn another_drivers_volume_is_dropped() {
+        let pv: PersistentVolume = cached(PV_OTHER);
+        assert!(!keep_volume(&pv, &config()));
+    }
+
+    #[test]
+    fn our_claim_is_kept_with_what_provisioning_and_protection_read() {
+        let claim: PersistentVolumeClaim = cached(PVC_OURS);
+        let class: StorageClass = cached(CLASS_OURS);
+        let pv: PersistentVolume = cached(PV_OURS);
+        assert!(keep_claim(&claim, Some(&class), Some(&pv), &config()));
+        assert!(
+            keep_claim(&claim, None, None, &config()),
+            "annotated for us"
+        );
+        assert!(claim.metadata.managed_fields.is_none());
+        assert_eq!(
+            annotated_provisioner(&claim),
+            Some(DRIVER),
+            "the controller-manager's annotation is kept"
+        );
+        let spec = claim.spec.as_ref().expect("spec");
+        assert_eq!(spec.volume_name.as_deref(), Some("pvc-ours"));
+        assert!(
+            spec.resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .is_some()
+        );
+        assert!(claim.metadata.uid.is_some() && claim.metadata.labels.is_some());
+        assert!(
+            class.metadata.annotations.is_none(),
+            "the class's last-applied copy is dropped"
+        );
+    }
+
+    #[test]
+    fn another_drivers_statically_bound_claim_is_dropped_by_its_class() {
+        let claim: PersistentVolumeClaim = cached(PVC_OTHER);
+        let class: StorageClass = cached(CLASS_OTHER);
+        assert!(
+            annotated_provisioner(&claim).is_none(),
+            "bound statically: the controller-manager never annotated it"
+        );
+        assert!(!keep_claim(&claim, Some(&class), None, &config()));
+        assert!(
+            keep_claim(&claim, None, None, &config()),
+            "kept while its class is unknown"
+        );
+    }
+
+    #[test]
+    fn pods_and_jobs_keep_what_the_loops_read() {
+        let pod: Pod = cached(POD_WITH_CLAIMS);
+        assert!(keep_pod(&pod));
+        let spec = pod.spec.as_ref().expect("spec");
+        assert!(spec.containers.is_empty(), "containers are not kept");
+        let volumes: Vec<(&str, bool, bool)> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| {
+                (
+                    v.name.as_str(),
+                    v.persistent_volume_claim.is_some(),
+                    v.ephemeral.is_some(),
+                )
+            })
+            .collect();
+        // The API server adds the service account's projected volume: kept
+        // by name only, like the config map.
+        assert_eq!(
+            volumes[..3],
+            [
+                ("data", true, false),
+                ("scratch", false, true),
+                ("cfg", false, false)
+            ]
+        );
+        assert!(volumes[3..].iter().all(|(name, claim, ephemeral)| {
+            name.starts_with("kube-api-access") && !claim && !ephemeral
+        }));
+        assert!(spec.volumes.iter().flatten().all(|v| v.projected.is_none()));
+        assert!(
+            pod.metadata.annotations.is_none(),
+            "only the loops' annotations"
+        );
+        assert!(
+            pod.status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some()
+        );
+        assert!(!keep_pod(&cached::<Pod>(POD_WITHOUT_CLAIMS)));
+        let job: Job = cached(JOB);
+        assert!(keep_job(&job));
+        assert_eq!(
+            job.metadata
+                .annotations
+                .as_ref()
+                .map(|a| a.keys().cloned().collect::<Vec<_>>()),
+            Some(vec![
+                "dynamic-pvc-provisioner.kubernetes.io/cache.enabled".to_owned()
+            ])
+        );
+    }
+
+    #[test]
+    fn a_stateful_set_keeps_its_claim_templates_and_policy() {
+        let set: StatefulSet = cached(STATEFUL_SET);
+        assert_eq!(set.spec.replicas, Some(2));
+        assert_eq!(
+            set.spec.volume_claim_templates.as_ref().map(Vec::len),
+            Some(1)
+        );
+        assert!(set.spec.persistent_volume_claim_retention_policy.is_some());
+        assert!(set.spec.template.spec.is_none());
+        assert!(set.metadata.uid.is_some());
+    }
+}
