@@ -146,7 +146,7 @@ pub struct Options {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, value_name = "BOOL")]
     pub immediate_topology: bool,
 
-    /// A set of key=value pairs that describe feature gates for alpha/experimental features. Options are: HonorPVReclaimPolicy=true|false (default true), PVCProtection=true|false (ALPHA, default false), StatefulSetAutoDeletePVC=true|false (ALPHA, default false), PVReleaser=true|false (ALPHA, default false; needs --controller-id), Topology=true|false (default true), VolumeAttributesClass=true|false (default true), CrossNamespaceVolumeDataSource=true|false (ALPHA, default false), ReleaseLeaderElectionOnExit=true|false (ALPHA, default false), PodPVCProvisioner=true|false (ALPHA, default false; needs --controller-id), AllAlpha=true|false, AllBeta=true|false.
+    /// A set of key=value pairs that describe feature gates for alpha/experimental features. Options are: HonorPVReclaimPolicy=true|false (default true), PVCProtection=true|false (ALPHA, default false), StatefulSetAutoDeletePVC=true|false (ALPHA, default false), PVReleaser=true|false (ALPHA, default false; needs --controller-id), Topology=true|false (default true), VolumeAttributesClass=true|false (default true), CrossNamespaceVolumeDataSource=true|false (ALPHA, default false), ReleaseLeaderElectionOnExit=true|false (ALPHA, default false), PodPVCProvisioner=true|false (ALPHA, default false; needs --controller-id), ClaimMetadataPropagation=true|false (ALPHA, default false), AllAlpha=true|false, AllBeta=true|false.
     #[arg(long, value_parser = feature_gates, value_name = "NAME=BOOL,...")]
     pub feature_gates: Vec<String>,
 

@@ -28,6 +28,11 @@ pub enum Feature {
     /// Embedded pod/Job-annotation PVC provisioner, the releaser's
     /// companion; needs `--controller-id`.
     PodPVCProvisioner,
+    /// StorageClasses may opt in, key by key, to parameter templates
+    /// resolved from the claim (`${pvc.name}`, `${pvc.annotations['KEY']}`,
+    /// ...) and to claim labels and annotations copied onto the PV
+    /// ([`crate::provision::claim_metadata`]).
+    ClaimMetadataPropagation,
 }
 
 /// Gates the upstream binary accepts because the Kubernetes libraries it
@@ -79,7 +84,7 @@ pub enum Stage {
 }
 
 impl Feature {
-    pub const ALL: [Feature; 9] = [
+    pub const ALL: [Feature; 10] = [
         Feature::HonorPVReclaimPolicy,
         Feature::PVCProtection,
         Feature::StatefulSetAutoDeletePVC,
@@ -89,6 +94,7 @@ impl Feature {
         Feature::CrossNamespaceVolumeDataSource,
         Feature::ReleaseLeaderElectionOnExit,
         Feature::PodPVCProvisioner,
+        Feature::ClaimMetadataPropagation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +108,7 @@ impl Feature {
             Feature::CrossNamespaceVolumeDataSource => "CrossNamespaceVolumeDataSource",
             Feature::ReleaseLeaderElectionOnExit => "ReleaseLeaderElectionOnExit",
             Feature::PodPVCProvisioner => "PodPVCProvisioner",
+            Feature::ClaimMetadataPropagation => "ClaimMetadataPropagation",
         }
     }
 
@@ -122,7 +129,8 @@ impl Feature {
             | Feature::PVReleaser
             | Feature::CrossNamespaceVolumeDataSource
             | Feature::ReleaseLeaderElectionOnExit
-            | Feature::PodPVCProvisioner => Stage::Alpha,
+            | Feature::PodPVCProvisioner
+            | Feature::ClaimMetadataPropagation => Stage::Alpha,
         }
     }
 
@@ -130,7 +138,7 @@ impl Feature {
     /// reach only these: a command line written for the Go image that says
     /// `AllAlpha=true` must not switch on our embedded loops, which write
     /// to objects the Go sidecar never touches (and one of which needs a
-    /// flag the Go image does not have).
+    /// flag the Go image does not have), nor change what a class means.
     pub fn upstream(self) -> bool {
         !matches!(
             self,
@@ -138,6 +146,7 @@ impl Feature {
                 | Feature::StatefulSetAutoDeletePVC
                 | Feature::PVReleaser
                 | Feature::PodPVCProvisioner
+                | Feature::ClaimMetadataPropagation
         )
     }
 
@@ -285,6 +294,41 @@ mod tests {
         assert!(!gates.enabled(Feature::PVReleaser));
         assert!(!gates.enabled(Feature::CrossNamespaceVolumeDataSource));
         assert!(!gates.enabled(Feature::ReleaseLeaderElectionOnExit));
+        assert!(!gates.enabled(Feature::ClaimMetadataPropagation));
+    }
+
+    #[test]
+    fn claim_metadata_gate_is_alpha_ours_and_named() {
+        let feature = Feature::ClaimMetadataPropagation;
+        assert_eq!(feature.stage(), Stage::Alpha);
+        assert!(!feature.default_enabled());
+        assert!(
+            !feature.upstream(),
+            "AllAlpha must not change what a class means"
+        );
+        let mut gates = FeatureGates::default();
+        gates.apply("ClaimMetadataPropagation=true").expect("valid");
+        assert!(gates.enabled(feature));
+        assert!(
+            gates.summary().ends_with(",ClaimMetadataPropagation=true"),
+            "{}",
+            gates.summary()
+        );
+        assert!(
+            FeatureGates::default()
+                .summary()
+                .contains("ClaimMetadataPropagation=false")
+        );
+        // Only by name: AllAlpha leaves it off, and a misspelling is an error.
+        let mut gates = FeatureGates::default();
+        gates.apply("AllAlpha=true").expect("valid");
+        assert!(!gates.enabled(feature));
+        assert_eq!(
+            FeatureGates::default().apply("ClaimMetadataInParameters=true"),
+            Err(FeatureGateError::Unknown(
+                "ClaimMetadataInParameters".into()
+            ))
+        );
     }
 
     #[test]

@@ -608,6 +608,7 @@ pub fn provisioner_config(options: &Options, driver: &Driver) -> ProvisionerConf
     config.honor_pv_reclaim_policy = gates.enabled(Feature::HonorPVReclaimPolicy);
     config.volume_attributes_class_enabled = gates.enabled(Feature::VolumeAttributesClass);
     config.cross_namespace_data_source = gates.enabled(Feature::CrossNamespaceVolumeDataSource);
+    config.claim_metadata_propagation = gates.enabled(Feature::ClaimMetadataPropagation);
     config.capabilities = DriverCapabilities {
         clone_volume: info.controller.has(ControllerCap::CloneVolume),
         create_delete_snapshot: info.controller.has(ControllerCap::CreateDeleteSnapshot),

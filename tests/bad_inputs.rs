@@ -19,6 +19,9 @@ use support::{Backend, Env};
 
 const CLAIM: &str = "bad";
 
+/// The flags of the `ClaimMetadataPropagation` cases.
+const CLAIM_METADATA: &[&str] = &["--feature-gates=ClaimMetadataPropagation=true"];
+
 const SNAPSHOT_SOURCE: &str = r#"{"spec": {"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}, "dataSourceRef": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}}}"#;
 
 /// What is wrong.
@@ -28,6 +31,12 @@ enum Input {
     /// A claim (JSON merged into a 1Mi RWO claim of the case's class) of a
     /// class with these parameters (JSON merged into the class object).
     Claim {
+        class: &'static str,
+        claim: &'static str,
+    },
+    /// As `Claim`, with the sidecar started with these flags.
+    ClaimWithFlags {
+        flags: &'static [&'static str],
         class: &'static str,
         claim: &'static str,
     },
@@ -108,6 +117,10 @@ catalogue! {
         input: Input::Flags(&["--feature-gates=Foo=true"]),
         expect: Expect::Exit { code: 2, stderr: "error: invalid value 'Foo=true' for '--feature-gates <NAME=BOOL,...>': unrecognized feature gate: Foo" },
     };
+    flag_claim_metadata_gate_misspelled: Case {
+        input: Input::Flags(&["--feature-gates=ClaimMetadataInParameters=true"]),
+        expect: Expect::Exit { code: 2, stderr: "error: invalid value 'ClaimMetadataInParameters=true' for '--feature-gates <NAME=BOOL,...>': unrecognized feature gate: ClaimMetadataInParameters" },
+    };
     flag_gate_without_value: Case {
         input: Input::Flags(&["--feature-gates=Topology"]),
         expect: Expect::Exit { code: 2, stderr: "error: invalid value 'Topology' for '--feature-gates <NAME=BOOL,...>': missing bool value for Topology" },
@@ -185,6 +198,47 @@ catalogue! {
         // PV must carry none.
         input: Input::Claim { class: r#"{"parameters": {"csi.storage.k8s.io/fstype": "ext4"}}"#, claim: r#"{"spec": {"volumeMode": "Block"}}"# },
         expect: Expect::LogThenBound { log: "provisioned" },
+    };
+
+    // StorageClasses of the ClaimMetadataPropagation gate: parameter
+    // templates and claim labels and annotations copied onto the PV.
+    class_parameter_template_malformed: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "subDir"}}, "parameters": {"subDir": "${pvc.namespace"}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to resolve StorageClass parameter \"subDir\": malformed template \"${pvc.namespace\": \"${\" without a closing \"}\"" },
+    };
+    class_parameter_template_stray_dollar: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "subDir"}}, "parameters": {"subDir": "$HOME/${pvc.name}"}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to resolve StorageClass parameter \"subDir\": malformed template \"$HOME/${pvc.name}\": \"$\" must start a token such as \"${pvc.name}\" (write \"$$\" for a literal \"$\")" },
+    };
+    class_parameter_template_unknown_token: Case {
+        // The spelling csi-driver-smb/nfs resolve themselves: not ours.
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "subDir"}}, "parameters": {"subDir": "${pvc.metadata.namespace}/${pvc.metadata.name}"}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to resolve StorageClass parameter \"subDir\": unknown token \"${pvc.metadata.namespace}\" (known: ${pv.name}, ${pvc.name}, ${pvc.namespace}, ${pvc.annotations['KEY']})" },
+    };
+    class_parameter_template_missing_annotation: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "tags"}}, "parameters": {"tags": "cost-center=${pvc.annotations['cost-center']}"}}"#, claim: r#"{"metadata": {"annotations": {"cost_center": "typo"}}}"# },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to resolve StorageClass parameter \"tags\": the claim has no annotation \"cost-center\" (for \"${pvc.annotations['cost-center']}\")" },
+    };
+    class_parameter_template_of_a_reserved_key: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "csi.storage.k8s.io/fstype"}}, "parameters": {"csi.storage.k8s.io/fstype": "${pvc.name}"}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/parameter-templates lists \"csi.storage.k8s.io/fstype\", which the provisioner reads itself; it is not templated" },
+    };
+    class_parameter_template_of_no_parameter: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "subdir"}}, "parameters": {"subDir": "${pvc.name}"}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/parameter-templates lists \"subdir\", which is not a parameter of the class" },
+    };
+    class_copy_of_a_key_that_is_not_a_label_key: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/copy-claim-labels": "team,cost center"}}}"#, claim: r#"{"metadata": {"labels": {"team": "a"}}}"# },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/copy-claim-labels lists \"cost center\", which is not a valid label key: the name must consist of alphanumerics, \"-\", \"_\" or \".\", and start and end with an alphanumeric" },
+    };
+    class_copy_of_a_volume_machinery_key: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/copy-claim-annotations": "volume.beta.kubernetes.io/storage-class"}}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/copy-claim-annotations lists \"volume.beta.kubernetes.io/storage-class\", which belongs to Kubernetes' volume machinery and is never copied" },
+    };
+    class_claim_metadata_without_the_gate: Case {
+        // Gate off: the same class is the Go image's class, `${` and all.
+        input: Input::Claim { class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "subDir", "csi-provisioner-rs.io/copy-claim-labels": "not a key"}}, "parameters": {"subDir": "${pvc.namespace"}}"#, claim: "{}" },
+        expect: Expect::EventThenBound { reason: "ProvisioningSucceeded", message: "Successfully provisioned volume pvc-" },
     };
 
     // Claims.
@@ -373,8 +427,17 @@ async fn run(name: &str, case: Case) {
         );
         return;
     }
+    let mut flags: &[&str] = &[];
     let (class_extra, claim_extra, reply, times) = match &case.input {
         Input::Claim { class, claim } => (fill(&env, class), fill(&env, claim), None, 0),
+        Input::ClaimWithFlags {
+            flags: extra,
+            class,
+            claim,
+        } => {
+            flags = extra;
+            (fill(&env, class), fill(&env, claim), None, 0)
+        }
         Input::ClaimAfter {
             objects,
             class,
@@ -422,7 +485,7 @@ async fn run(name: &str, case: Case) {
             ),
         ]);
     }
-    env.start_sidecar(&[]).await;
+    env.start_sidecar(flags).await;
     env.create_pvc(&env.ns, CLAIM, "bad", "1Mi", claim_extra)
         .await;
     match case.expect {

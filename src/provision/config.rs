@@ -73,6 +73,10 @@ pub struct ProvisionerConfig {
     pub volume_attributes_class_enabled: bool,
     /// `CrossNamespaceVolumeDataSource` gate.
     pub cross_namespace_data_source: bool,
+    /// `ClaimMetadataPropagation` gate: classes may template parameters
+    /// and copy claim labels and annotations onto PVs
+    /// ([`super::claim_metadata`]).
+    pub claim_metadata_propagation: bool,
     /// ReferenceGrants are served and readable (probed at start with the
     /// gate on); without, every cross-namespace source is refused as not
     /// granted, and nothing waits for a cache that cannot fill.
@@ -115,6 +119,7 @@ impl ProvisionerConfig {
             honor_pv_reclaim_policy: true,
             volume_attributes_class_enabled: true,
             cross_namespace_data_source: false,
+            claim_metadata_propagation: false,
             reference_grants_readable: false,
             node_deployment: None,
             capabilities: DriverCapabilities::default(),
@@ -137,6 +142,7 @@ mod tests {
             !config.strict_topology
                 && !config.extra_create_metadata
                 && !config.cross_namespace_data_source
+                && !config.claim_metadata_propagation
         );
         assert_eq!(config.node_deployment, None);
     }

@@ -1,6 +1,7 @@
 //! Why a provisioning plan could not be made. Messages follow upstream's
 //! wording, since they end up in `ProvisioningFailed` events users search for.
 
+use super::claim_metadata::ClaimMetadataError;
 use super::quantity::QuantityError;
 use super::secrets::SecretError;
 use super::topology::TopologyError;
@@ -100,6 +101,10 @@ pub enum ProvisionError {
     Topology(TopologyError),
     #[error(transparent)]
     Secret(#[from] SecretError),
+    /// `ClaimMetadataPropagation`: a parameter template or a copy list of the
+    /// class cannot be applied to the claim.
+    #[error(transparent)]
+    ClaimMetadata(#[from] ClaimMetadataError),
     /// CSI migration: the in-tree class cannot be translated for the driver.
     #[error("failed to translate storage class: {0}")]
     StorageClassTranslation(MigrationError),

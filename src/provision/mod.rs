@@ -47,6 +47,17 @@
 //!    why the returned volume is unusable ([`PvBuildError`]: the loop deletes
 //!    that backend volume and retries).
 //!
+//! # Claim metadata
+//!
+//! With the `ClaimMetadataPropagation` gate on (off by default),
+//! [`plan_provision`] also resolves the parameters a class lists as
+//! templates (`${pvc.name}`, `${pvc.annotations['KEY']}`, ...) into the
+//! request, and collects the claim labels and annotations the class copies
+//! onto the PV (`plan.copied_metadata`, added by [`build_pv`] without
+//! overwriting the PV's own keys). The class annotations, the token rules
+//! and every error are in [`claim_metadata`]; the one template parser,
+//! shared with the secret templates, in `template`.
+//!
 //! # Deleting a volume
 //!
 //! [`should_delete`]`(pv, config)` — ours, Released, reclaim policy Delete,
@@ -87,6 +98,7 @@
 //! [`events`] has the messages with upstream's wording; the reasons and every
 //! other well-known string are in [`crate::wellknown`].
 
+pub mod claim_metadata;
 mod config;
 mod content_source;
 mod delete;
@@ -103,6 +115,7 @@ pub mod quantity;
 pub mod reference_grant;
 mod secrets;
 mod should_provision;
+mod template;
 mod topology;
 
 pub use config::{DriverCapabilities, NodeDeployment, ProvisionerConfig, provisioner_identity};
@@ -129,10 +142,11 @@ pub use plan::{
     volume_attributes_class_name, volume_name,
 };
 pub use pv::{PvBuildError, build_pv, records_same_volume, retained_volume_pv};
-pub use secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
+pub use secrets::{SecretError, SecretKind, SecretRef, resolve_secret_ref};
 pub use should_provision::{
     ProvisionDecision, SkipReason, annotated_provisioner, is_annotated_for_us, should_provision,
 };
+pub use template::TemplateContext;
 pub use topology::{
     SelectedNodeTopology, TopologyError, TopologyInputs, accessibility_requirements,
     node_affinity_matches, pvc_name_hash_and_index, satisfies_requisite, topology_keys,

@@ -16,6 +16,7 @@ use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttributesClass};
 
+use super::claim_metadata::{CopiedMetadata, copied_claim_metadata, resolve_parameter_templates};
 use super::config::ProvisionerConfig;
 use super::content_source::{DataSourceObjects, SourceFinalizer, content_source, data_source_ref};
 use super::error::ProvisionError;
@@ -164,6 +165,10 @@ pub struct ProvisionPlan {
     pub selected_node: Option<String>,
     /// The claim has a data source: the response must report a content source.
     pub has_data_source: bool,
+    /// `ClaimMetadataPropagation`: the claim's labels and annotations the
+    /// class copies onto the PV (empty with the gate off); never
+    /// overwriting the PV's own.
+    pub copied_metadata: CopiedMetadata,
     /// CSI migration: the class names this in-tree plugin, which our driver
     /// took over. The request was planned from the class translated to CSI,
     /// and the PV is written in the plugin's in-tree form.
@@ -330,6 +335,22 @@ pub fn plan_provision(
         controller_modify: secret(SecretKind::ControllerModify)?,
     };
 
+    // With the gate on, the parameters the class lists are templates,
+    // resolved here so that the request frozen (and journalled) for the
+    // claim holds the values: retries, restarts and cleanups send them.
+    // Keys the sidecar reads itself (fsType, secrets) are never templated,
+    // so reading them from the class's own parameters above stays right.
+    let class_annotations = inputs.class.metadata.annotations.as_ref();
+    let resolved_params;
+    let mut copied_metadata = CopiedMetadata::default();
+    let params = if config.claim_metadata_propagation {
+        resolved_params =
+            resolve_parameter_templates(class_annotations, params, &template_context)?;
+        copied_metadata = copied_claim_metadata(class_annotations, claim)?;
+        &resolved_params
+    } else {
+        params
+    };
     request.parameters = driver_parameters(params)?;
     if config.extra_create_metadata {
         request
@@ -383,6 +404,7 @@ pub fn plan_provision(
         volume_attributes_class_name: vac_name.map(str::to_owned),
         selected_node: selected_node.map(str::to_owned),
         has_data_source: source.is_some(),
+        copied_metadata,
         migrated_from,
     })
 }

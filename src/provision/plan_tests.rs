@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::provision::claim_metadata::CopiedMetadata;
 use crate::provision::content_source::DataSourceObjects;
 use crate::provision::fixtures::{
     CLAIM_UID, DRIVER, VOLUME, annotate, claim, claim_spec, class, config, map, source_claim,
@@ -298,6 +299,183 @@ fn extra_create_metadata() {
             (wk::PARAM_PV_NAME.to_owned(), VOLUME.to_owned()),
         ])
     );
+}
+
+/// A claim with a label and an annotation, of a class that templates two
+/// parameters (one of them malformed) and copies labels (one key invalid):
+/// what the gate changes.
+fn claim_metadata_inputs() -> (PersistentVolumeClaim, StorageClass) {
+    use crate::provision::claim_metadata::{
+        ANN_COPY_CLAIM_ANNOTATIONS, ANN_COPY_CLAIM_LABELS, ANN_PARAMETER_TEMPLATES,
+    };
+    let mut claim = claim();
+    claim.metadata.labels = Some(map(&[("team", "storage"), ("other", "x")]));
+    annotate(&mut claim.metadata, "cost-center", "cc-42");
+    let mut class = class_with(&[
+        ("tags", "cost-center=${pvc.annotations['cost-center']}"),
+        ("subDir", "${pvc.namespace}/${pvc.name}"),
+        ("volume", "${pv.name}"),
+        ("type", "ssd"),
+        (wk::PARAM_FSTYPE, "xfs"),
+    ]);
+    class.metadata.annotations = Some(map(&[
+        (ANN_PARAMETER_TEMPLATES, "tags, subDir,volume"),
+        (ANN_COPY_CLAIM_LABELS, "team,absent"),
+        (ANN_COPY_CLAIM_ANNOTATIONS, "cost-center"),
+    ]));
+    (claim, class)
+}
+
+#[test]
+fn claim_metadata_gate_off_is_the_go_images_plan() {
+    let (claim, class) = claim_metadata_inputs();
+    let off = plan(&claim, &class, &config()).expect("plan");
+    assert_eq!(
+        off.request.parameters,
+        HashMap::from([
+            (
+                "tags".to_owned(),
+                "cost-center=${pvc.annotations['cost-center']}".to_owned()
+            ),
+            (
+                "subDir".to_owned(),
+                "${pvc.namespace}/${pvc.name}".to_owned()
+            ),
+            ("volume".to_owned(), "${pv.name}".to_owned()),
+            ("type".to_owned(), "ssd".to_owned()),
+        ]),
+        "parameters pass through untouched, even with `${{`"
+    );
+    assert_eq!(off.copied_metadata, CopiedMetadata::default());
+    // The same plan as for the class without the annotations.
+    let plain = StorageClass {
+        metadata: ObjectMeta {
+            annotations: None,
+            ..class.metadata.clone()
+        },
+        ..class.clone()
+    };
+    assert_eq!(plan(&claim, &plain, &config()), Ok(off));
+    // Bad lists are not even read with the gate off.
+    let mut bad = class.clone();
+    bad.metadata.annotations = Some(map(&[
+        (
+            crate::provision::claim_metadata::ANN_PARAMETER_TEMPLATES,
+            "csi.storage.k8s.io/fstype,nothing",
+        ),
+        (
+            crate::provision::claim_metadata::ANN_COPY_CLAIM_LABELS,
+            "not a key",
+        ),
+    ]));
+    assert!(plan(&claim, &bad, &config()).is_ok());
+}
+
+#[test]
+fn claim_metadata_gate_on_resolves_and_copies() {
+    let gate_on = ProvisionerConfig {
+        claim_metadata_propagation: true,
+        extra_create_metadata: true,
+        ..config()
+    };
+    let (claim, class) = claim_metadata_inputs();
+    let plan = plan(&claim, &class, &gate_on).expect("plan");
+    assert_eq!(
+        plan.request.parameters,
+        HashMap::from([
+            ("tags".to_owned(), "cost-center=cc-42".to_owned()),
+            ("subDir".to_owned(), "ns/data".to_owned()),
+            ("volume".to_owned(), VOLUME.to_owned()),
+            ("type".to_owned(), "ssd".to_owned()),
+            (wk::PARAM_PVC_NAME.to_owned(), "data".to_owned()),
+            (wk::PARAM_PVC_NAMESPACE.to_owned(), "ns".to_owned()),
+            (wk::PARAM_PV_NAME.to_owned(), VOLUME.to_owned()),
+        ])
+    );
+    assert_eq!(plan.fs_type, "xfs", "reserved keys keep their meaning");
+    assert_eq!(
+        plan.copied_metadata,
+        CopiedMetadata {
+            labels: map(&[("team", "storage")]),
+            annotations: map(&[("cost-center", "cc-42")]),
+        }
+    );
+}
+
+#[test]
+fn claim_metadata_errors_fail_the_plan() {
+    use crate::provision::claim_metadata::{
+        ANN_COPY_CLAIM_LABELS, ANN_PARAMETER_TEMPLATES, ClaimMetadataError, Malformed,
+    };
+    let gate_on = ProvisionerConfig {
+        claim_metadata_propagation: true,
+        ..config()
+    };
+    let (claim, class) = claim_metadata_inputs();
+    let mut without_annotation = claim.clone();
+    without_annotation
+        .metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .remove("cost-center");
+    let with = |key: &str, list: &str| {
+        let mut class = class.clone();
+        class
+            .metadata
+            .annotations
+            .as_mut()
+            .expect("annotations")
+            .insert(key.to_owned(), list.to_owned());
+        class
+    };
+    let mut malformed = class_with(&[("subDir", "${pvc.namespace")]);
+    malformed.metadata.annotations = Some(map(&[(ANN_PARAMETER_TEMPLATES, "subDir")]));
+    let cases = [
+        (
+            without_annotation,
+            class.clone(),
+            ClaimMetadataError::MissingAnnotation {
+                key: "tags".into(),
+                annotation: "cost-center".into(),
+            },
+        ),
+        (
+            claim.clone(),
+            malformed,
+            ClaimMetadataError::MalformedTemplate {
+                key: "subDir".into(),
+                template: "${pvc.namespace".into(),
+                problem: Malformed::Unterminated,
+            },
+        ),
+        (
+            claim.clone(),
+            with(ANN_PARAMETER_TEMPLATES, wk::PARAM_FSTYPE),
+            ClaimMetadataError::ReservedParameter {
+                key: wk::PARAM_FSTYPE.into(),
+            },
+        ),
+        (
+            claim.clone(),
+            with(ANN_COPY_CLAIM_LABELS, "team,Cost Center"),
+            ClaimMetadataError::InvalidKey {
+                annotation: ANN_COPY_CLAIM_LABELS,
+                what: "label",
+                key: "Cost Center".into(),
+                reason: "the name must consist of alphanumerics, \"-\", \"_\" or \".\", and start and end with an alphanumeric",
+            },
+        ),
+    ];
+    for (claim, class, want) in cases {
+        let got = plan(&claim, &class, &gate_on);
+        assert_eq!(got, Err(ProvisionError::ClaimMetadata(want.clone())));
+        assert_eq!(
+            got.expect_err("error").to_string(),
+            want.to_string(),
+            "the event says exactly what the error says"
+        );
+    }
 }
 
 fn with_resources(requests: Option<&str>, limits: Option<&str>) -> PersistentVolumeClaim {

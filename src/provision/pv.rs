@@ -208,17 +208,43 @@ pub fn build_pv(
         }),
         status: None,
     };
-    let Some(plugin) = plan.migrated_from else {
-        return Ok(pv);
+    let mut pv = match plan.migrated_from {
+        None => pv,
+        Some(plugin) => {
+            let mut pv =
+                translate_csi_pv_to_in_tree(&pv).map_err(PvBuildError::InTreeTranslation)?;
+            let annotations = pv.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            annotations.insert(
+                wk::ANN_PROVISIONED_BY.to_owned(),
+                plugin.in_tree_name().to_owned(),
+            );
+            annotations.insert(wk::ANN_MIGRATED_TO.to_owned(), config.driver_name.clone());
+            pv
+        }
     };
-    let mut pv = translate_csi_pv_to_in_tree(&pv).map_err(PvBuildError::InTreeTranslation)?;
-    let annotations = pv.metadata.annotations.get_or_insert_with(BTreeMap::new);
-    annotations.insert(
-        wk::ANN_PROVISIONED_BY.to_owned(),
-        plugin.in_tree_name().to_owned(),
-    );
-    annotations.insert(wk::ANN_MIGRATED_TO.to_owned(), config.driver_name.clone());
+    copy_claim_metadata(&mut pv, plan);
     Ok(pv)
+}
+
+/// `ClaimMetadataPropagation`: the claim labels and annotations the class
+/// copies, added last so that none replaces a key the PV already has
+/// (`pv.kubernetes.io/provisioned-by`, the deletion secret, zone labels of
+/// an in-tree PV, ...). Nothing to copy leaves the metadata untouched (no
+/// empty `labels`), so the PV is the Go image's.
+fn copy_claim_metadata(pv: &mut PersistentVolume, plan: &ProvisionPlan) {
+    let copied = &plan.copied_metadata;
+    for (from, to) in [
+        (&copied.labels, &mut pv.metadata.labels),
+        (&copied.annotations, &mut pv.metadata.annotations),
+    ] {
+        if from.is_empty() {
+            continue;
+        }
+        let to = to.get_or_insert_with(BTreeMap::new);
+        for (key, value) in from {
+            to.entry(key.clone()).or_insert_with(|| value.clone());
+        }
+    }
 }
 
 /// The PV that records a Retain class's volume whose claim went away

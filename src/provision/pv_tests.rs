@@ -663,3 +663,62 @@ fn a_retained_volume_keeps_its_access_modes_and_block_mode() {
         );
     }
 }
+
+#[test]
+fn copied_claim_metadata_never_overwrites_the_pvs_own() {
+    use crate::provision::claim_metadata::CopiedMetadata;
+    let plain = plan_for(&claim(), &config());
+    let go_pv = build_pv(&plain, &response("vol-1", 2 << 30), &config()).expect("pv");
+    assert_eq!(
+        go_pv.metadata.labels, None,
+        "nothing copied: no labels at all"
+    );
+
+    let mut plan = plain.clone();
+    plan.copied_metadata = CopiedMetadata {
+        labels: map(&[("team", "storage")]),
+        annotations: map(&[
+            (wk::ANN_PROVISIONED_BY, "someone-else"),
+            (wk::ANN_DELETION_SECRET_NAME, "stolen"),
+            ("cost-center", "cc-42"),
+        ]),
+    };
+    let pv = build_pv(&plan, &response("vol-1", 2 << 30), &config()).expect("pv");
+    assert_eq!(pv.metadata.labels, Some(map(&[("team", "storage")])));
+    let mut want = go_pv.metadata.annotations.clone().expect("annotations");
+    want.insert("cost-center".to_owned(), "cc-42".to_owned());
+    assert_eq!(pv.metadata.annotations, Some(want));
+    assert_eq!(
+        pv.metadata.annotations.as_ref().expect("annotations")[wk::ANN_PROVISIONED_BY],
+        DRIVER
+    );
+    // Everything else is the Go image's PV.
+    let mut without = pv.clone();
+    without.metadata.labels = None;
+    without
+        .metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .remove("cost-center");
+    assert_eq!(without, go_pv);
+}
+
+#[test]
+fn copied_claim_metadata_on_an_in_tree_pv() {
+    use crate::provision::claim_metadata::CopiedMetadata;
+    let config = crate::provision::fixtures::ebs_config();
+    let mut plan = gp2_plan(&config, &crate::provision::fixtures::gp2_class());
+    plan.copied_metadata = CopiedMetadata {
+        labels: map(&[("team", "storage")]),
+        annotations: map(&[(wk::ANN_PROVISIONED_BY, "x"), ("note", "n")]),
+    };
+    let pv = build_pv(&plan, &response("vol-1", 2 << 30), &config).expect("pv");
+    let annotations = pv.metadata.annotations.clone().expect("annotations");
+    assert_eq!(annotations[wk::ANN_PROVISIONED_BY], "kubernetes.io/aws-ebs");
+    assert_eq!(annotations["note"], "n");
+    assert_eq!(
+        pv.metadata.labels.as_ref().and_then(|l| l.get("team")),
+        Some(&"storage".to_owned())
+    );
+}

@@ -14,12 +14,15 @@
 //! | namespace | `${pv.name}`, `${pvc.namespace}` |
 //! | name | `${pv.name}`, `${pvc.namespace}`, `${pvc.name}`, `${pvc.annotations['KEY']}` |
 //!
-//! Expansion follows Go's `os.Expand` (also `$name` without braces), and any
+//! Expansion follows Go's `os.Expand` (also `$name` without braces; the
+//! parser, shared with parameter templates, is [`super::template`]), and any
 //! name it produces that is not a token is an error. No Secret is read here:
 //! the I/O layer fetches the Secret a [`SecretRef`] points to.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use super::template::TemplateContext;
+use super::template::{Piece, parse_token, pieces};
 use crate::wellknown as wk;
 
 /// Which CSI call a Secret is for.
@@ -148,17 +151,6 @@ impl From<&SecretRef> for k8s_openapi::api::core::v1::SecretReference {
     }
 }
 
-/// What the templates may refer to. At deletion time only the claim's name
-/// and namespace from the PV's claimRef are known, so `annotations` is empty
-/// and annotation tokens fail, as upstream.
-#[derive(Clone, Copy, Debug)]
-pub struct TemplateContext<'a> {
-    pub pv_name: &'a str,
-    pub pvc_name: &'a str,
-    pub pvc_namespace: &'a str,
-    pub pvc_annotations: Option<&'a BTreeMap<String, String>>,
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SecretError {
     #[error(
@@ -233,11 +225,7 @@ pub fn resolve_secret_ref(
 
     // The namespace may only use values outside the PVC user's control, so a
     // user cannot point the sidecar at another tenant's Secret.
-    let namespace_tokens = BTreeMap::from([
-        ("pv.name".to_owned(), context.pv_name.to_owned()),
-        ("pvc.namespace".to_owned(), context.pvc_namespace.to_owned()),
-    ]);
-    let namespace = expand(&namespace_template, &namespace_tokens)?;
+    let namespace = expand(&namespace_template, context, Field::Namespace)?;
     if !is_dns1123_label(&namespace) {
         return Err(if namespace != namespace_template {
             SecretError::InvalidResolvedNamespace {
@@ -251,12 +239,7 @@ pub fn resolve_secret_ref(
         });
     }
 
-    let mut name_tokens = namespace_tokens;
-    name_tokens.insert("pvc.name".to_owned(), context.pvc_name.to_owned());
-    for (key, value) in context.pvc_annotations.into_iter().flatten() {
-        name_tokens.insert(format!("pvc.annotations['{key}']"), value.clone());
-    }
-    let name = expand(&name_template, &name_tokens)?;
+    let name = expand(&name_template, context, Field::Name)?;
     if !is_dns1123_subdomain(&name) {
         return Err(if name != name_template {
             SecretError::InvalidResolvedName {
@@ -272,36 +255,42 @@ pub fn resolve_secret_ref(
     Ok(Some(SecretRef { name, namespace }))
 }
 
-/// Go's `os.Expand` with a map; every referenced name missing from the map
-/// is collected and reported.
-fn expand(template: &str, tokens: &BTreeMap<String, String>) -> Result<String, SecretError> {
-    let bytes = template.as_bytes();
+/// Which field of a Secret reference a template names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Name,
+    Namespace,
+}
+
+/// Go's `os.Expand` over the tokens `field` may use; every name it meets
+/// that is not one of them (or an annotation the claim lacks) is collected
+/// and reported.
+fn expand(
+    template: &str,
+    context: &TemplateContext<'_>,
+    field: Field,
+) -> Result<String, SecretError> {
     let mut out = String::with_capacity(template.len());
     let mut missing = BTreeSet::new();
-    let mut literal_start = 0;
-    let mut index = 0;
-    while index < bytes.len() {
-        if bytes[index] == b'$' && index + 1 < bytes.len() {
-            out.push_str(&template[literal_start..index]);
-            let (name, width) = shell_name(&template[index + 1..]);
-            match name {
-                Some(name) => match tokens.get(name) {
+    for piece in pieces(template) {
+        match piece {
+            Piece::Literal(text) => out.push_str(text),
+            Piece::Token { name, .. } => {
+                let value = parse_token(name)
+                    .filter(|token| field == Field::Name || token.outside_claim_users_control())
+                    .and_then(|token| context.value(token));
+                match value {
                     Some(value) => out.push_str(value),
                     None => {
                         missing.insert(name.to_owned());
                     }
-                },
-                // `$` not followed by a name stays, bad syntax is eaten.
-                None if width == 0 => out.push('$'),
-                None => {}
+                }
             }
-            index += width + 1;
-            literal_start = index;
-        } else {
-            index += 1;
+            // `$` not followed by a name stays, bad syntax is eaten.
+            Piece::LoneDollar => out.push('$'),
+            Piece::EmptyBraces | Piece::Unterminated => {}
         }
     }
-    out.push_str(&template[literal_start.min(template.len())..]);
     if missing.is_empty() {
         Ok(out)
     } else {
@@ -309,34 +298,6 @@ fn expand(template: &str, tokens: &BTreeMap<String, String>) -> Result<String, S
             template: template.to_owned(),
             tokens: missing.into_iter().collect(),
         })
-    }
-}
-
-/// Go's `getShellName`: the variable name after a `$` and the bytes it spans.
-fn shell_name(rest: &str) -> (Option<&str>, usize) {
-    let bytes = rest.as_bytes();
-    let is_special = |b: u8| b"*#$@!?-".contains(&b) || b.is_ascii_digit();
-    if bytes[0] == b'{' {
-        if bytes.len() > 2 && is_special(bytes[1]) && bytes[2] == b'}' {
-            return (Some(&rest[1..2]), 3);
-        }
-        return match rest[1..].find('}') {
-            Some(0) => (None, 2),
-            Some(end) => (Some(&rest[1..=end]), end + 2),
-            None => (None, 1),
-        };
-    }
-    if is_special(bytes[0]) {
-        return (Some(&rest[..1]), 1);
-    }
-    let len = bytes
-        .iter()
-        .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
-        .count();
-    if len == 0 {
-        (None, 0)
-    } else {
-        (Some(&rest[..len]), len)
     }
 }
 

@@ -1,0 +1,356 @@
+//! End-to-end: the `ClaimMetadataPropagation` gate (claim annotations in
+//! CreateVolume parameters, claim labels and annotations on the PV), on the
+//! API test server and on a real control plane. The driver records every
+//! volume's `CreateVolume` parameters, so what it was sent is read back from
+//! its backend; the journal is read back to show that the request frozen
+//! for a claim holds the resolved values.
+//!
+//! Gate off, the same class and claim give the Go image's behaviour:
+//! parameters passed on untouched (`${…}` and all), nothing copied.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use csi_hostpath::faults::Fault;
+use csi_provisioner::provisioner::journal::JournalEntry;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use support::{Backend, ClusterConfig, Env};
+
+e2e!(ClusterConfig::standard();
+    gate_on_resolves_parameters_and_copies_metadata,
+    gate_off_is_the_go_image,
+    a_missing_annotation_fails_until_the_claim_has_it,
+    a_restart_sends_the_frozen_request,
+    the_cleanup_of_a_deleted_claim_sends_the_frozen_request,
+);
+
+const GATE: &str = "--feature-gates=ClaimMetadataPropagation=true";
+
+/// The class `tagged`: three templated parameters, one a driver's own
+/// template that the class does not list, a plain one; two labels and two
+/// annotations to copy (one of each the claim will not have).
+async fn tagged_class(env: &Env) {
+    env.storage_class_with(
+        "tagged",
+        "Immediate",
+        "Delete",
+        json!({
+            "tags": "cost-center=${pvc.annotations['cost-center']}",
+            "subDir": "${pvc.namespace}/${pvc.name}",
+            "volume": "${pv.name}",
+            "driverTemplate": "${pvc.metadata.name}",
+            "type": "ssd",
+        }),
+        json!({"metadata": {"annotations": {
+            "csi-provisioner-rs.io/parameter-templates": "tags, subDir, volume",
+            "csi-provisioner-rs.io/copy-claim-labels": "team,cost-center,absent",
+            "csi-provisioner-rs.io/copy-claim-annotations": "cost-center,example.com/ticket,absent",
+        }}}),
+    )
+    .await;
+}
+
+/// The claim's labels and annotations.
+fn claim_metadata(cost_center: &str) -> Value {
+    json!({"metadata": {
+        "labels": {"team": "storage", "cost-center": cost_center, "unlisted": "x"},
+        "annotations": {"cost-center": cost_center, "example.com/ticket": "T-1", "unlisted": "x"},
+    }})
+}
+
+/// The CreateVolume parameters the driver recorded for the volume of `pv`.
+fn driver_parameters(env: &Env, pv: &PersistentVolume) -> BTreeMap<String, String> {
+    let handle = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|csi| csi.volume_handle.clone())
+        .expect("a CSI PV");
+    env.backend_volumes()
+        .into_iter()
+        .find(|v| v.id == handle)
+        .unwrap_or_else(|| panic!("no backend volume {handle}"))
+        .parameters
+}
+
+fn labels(pv: &PersistentVolume) -> BTreeMap<String, String> {
+    pv.metadata.labels.clone().unwrap_or_default()
+}
+
+fn annotations(pv: &PersistentVolume) -> BTreeMap<String, String> {
+    pv.metadata.annotations.clone().unwrap_or_default()
+}
+
+/// One line of JSON for the test's output: what the driver saw and the PV's
+/// metadata.
+fn excerpt(env: &Env, what: &str, params: &BTreeMap<String, String>, pv: &PersistentVolume) {
+    eprintln!(
+        "{what} ({}): {}",
+        env.backend_name(),
+        json!({
+            "createVolumeParameters": params,
+            "pv": {"name": pv.metadata.name, "labels": pv.metadata.labels,
+                   "annotations": pv.metadata.annotations},
+        })
+    );
+}
+
+/// The parameters of the journal's only entry, decoded.
+async fn journalled_parameters(env: &Env) -> BTreeMap<String, String> {
+    let journal = env.journal().await;
+    assert_eq!(journal.len(), 1, "one operation in flight: {journal:?}");
+    let entry: JournalEntry =
+        serde_json::from_str(journal.values().next().expect("entry")).expect("entry JSON");
+    entry
+        .request()
+        .expect("the frozen request decodes")
+        .parameters
+        .into_iter()
+        .collect()
+}
+
+async fn patch_claim(env: &Env, name: &str, patch: Value) {
+    Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), &env.ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch claim");
+}
+
+/// Deletes the claim and waits until its PV and volume are gone.
+async fn delete_and_wait_clean(env: &Env, name: &str) {
+    env.delete_pvc(&env.ns, name).await;
+    env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
+        (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
+    })
+    .await;
+}
+
+async fn gate_on_resolves_parameters_and_copies_metadata(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    tagged_class(&env).await;
+    env.start_sidecar(&[GATE]).await;
+    env.create_pvc(&env.ns, "data", "tagged", "5Mi", claim_metadata("cc-42"))
+        .await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    let pv_name = pv.metadata.name.clone().expect("PV name");
+    let params = driver_parameters(&env, &pv);
+    excerpt(&env, "gate on", &params, &pv);
+
+    assert_eq!(
+        params,
+        BTreeMap::from([
+            ("tags".to_owned(), "cost-center=cc-42".to_owned()),
+            ("subDir".to_owned(), format!("{}/data", env.ns)),
+            ("volume".to_owned(), pv_name.clone()),
+            // Not listed: passed on as it is, for the driver to resolve.
+            (
+                "driverTemplate".to_owned(),
+                "${pvc.metadata.name}".to_owned()
+            ),
+            ("type".to_owned(), "ssd".to_owned()),
+        ]),
+        "what the driver was sent"
+    );
+    assert_eq!(
+        labels(&pv),
+        BTreeMap::from([
+            ("team".to_owned(), "storage".to_owned()),
+            ("cost-center".to_owned(), "cc-42".to_owned()),
+        ]),
+        "only the listed labels the claim has"
+    );
+    let annotations = annotations(&pv);
+    assert_eq!(
+        annotations.get("cost-center").map(String::as_str),
+        Some("cc-42")
+    );
+    assert_eq!(
+        annotations.get("example.com/ticket").map(String::as_str),
+        Some("T-1")
+    );
+    assert!(!annotations.contains_key("unlisted"));
+    assert!(!annotations.contains_key("absent"));
+    assert_eq!(
+        annotations
+            .get("pv.kubernetes.io/provisioned-by")
+            .map(String::as_str),
+        Some(env.driver_name.as_str()),
+        "the provisioner's own keys stay"
+    );
+    env.assert_consistent().await;
+    delete_and_wait_clean(&env, "data").await;
+}
+
+async fn gate_off_is_the_go_image(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    tagged_class(&env).await;
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "data", "tagged", "5Mi", claim_metadata("cc-42"))
+        .await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    let params = driver_parameters(&env, &pv);
+    excerpt(&env, "gate off", &params, &pv);
+
+    assert_eq!(
+        params,
+        BTreeMap::from([
+            (
+                "tags".to_owned(),
+                "cost-center=${pvc.annotations['cost-center']}".to_owned()
+            ),
+            (
+                "subDir".to_owned(),
+                "${pvc.namespace}/${pvc.name}".to_owned()
+            ),
+            ("volume".to_owned(), "${pv.name}".to_owned()),
+            (
+                "driverTemplate".to_owned(),
+                "${pvc.metadata.name}".to_owned()
+            ),
+            ("type".to_owned(), "ssd".to_owned()),
+        ]),
+        "the class's parameters, untouched"
+    );
+    assert!(labels(&pv).is_empty(), "no labels: {:?}", labels(&pv));
+    let keys: Vec<String> = annotations(&pv).into_keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "pv.kubernetes.io/provisioned-by",
+            "volume.kubernetes.io/provisioner-deletion-secret-name",
+            "volume.kubernetes.io/provisioner-deletion-secret-namespace",
+        ],
+        "only the provisioner's annotations"
+    );
+    env.assert_consistent().await;
+    delete_and_wait_clean(&env, "data").await;
+}
+
+async fn a_missing_annotation_fails_until_the_claim_has_it(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    tagged_class(&env).await;
+    env.start_sidecar(&[GATE]).await;
+    env.create_pvc(&env.ns, "data", "tagged", "5Mi", json!({}))
+        .await;
+    let message = env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    assert_eq!(
+        message,
+        "failed to resolve StorageClass parameter \"tags\": the claim has no annotation \"cost-center\" (for \"${pvc.annotations['cost-center']}\")"
+    );
+    assert!(
+        env.backend_volumes().is_empty(),
+        "nothing sent to the driver"
+    );
+    assert!(env.journal().await.is_empty(), "nothing in flight");
+    assert!(env.pvs().await.is_empty());
+
+    // The claim changes: provisioned at once, with the new value.
+    patch_claim(&env, "data", claim_metadata("cc-7")).await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    assert_eq!(
+        driver_parameters(&env, &pv).get("tags").map(String::as_str),
+        Some("cost-center=cc-7")
+    );
+    env.assert_consistent().await;
+    delete_and_wait_clean(&env, "data").await;
+}
+
+/// The request is frozen with its resolved values before the first
+/// `CreateVolume`: after a restart the same values are sent, whatever the
+/// claim says by then. The PV's copies take the claim's values when the PV
+/// is built.
+async fn a_restart_sends_the_frozen_request(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    tagged_class(&env).await;
+    // The driver cannot be reached: the operation stays in flight.
+    env.set_faults(vec![Fault::error("CreateVolume", tonic::Code::Unavailable)]);
+    env.start_sidecar(&[GATE]).await;
+    env.create_pvc(&env.ns, "data", "tagged", "5Mi", claim_metadata("cc-1"))
+        .await;
+    env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    let journalled = journalled_parameters(&env).await;
+    assert_eq!(
+        journalled.get("tags").map(String::as_str),
+        Some("cost-center=cc-1"),
+        "the journal holds the resolved request: {journalled:?}"
+    );
+    assert_eq!(journalled.get("subDir"), Some(&format!("{}/data", env.ns)));
+    env.kill_sidecar();
+
+    patch_claim(&env, "data", claim_metadata("cc-2")).await;
+    env.clear_faults();
+    env.start_sidecar(&[GATE]).await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    let params = driver_parameters(&env, &pv);
+    excerpt(&env, "after a restart", &params, &pv);
+    assert_eq!(
+        params.get("tags").map(String::as_str),
+        Some("cost-center=cc-1"),
+        "the frozen request was sent"
+    );
+    assert_eq!(
+        labels(&pv).get("cost-center").map(String::as_str),
+        Some("cc-2"),
+        "copies are the claim's when the PV is built"
+    );
+    env.assert_consistent().await;
+    delete_and_wait_clean(&env, "data").await;
+    // Pruned lazily (at most 2 s after the PV was saved).
+    env.wait_for("journal emptied", Duration::from_secs(10), || async {
+        env.journal().await.is_empty().then_some(())
+    })
+    .await;
+}
+
+/// A claim deleted while its operation is in flight across a restart: the
+/// cleanup repeats the journalled request (the claim and its annotations
+/// are gone, nothing is resolved again) and deletes the volume.
+async fn the_cleanup_of_a_deleted_claim_sends_the_frozen_request(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    tagged_class(&env).await;
+    env.set_faults(vec![Fault::error("CreateVolume", tonic::Code::Unavailable)]);
+    env.start_sidecar(&[GATE]).await;
+    env.create_pvc(&env.ns, "doomed", "tagged", "5Mi", claim_metadata("cc-1"))
+        .await;
+    env.wait_event(&env.ns, "doomed", "ProvisioningFailed")
+        .await;
+    assert_eq!(
+        journalled_parameters(&env)
+            .await
+            .get("tags")
+            .map(String::as_str),
+        Some("cost-center=cc-1")
+    );
+    env.kill_sidecar();
+    env.delete_pvc(&env.ns, "doomed").await;
+    // The cleanup's CreateVolume makes the volume; its DeleteVolume fails
+    // a few times, long enough to read what the volume was made with.
+    env.set_faults(vec![
+        Fault::error("DeleteVolume", tonic::Code::Internal).times(6),
+    ]);
+    env.start_sidecar(&[GATE]).await;
+    let volume = env
+        .wait_for("the cleanup's volume", Duration::from_secs(30), || async {
+            env.backend_volumes().into_iter().next()
+        })
+        .await;
+    assert_eq!(
+        volume.parameters.get("tags").map(String::as_str),
+        Some("cost-center=cc-1"),
+        "the cleanup sent the journalled request"
+    );
+    env.wait_for(
+        "volume and journal entry gone",
+        Duration::from_secs(30),
+        || async {
+            (env.backend_volumes().is_empty() && env.journal().await.is_empty()).then_some(())
+        },
+    )
+    .await;
+    assert!(env.pvs().await.is_empty());
+    env.assert_consistent().await;
+}
