@@ -7,8 +7,8 @@
 `tests/bench/realcluster.rs` prints one JSON object per line: per
 (scenario, binary, driver) a result `{"scenario", "binary", "driver", ...}`
 with `binary` "ours" or "upstream" (the Go csi-provisioner), per (scenario,
-driver) a `{"ratio": scenario, "driver", "metric", "ours", "upstream",
-"ours_better_by"}` line, and `{"skipped": why}` alone when it ran nothing.
+driver) one or more `{"ratio": scenario, "driver", "metric", "ours",
+"upstream", "ours_better_by"}` lines (one per metric), and `{"skipped": why}` alone when it ran nothing.
 
 The scenarios are taken from the output, not from a list: every scenario
 that appears must have, for every driver that appears, a result of both
@@ -57,9 +57,13 @@ def check(lines):
         elif "ratio" in obj:
             key = (str(obj["ratio"]), str(obj.get("driver")))
             drivers.add(key[1])
-            if key in ratios:
-                problems.append(f"line {n}: a second ratio for {key[0]} / {key[1]}")
-            ratios[key] = obj
+            metric = str(obj.get("metric"))
+            by_metric = ratios.setdefault(key, {})
+            if metric in by_metric:
+                problems.append(
+                    f"line {n}: a second ratio of {metric} for {key[0]} / {key[1]}"
+                )
+            by_metric[metric] = obj
         elif "scenario" in obj:
             key = (str(obj["scenario"]), str(obj.get("driver")))
             drivers.add(key[1])
@@ -91,20 +95,25 @@ def check(lines):
             for binary in BINARIES:
                 if binary not in by_binary:
                     problems.append(f"{what}: no result of {binary}")
-            ratio = ratios.get(key)
-            if ratio is None:
+            by_metric = ratios.get(key)
+            if not by_metric:
                 problems.append(f"{what}: no ratio line")
                 continue
-            bad = [
-                f for f in ("ours", "upstream", "ours_better_by") if not number(ratio.get(f))
-            ]
-            if bad:
-                problems.append(f"{what}: ratio without a number for {', '.join(bad)}: {ratio}")
-                continue
-            summary.append(
-                f"{what}: {ratio.get('metric')} ours {ratio['ours']} upstream "
-                f"{ratio['upstream']} (ours better by {ratio['ours_better_by']})"
-            )
+            for ratio in by_metric.values():
+                bad = [
+                    f
+                    for f in ("ours", "upstream", "ours_better_by")
+                    if not number(ratio.get(f))
+                ]
+                if bad:
+                    problems.append(
+                        f"{what}: ratio without a number for {', '.join(bad)}: {ratio}"
+                    )
+                    continue
+                summary.append(
+                    f"{what}: {ratio.get('metric')} ours {ratio['ours']} upstream "
+                    f"{ratio['upstream']} (ours better by {ratio['ours_better_by']})"
+                )
     return problems, summary
 
 

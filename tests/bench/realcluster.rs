@@ -555,12 +555,12 @@ async fn backlog(
     n: usize,
     sidecar_args: Vec<String>,
 ) -> Value {
-    let tag = format!(
+    let tag = run_tag(format!(
         "{}{}{}",
         &scenario[..2],
         &binary.name()[..1],
         &driver.name()[..1]
-    );
+    ));
     let mut world = World::new(plane, &tag, driver).await;
     world.start_driver();
     let claims: Vec<Value> = (0..n).map(|i| world.claim(&format!("c{i}"))).collect();
@@ -619,7 +619,7 @@ async fn steady(
     rate: usize,
     seconds: usize,
 ) -> Value {
-    let tag = format!("st{}{}", &binary.name()[..1], &driver.name()[..1]);
+    let tag = run_tag(format!("st{}{}", &binary.name()[..1], &driver.name()[..1]));
     let mut world = World::new(plane, &tag, driver).await;
     world.start_driver();
     let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
@@ -664,9 +664,18 @@ async fn steady(
     let elapsed = started.elapsed().as_secs_f64();
     let seen = pvs.seen();
     let created = created.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    // Over every claim created: one without a PV counts at the deadline.
+    let deadline = Instant::now();
     let mut latencies: Vec<f64> = created
         .iter()
-        .filter_map(|(name, at)| Some(seen.get(name)?.duration_since(*at).as_secs_f64() * 1000.0))
+        .map(|(name, at)| {
+            seen.get(name)
+                .copied()
+                .unwrap_or(deadline)
+                .duration_since(*at)
+                .as_secs_f64()
+                * 1000.0
+        })
         .collect();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let out = report(
@@ -691,7 +700,7 @@ async fn steady(
 /// N bound claims deleted at once; time until every PV and backend volume
 /// is gone.
 async fn delete(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n: usize) -> Value {
-    let tag = format!("de{}{}", &binary.name()[..1], &driver.name()[..1]);
+    let tag = run_tag(format!("de{}{}", &binary.name()[..1], &driver.name()[..1]));
     let mut world = World::new(plane, &tag, driver).await;
     world.start_driver();
     let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
@@ -756,7 +765,8 @@ async fn delete(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n
         "driver": driver.name(),
         "volumes": n,
         "seconds": round(seconds, 2),
-        "vol_per_s": round(n as f64 / seconds, 1),
+        "deleted": pvs.gone_count().min(n),
+        "vol_per_s": round(pvs.gone_count().min(n) as f64 / seconds, 1),
         "writes_per_volume": round((after.1 - before.1) as f64 / n as f64, 2),
         "reads_per_volume": round((after.0 - before.0) as f64 / n as f64, 2),
         "cpu_s": cpu_seconds(sidecar.id()).map(|x| round(x, 2)),
@@ -777,12 +787,12 @@ async fn idle(
     loops: bool,
 ) -> Value {
     let (n_pvs, n_claims, n_pods) = objects;
-    let tag = format!(
+    let tag = run_tag(format!(
         "id{}{}{}",
         &binary.name()[..1],
         &driver.name()[..1],
         if loops { "l" } else { "" }
-    );
+    ));
     let mut world = World::new(plane, &tag, driver).await;
     world.start_driver();
     let other = format!("other-{tag}");
@@ -895,7 +905,7 @@ async fn idle(
 
 /// Bound PVs of the driver without our finalizer; time until all carry it.
 async fn adopt(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n: usize) -> Value {
-    let tag = format!("ad{}{}", &binary.name()[..1], &driver.name()[..1]);
+    let tag = run_tag(format!("ad{}{}", &binary.name()[..1], &driver.name()[..1]));
     let mut world = World::new(plane, &tag, driver).await;
     world.start_driver();
     // Pre-bound pairs: the controller-manager binds them.
@@ -964,7 +974,7 @@ async fn adopt(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n:
 
 /// Process start to the first PV, with PVs of the driver cached.
 async fn startup(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n: usize) -> Value {
-    let tag = format!("su{}{}", &binary.name()[..1], &driver.name()[..1]);
+    let tag = run_tag(format!("su{}{}", &binary.name()[..1], &driver.name()[..1]));
     let mut world = World::new(plane, &tag, driver).await;
     world.start_driver();
     let mut setup = Vec::new();
@@ -1005,6 +1015,177 @@ async fn startup(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, 
     sidecar.stop(Duration::from_secs(10));
     watch_task.abort();
     out
+}
+
+/// The number of the run under way, part of every name a run makes, so
+/// that no run can find (and take for its own) an object of an earlier one.
+static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn next_run() {
+    RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn run_tag(base: String) -> String {
+    format!("{base}{}", RUN.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Returns the cluster to its state before the run: every namespace, PV,
+/// StorageClass, Node and CSINode a run made is deleted (finalizers of the
+/// stopped sidecar taken off), then waits until they are gone and the
+/// controller-manager has nothing left to do.
+async fn cleanup(plane: &Arc<ControlPlane>) {
+    let Ok(admin) = plane.admin_client().await else {
+        eprintln!("cleanup: no admin client");
+        return;
+    };
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    let started = Instant::now();
+    let mut pass = 0;
+    loop {
+        pass += 1;
+        let bench_namespaces: Vec<String> = namespaces
+            .list_metadata(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter_map(|n| n.metadata.name)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| n.starts_with("bench-"))
+            .collect();
+        let left_pvs: Vec<(String, bool)> = pvs
+            .list_metadata(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter_map(|p| {
+                        let finalized = p
+                            .metadata
+                            .finalizers
+                            .as_ref()
+                            .is_some_and(|f| !f.is_empty());
+                        Some((p.metadata.name?, finalized))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if bench_namespaces.is_empty() && left_pvs.is_empty() {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            eprintln!(
+                "cleanup: {} namespaces and {} PVs still there after 600 s",
+                bench_namespaces.len(),
+                left_pvs.len()
+            );
+            break;
+        }
+        if pass == 1 || pass % 20 == 0 {
+            for ns in &bench_namespaces {
+                let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+            }
+            let _ = pvs
+                .delete_collection(&DeleteParams::default(), &Default::default())
+                .await;
+        }
+        // The sidecar is stopped: nobody else removes its finalizer.
+        stream::iter(left_pvs.into_iter().filter(|(_, f)| *f))
+            .map(|(name, _)| {
+                let pvs = pvs.clone();
+                async move {
+                    let _ = pvs
+                        .patch(
+                            &name,
+                            &kube::api::PatchParams::default(),
+                            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                        )
+                        .await;
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for (group_version, kind) in [
+        ("storage.k8s.io/v1", "StorageClass"),
+        ("storage.k8s.io/v1", "CSINode"),
+        ("v1", "Node"),
+    ] {
+        let (group, version) = group_version.split_once('/').unwrap_or(("", group_version));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let api: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+        let _ = api
+            .delete_collection(&DeleteParams::default(), &Default::default())
+            .await;
+    }
+    // Let the controller-manager finish reacting to the deletions.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}
+
+/// Per binary, the median and range of the scenario's headline metric over
+/// the rounds; a ratio of the medians only when every run of both binaries
+/// completed.
+fn summarize(scenario: &str, driver: DriverKind, rounds: &[Value]) -> Vec<Value> {
+    let mut lines = Vec::new();
+    let mut medians = HashMap::new();
+    let mut all_completed = true;
+    let mut metric_of = None;
+    for binary in [Binary::Upstream, Binary::Ours] {
+        let runs: Vec<&Value> = rounds
+            .iter()
+            .filter(|r| r["binary"] == binary.name())
+            .collect();
+        let completed = !runs.is_empty() && runs.iter().all(|r| r["completed"] != false);
+        all_completed &= completed;
+        let mut values = Vec::new();
+        let mut higher_is_better = false;
+        for r in &runs {
+            if let Some((metric, value, higher)) = headline(r) {
+                metric_of = Some(metric);
+                higher_is_better = higher;
+                values.push(value);
+            }
+        }
+        let stats = scale::spread(&values);
+        if let Some((median, _, _)) = stats {
+            medians.insert(binary.name(), (median, higher_is_better));
+        }
+        lines.push(json!({
+            "summary": scenario,
+            "driver": driver.name(),
+            "binary": binary.name(),
+            "metric": metric_of,
+            "runs": runs.len(),
+            "completed": completed,
+            "median": stats.map(|s| round(s.0, 3)),
+            "min": stats.map(|s| round(s.1, 3)),
+            "max": stats.map(|s| round(s.2, 3)),
+        }));
+    }
+    if all_completed
+        && let (Some((ours, higher)), Some((upstream, _)), Some(metric)) =
+            (medians.get("ours"), medians.get("upstream"), metric_of)
+        && *ours > 0.0
+        && *upstream > 0.0
+    {
+        let better_by = if *higher {
+            ours / upstream
+        } else {
+            upstream / ours
+        };
+        lines.push(
+            json!({"ratio": scenario, "driver": driver.name(), "metric": metric,
+            "ours": round(*ours, 3), "upstream": round(*upstream, 3),
+            "ours_better_by": round(better_by, 2), "of": "medians"}),
+        );
+    }
+    lines
 }
 
 fn headline(result: &Value) -> Option<(&'static str, f64, bool)> {
@@ -1075,55 +1256,67 @@ async fn main() {
     let steady_rate = env_usize("BENCH_STEADY_RATE", 50, 5);
     let steady_s = env_usize("BENCH_STEADY_SECONDS", 20, 2);
 
+    let runs = env_usize("BENCH_RUNS", 3, 1).max(1);
     let mut results: Vec<Value> = Vec::new();
     for scenario in &wanted {
         if scenario == "scale" {
             for driver in &drivers {
                 results.extend(scale::run(&plane, *driver).await);
+                cleanup(&plane).await;
             }
             continue;
         }
         for driver in &drivers {
-            for binary in [Binary::Upstream, Binary::Ours] {
-                let result = match scenario.as_str() {
-                    "backlog" => {
-                        backlog(
-                            &plane,
-                            "backlog",
-                            binary,
-                            *driver,
-                            backlog_n,
-                            args("1000", "2000"),
-                        )
-                        .await
-                    }
-                    "throttled" => {
-                        backlog(
-                            &plane,
-                            "throttled",
-                            binary,
-                            *driver,
-                            throttled_n,
-                            args("5", "10"),
-                        )
-                        .await
-                    }
-                    "steady" => steady(&plane, binary, *driver, steady_rate, steady_s).await,
-                    "delete" => delete(&plane, binary, *driver, delete_n).await,
-                    "idle" => {
-                        idle(&plane, binary, *driver, (idle_n, idle_n, idle_pods), false).await
-                    }
-                    "adopt" => adopt(&plane, binary, *driver, adopt_n).await,
-                    "startup" => startup(&plane, binary, *driver, startup_n).await,
-                    other => {
-                        eprintln!("unknown scenario {other}");
-                        continue;
-                    }
-                };
-                println!("{result}");
-                results.push(result);
+            let mut rounds: Vec<Value> = Vec::new();
+            for round in 0..runs {
+                for binary in scale::order(round) {
+                    next_run();
+                    let result = match scenario.as_str() {
+                        "backlog" => {
+                            backlog(
+                                &plane,
+                                "backlog",
+                                binary,
+                                *driver,
+                                backlog_n,
+                                args("1000", "2000"),
+                            )
+                            .await
+                        }
+                        "throttled" => {
+                            backlog(
+                                &plane,
+                                "throttled",
+                                binary,
+                                *driver,
+                                throttled_n,
+                                args("5", "10"),
+                            )
+                            .await
+                        }
+                        "steady" => steady(&plane, binary, *driver, steady_rate, steady_s).await,
+                        "delete" => delete(&plane, binary, *driver, delete_n).await,
+                        "idle" => {
+                            idle(&plane, binary, *driver, (idle_n, idle_n, idle_pods), false).await
+                        }
+                        "adopt" => adopt(&plane, binary, *driver, adopt_n).await,
+                        "startup" => startup(&plane, binary, *driver, startup_n).await,
+                        other => {
+                            eprintln!("unknown scenario {other}");
+                            continue;
+                        }
+                    };
+                    // The next run starts from the same cluster: what this
+                    // one made is gone and the controller-manager is idle.
+                    cleanup(&plane).await;
+                    let mut result = result;
+                    result["round"] = json!(round);
+                    println!("{result}");
+                    rounds.push(result);
+                }
             }
             if scenario == "idle" && !smoke_mode() {
+                next_run();
                 let result = idle(
                     &plane,
                     Binary::Ours,
@@ -1132,28 +1325,15 @@ async fn main() {
                     true,
                 )
                 .await;
+                cleanup(&plane).await;
                 println!("{result}");
                 results.push(result);
             }
-            let pick = |b: Binary| {
-                results.iter().rev().find(|r| {
-                    r["scenario"] == scenario.as_str()
-                        && r["binary"] == b.name()
-                        && r["driver"] == driver.name()
-                })
-            };
-            if let (Some(ours), Some(upstream)) = (pick(Binary::Ours), pick(Binary::Upstream))
-                && let (Some((metric, a, higher)), Some((_, b, _))) =
-                    (headline(ours), headline(upstream))
-            {
-                let ratio = if higher { a / b } else { b / a };
-                println!(
-                    "{}",
-                    json!({"ratio": scenario, "driver": driver.name(), "metric": metric,
-                           "ours": a, "upstream": b,
-                           "ours_better_by": round(ratio, 2)})
-                );
+            for line in summarize(scenario, *driver, &rounds) {
+                println!("{line}");
+                results.push(line);
             }
+            results.extend(rounds);
         }
     }
     let _ = Path::new(".");

@@ -453,11 +453,23 @@ pub async fn run(plane: &Arc<ControlPlane>, driver: DriverKind) -> Vec<Value> {
         median("scale", largest, Binary::Upstream, "seconds_to_first_pv"),
     ));
     for (metric, ours, upstream) in ratios {
-        if let (Some(ours), Some(upstream)) = (ours, upstream) {
-            let line = json!({"ratio": "scale", "driver": driver_name, "metric": metric,
-                "ours": round(ours, 2), "upstream": round(upstream, 2),
-                "ours_over_upstream": if upstream.abs() > f64::EPSILON { json!(round(ours / upstream, 3)) } else { Value::Null }});
-            emit(line, &mut lines);
+        match (ours, upstream) {
+            // Every metric here is better lower; a ratio of two positive
+            // medians only (a slope lost in the noise of small sizes is
+            // printed as a note).
+            (Some(ours), Some(upstream)) if ours > 0.0 && upstream > 0.0 => {
+                let line = json!({"ratio": "scale", "driver": driver_name, "metric": metric,
+                    "ours": round(ours, 2), "upstream": round(upstream, 2),
+                    "ours_over_upstream": round(ours / upstream, 3),
+                    "ours_better_by": round(upstream / ours, 2), "of": "medians"});
+                emit(line, &mut lines);
+            }
+            (ours, upstream) => {
+                let line = json!({"note": "scale", "driver": driver_name, "metric": metric,
+                    "ours": ours.map(|v| round(v, 2)), "upstream": upstream.map(|v| round(v, 2)),
+                    "why": "no ratio: a median is missing or not positive"});
+                emit(line, &mut lines);
+            }
         }
     }
     if let (Some(ours), Some(upstream)) = (
@@ -472,7 +484,8 @@ pub async fn run(plane: &Arc<ControlPlane>, driver: DriverKind) -> Vec<Value> {
         let line = json!({"ratio": "scale-relist", "driver": driver_name,
             "metric": format!("relist_peak_rss_mib@{largest}"),
             "ours": round(ours, 2), "upstream": round(upstream, 2),
-            "ours_over_upstream": round(ours / upstream, 3)});
+            "ours_over_upstream": round(ours / upstream, 3),
+            "ours_better_by": round(upstream / ours, 2), "of": "medians"});
         emit(line, &mut lines);
     }
     lines
