@@ -246,6 +246,27 @@ where
         }
     }
 
+    /// Starts `workers` tasks that take keys until the queue is shut down
+    /// and drained, run `work` on each and mark it done: the worker loop of
+    /// every loop of the sidecar.
+    pub fn run_workers<F, Fut>(&self, workers: usize, work: F)
+    where
+        K: Sync,
+        F: Fn(K) -> Fut + Clone + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        for _ in 0..workers {
+            let queue = self.clone();
+            let work = work.clone();
+            tokio::spawn(async move {
+                while let Some(key) = queue.get().await {
+                    work(key.clone()).await;
+                    queue.done(&key);
+                }
+            });
+        }
+    }
+
     /// Marks `key` as processed; queues it again if it was added meanwhile.
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
@@ -292,7 +313,50 @@ where
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn workers_take_every_key_once_and_stop_after_shutdown() {
+        let queue: WorkQueue<u32> = WorkQueue::new(
+            "run-workers-test",
+            Backoff {
+                start: Duration::from_millis(1),
+                max: Duration::from_millis(10),
+            },
+        );
+        let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+        {
+            let seen = Arc::clone(&seen);
+            queue.run_workers(3, move |key| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    seen.lock().unwrap_or_else(|p| p.into_inner()).push(key);
+                }
+            });
+        }
+        for key in 0..20 {
+            queue.add(key);
+        }
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while seen.lock().unwrap_or_else(|p| p.into_inner()).len() < 20 || queue.in_flight() > 0
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("every key processed");
+        queue.shut_down();
+        queue.add(99);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..20).collect::<Vec<_>>(),
+            "once each, nothing after shutdown"
+        );
+    }
 
     /// The queue's metrics, from the encoded registry.
     fn metric(name: &str, queue: &str) -> Option<f64> {

@@ -363,15 +363,11 @@ impl Capacity {
                 immediate_binding = this.settings.immediate_binding,
                 "capacity loop running"
             );
-            for _ in 0..this.settings.threads {
-                let ctx = Arc::clone(&this);
-                tokio::spawn(async move {
-                    while let Some(key) = ctx.queue.get().await {
-                        ctx.process(&key).await;
-                        ctx.queue.done(&key);
-                    }
-                });
-            }
+            let ctx = Arc::clone(&this);
+            this.queue.run_workers(this.settings.threads, move |key| {
+                let ctx = Arc::clone(&ctx);
+                async move { ctx.process(&key).await }
+            });
             let mut tick = tokio::time::interval(this.settings.poll_interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

@@ -185,15 +185,11 @@ impl PodPvcProvisioner {
                 workers = this.workers,
                 "pod/Job PVC provisioner running"
             );
-            for _ in 0..this.workers {
-                let ctx = Arc::clone(&this);
-                tokio::spawn(async move {
-                    while let Some(key) = ctx.queue.get().await {
-                        ctx.process(&key).await;
-                        ctx.queue.done(&key);
-                    }
-                });
-            }
+            let ctx = Arc::clone(&this);
+            this.queue.run_workers(this.workers, move |key| {
+                let ctx = Arc::clone(&ctx);
+                async move { ctx.process(&key).await }
+            });
             if !this.resync_period.is_zero() {
                 this.resync().await;
             }

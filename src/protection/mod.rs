@@ -178,15 +178,11 @@ impl Protection {
         tokio::spawn(async move {
             this.caches.wait_until_ready().await;
             tracing::info!(workers = this.workers, "PVC protection loop running");
-            for _ in 0..this.workers {
-                let ctx = Arc::clone(&this);
-                tokio::spawn(async move {
-                    while let Some(key) = ctx.queue.get().await {
-                        worker::process(&ctx, &key).await;
-                        ctx.queue.done(&key);
-                    }
-                });
-            }
+            let ctx = Arc::clone(&this);
+            this.queue.run_workers(this.workers, move |key| {
+                let ctx = Arc::clone(&ctx);
+                async move { worker::process(&ctx, &key).await }
+            });
         });
     }
 

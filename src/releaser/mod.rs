@@ -153,15 +153,11 @@ impl Releaser {
                 workers = this.workers,
                 "PV releaser loop running"
             );
-            for _ in 0..this.workers {
-                let ctx = Arc::clone(&this);
-                tokio::spawn(async move {
-                    while let Some(name) = ctx.queue.get().await {
-                        worker::process(&ctx, &name).await;
-                        ctx.queue.done(&name);
-                    }
-                });
-            }
+            let ctx = Arc::clone(&this);
+            this.queue.run_workers(this.workers, move |name| {
+                let ctx = Arc::clone(&ctx);
+                async move { worker::process(&ctx, &name).await }
+            });
             if !this.resync_period.is_zero() {
                 let ctx = Arc::clone(&this);
                 tokio::spawn(async move { ctx.resync().await });

@@ -259,15 +259,11 @@ impl Context {
     /// one of them forever.
     pub fn run(self: &Arc<Self>) {
         tracing::info!(workers = self.workers, resync = ?self.resync, "StatefulSet PVC retention loop running");
-        for _ in 0..self.workers {
-            let ctx = Arc::clone(self);
-            tokio::spawn(async move {
-                while let Some(key) = ctx.queue.get().await {
-                    ctx.process(&key).await;
-                    ctx.queue.done(&key);
-                }
-            });
-        }
+        let ctx = Arc::clone(self);
+        self.queue.run_workers(self.workers, move |key| {
+            let ctx = Arc::clone(&ctx);
+            async move { ctx.process(&key).await }
+        });
         let ctx = Arc::clone(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(ctx.resync);
