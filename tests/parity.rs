@@ -5,7 +5,9 @@
 //! driver was asked for, what is left after deletion) must be the same, up
 //! to names, uids, times and volume ids, and up to the differences the
 //! README lists. Real cluster only (needs the upstream binary of
-//! `../shared/k8s`).
+//! `../shared/k8s`). Snapshot restores are compared too: the snapshot CRDs,
+//! the upstream snapshot-controller and a csi-snapshotter next to the
+//! driver take the snapshots both images restore.
 
 mod support;
 
@@ -21,6 +23,7 @@ use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
+use support::snapshots::{PROVISIONER_SOURCE_FINALIZER, SNAPSHOT_API};
 use support::{Backend, ClusterConfig, Env};
 
 e2e_real!(ClusterConfig::standard();
@@ -129,6 +132,65 @@ fn bad_claims() -> Vec<(&'static str, &'static str, &'static str, Value)> {
     ]
 }
 
+/// Snapshots (name, source claim) taken once the good claims are bound,
+/// after a claim asked for the last one (see [`restore_claims`]).
+const SNAPSHOTS: &[(&str, &str)] = &[
+    ("snap-fs", "plain"),
+    ("snap-block", "block"),
+    ("snap-late", "plain"),
+];
+
+/// Claims restored from those snapshots: (name, class, size, extra).
+/// `plain` is 5Mi, `block` 3Mi: same size, and larger. `nosnap` (last)
+/// names a snapshot that does not exist yet: refused (upstream's message)
+/// until it is taken. (Refused for ever, it would be retried every second
+/// to the end, and its events with the other failing claims' would exceed
+/// the Go image's client-side budget of 5 writes/s and delay the others'.)
+fn restore_claims() -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    let from = |snapshot: &str| json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snapshot});
+    vec![
+        (
+            "restore",
+            "plain",
+            "5Mi",
+            json!({"spec": {"dataSource": from("snap-fs")}}),
+        ),
+        (
+            "restore-block",
+            "plain",
+            "3Mi",
+            json!({"spec": {"dataSource": from("snap-block"), "volumeMode": "Block"}}),
+        ),
+        (
+            "restore-big",
+            "plain",
+            "9Mi",
+            json!({"spec": {"dataSource": from("snap-fs")}}),
+        ),
+        (
+            "nosnap",
+            "plain",
+            "5Mi",
+            json!({"spec": {"dataSource": from("snap-late")}}),
+        ),
+    ]
+}
+
+/// Whether the image on `port` counted a failed restore
+/// (`controller_persistentvolumeclaim_provision_failed_total` with source
+/// `VolumeSnapshot`).
+async fn restore_failed(port: u16) -> bool {
+    let (_, metrics) = support::http_get(port, "/metrics").await;
+    metrics.lines().any(|line| {
+        line.starts_with("controller_persistentvolumeclaim_provision_failed_total{")
+            && line.contains("source=\"VolumeSnapshot\"")
+            && line
+                .rsplit_once(' ')
+                .and_then(|(_, v)| v.parse::<f64>().ok())
+                .is_some_and(|v| v >= 1.0)
+    })
+}
+
 /// What one image left behind, normalized.
 #[derive(Debug, Default, PartialEq)]
 struct Outcome {
@@ -148,6 +210,12 @@ struct Outcome {
     /// The provisioning metrics at the end: series → value, see
     /// [`provisioning_metrics`].
     metrics: BTreeMap<String, String>,
+    /// VolumeSnapshot name → its finalizers once its restores are bound
+    /// (after waiting up to 30 s for the provisioner's to go).
+    snapshot_finalizers: BTreeMap<String, Value>,
+    /// VolumeSnapshot name → what was left after its restores and then the
+    /// snapshot were deleted: "snapshot", "content" and/or "backend".
+    snapshots_left: BTreeMap<String, BTreeSet<&'static str>>,
 }
 
 /// The series of the sidecar's own metric families (CSI calls, the
@@ -332,6 +400,22 @@ impl Driver {
             state_dir,
             _process: process,
         })
+    }
+
+    /// The backend's snapshot ids.
+    fn snapshot_ids(&self, env: &Env) -> Vec<String> {
+        match self {
+            Driver::Ours => env.backend_snapshots().into_iter().map(|s| s.id).collect(),
+            // hostpathplugin's state file: {"Snapshots": [{"Id", ...}]}.
+            Driver::Upstream { state_dir, .. } => std::fs::read(state_dir.join("state.json"))
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+                .and_then(|state| state["Snapshots"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|s| s["Id"].as_str().map(str::to_owned))
+                .collect(),
+        }
     }
 
     /// The backend's volumes by CSI name (the PV's name), as each driver
@@ -545,6 +629,68 @@ async fn run(
         replacements.push((pv_name.clone(), "PV".into()));
         pv_names.insert("gold", pv_name);
     }
+    // Snapshots of two bound claims (filesystem and block), restored at
+    // their size and larger; before them, alone, a claim of a snapshot that
+    // does not exist yet: once the image counted its failure (its event is
+    // then on its way), the snapshot is taken. (Waiting for the event
+    // itself can take the Go image's event backlog, tens of seconds, over
+    // which the claim is retried every second and the image's spam filter,
+    // 25 events per object, would drop its success.)
+    let mut restores = restore_claims();
+    let (nosnap, class, size, extra) = restores.pop().expect("nosnap");
+    env.create_pvc(&ns, nosnap, class, size, extra).await;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(30) && !restore_failed(port).await {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (snapshot, claim) in SNAPSHOTS {
+        env.take_snapshot(&ns, snapshot, "snap", claim).await;
+    }
+    // The other restores only once their snapshots are ready: a claim
+    // that comes first is refused while they are not (not bound, not
+    // Ready), as many times as its retries fall into that second.
+    let mut snapshots = BTreeMap::new();
+    for (snapshot, _) in SNAPSHOTS {
+        let ready = env.wait_snapshot_ready(&ns, snapshot).await;
+        replacements.push((ready.handle.clone(), "SNAPID".into()));
+        replacements.push((ready.content.clone(), "CONTENT".into()));
+        snapshots.insert(*snapshot, ready);
+    }
+    for (name, class, size, extra) in restores {
+        env.create_pvc(&ns, name, class, size, extra).await;
+    }
+    for (name, ..) in restore_claims() {
+        let pv = bound(env, &ns, name, &logs).await;
+        let claim = env.pvc(&ns, name).await.expect("restore");
+        let pv_name = pv.metadata.name.clone().expect("PV name");
+        replacements.push((pv_name.clone(), "PV".into()));
+        replacements.push((claim.metadata.uid.clone().unwrap_or_default(), "UID".into()));
+        if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+            replacements.push((csi.volume_handle.clone(), "ID".into()));
+        }
+        pv_names.insert(name, pv_name);
+    }
+    // The provisioner's source protection goes once the restores are
+    // bound (when depends on each image's throttling: wait up to 30 s).
+    for (snapshot, _) in SNAPSHOTS {
+        let started = std::time::Instant::now();
+        let mut finalizers = loop {
+            let finalizers = env
+                .snapshot_finalizers(&ns, snapshot)
+                .await
+                .unwrap_or_default();
+            if !finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER)
+                || started.elapsed() > Duration::from_secs(30)
+            {
+                break finalizers;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        finalizers.sort();
+        outcome
+            .snapshot_finalizers
+            .insert(snapshot.to_string(), json!(finalizers));
+    }
     // Every bad claim gets its failure event, normally: wait up to 30 s in
     // all (not every mode says so, and the comparison tells what each
     // said).
@@ -580,6 +726,7 @@ async fn run(
         .map(|(name, ..)| name)
         .chain(other_claims(env).into_iter().map(|(name, ..)| name))
         .chain(["clone"])
+        .chain(restore_claims().into_iter().map(|(name, ..)| name))
         .chain(faults.then_some("rx"))
         .collect::<Vec<_>>();
     for name in &all_claims {
@@ -627,6 +774,28 @@ async fn run(
                 // README: a `Provisioning` note is replaced by the outcome
                 // that comes within 2 s.
                 if reason == "Provisioning" {
+                    continue;
+                }
+                // `nosnap` is retried while its snapshot, just taken, is not
+                // bound or not ready yet: whether a retry falls into that
+                // second is timing.
+                if claim == "nosnap"
+                    && event.message.as_deref().is_some_and(|m| {
+                        m.ends_with("snapshot snap-late not bound")
+                            || m.ends_with("snapshot snap-late is not Ready")
+                    })
+                {
+                    continue;
+                }
+                // Two restores from one snapshot at once: the Go image's
+                // finalizer update of the VolumeSnapshot may conflict, which
+                // it reports as a failure and retries; ours retries the
+                // conflict at once (timing, not a result).
+                if event.message.as_deref().is_some_and(|m| {
+                    m.starts_with(
+                        "Operation cannot be fulfilled on volumesnapshots.snapshot.storage.k8s.io",
+                    )
+                }) {
                     continue;
                 }
                 // The Go image in node mode reports its node check of a claim
@@ -763,6 +932,31 @@ async fn run(
             || async { env.pvc(&ns, name).await.is_none().then_some(()) },
         )
         .await;
+    }
+    // Then the snapshots go, with their contents and backend snapshots.
+    for (snapshot, _) in SNAPSHOTS {
+        env.delete(SNAPSHOT_API, "VolumeSnapshot", &ns, snapshot)
+            .await;
+    }
+    for (snapshot, ready) in &snapshots {
+        let started = std::time::Instant::now();
+        let left = loop {
+            let mut left = BTreeSet::new();
+            if env.volume_snapshot(&ns, snapshot).await.is_some() {
+                left.insert("snapshot");
+            }
+            if env.snapshot_content(&ready.content).await.is_some() {
+                left.insert("content");
+            }
+            if driver.snapshot_ids(env).contains(&ready.handle) {
+                left.insert("backend");
+            }
+            if left.is_empty() || started.elapsed() > Duration::from_secs(30) {
+                break left;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        outcome.snapshots_left.insert(snapshot.to_string(), left);
     }
     let (status, metrics) = support::http_get(port, "/metrics").await;
     assert_eq!(status, 200, "{image:?}: /metrics");
@@ -955,6 +1149,11 @@ async fn compare_with_the_go_image_on(
             None => return,
         },
     };
+    // The snapshot components, next to the driver in its final form.
+    if env.start_snapshotter().await.is_none() {
+        return;
+    }
+    env.snapshot_class("snap").await;
     let go_image = (go_bin.as_path(), go_config.as_path());
     let (go, go_log) = run(&mut env, Image::Go, go_image, flags, &driver).await;
     let (ours, our_log) = run(&mut env, Image::Rust, go_image, flags, &driver).await;
@@ -962,7 +1161,9 @@ async fn compare_with_the_go_image_on(
     let mut out = Vec::new();
     let go_json = |o: &Outcome| {
         json!({"pvs": o.pvs, "claims": o.claims, "volumes": o.volumes,
-               "left_after_delete": o.left_after_delete, "metrics": o.metrics})
+               "left_after_delete": o.left_after_delete, "metrics": o.metrics,
+               "snapshot_finalizers": o.snapshot_finalizers,
+               "snapshots_left": o.snapshots_left})
     };
     differences("", &go_json(&go), &go_json(&ours), &mut out);
     set_differences(
@@ -979,6 +1180,20 @@ async fn compare_with_the_go_image_on(
         tail(&go_log, 60),
         tail(&our_log, 60),
     );
+    // The case of the missing snapshot happened: both refused it first.
+    for (image, outcome) in [("Go", &go), ("ours", &ours)] {
+        let events = outcome
+            .claim_events
+            .get("nosnap")
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.contains("ProvisioningFailed") && e.contains("\"snap-late\" not found")),
+            "{image}: the claim of a missing snapshot was not refused first: {events:#?}"
+        );
+    }
 }
 
 fn tail(text: &str, lines: usize) -> String {

@@ -17,9 +17,11 @@
 
 pub mod decide;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
@@ -76,6 +78,22 @@ impl Sweep {
         self.stop.send_replace(true);
     }
 
+    /// The snapshots that pending claims of any driver restore from, from a
+    /// live list of every claim in pages of 500 (only the pairs are kept).
+    async fn live_pending(&self) -> Result<BTreeSet<String>, kube::Error> {
+        let api: Api<PersistentVolumeClaim> = Api::all(self.client.clone());
+        let mut pending = BTreeSet::new();
+        let mut params = ListParams::default().limit(500);
+        loop {
+            let page = api.list(&params).await?;
+            pending.extend(decide::pending_snapshots(page.items.iter()));
+            match page.metadata.continue_.filter(|token| !token.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(pending),
+            }
+        }
+    }
+
     /// One sweep; returns how many finalizers it removed.
     pub async fn sweep_once(&self) -> Result<usize, SweepError> {
         let api: Api<VolumeSnapshot> = Api::all(self.client.clone());
@@ -96,15 +114,30 @@ impl Sweep {
             Err(e) => return Err(SweepError::Api(e)),
         };
         let claims = self.caches.claims.store().state();
-        let pending = decide::pending_snapshots(claims.iter().map(AsRef::as_ref));
+        let cached_pending = decide::pending_snapshots(claims.iter().map(AsRef::as_ref));
+        let candidates: Vec<&VolumeSnapshot> = snapshots
+            .iter()
+            .filter(|s| decide::is_orphaned(s, &cached_pending))
+            .collect();
         tracing::debug!(
             snapshots = snapshots.len(),
-            pending = pending.len(),
+            pending = cached_pending.len(),
+            candidates = candidates.len(),
             "sweeping snapshot source-protection finalizers"
         );
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        // The finalizer is every provisioner's, but the claim cache holds
+        // only this driver's claims (crate::relevance): another driver's
+        // claim may still be restoring from a candidate, and removing the
+        // finalizer under it would let its snapshot go mid-restore. So the
+        // candidates are confirmed against every claim of the cluster, read
+        // live page by page (upstream reads its cache of every claim).
+        let pending = self.live_pending().await.map_err(SweepError::Api)?;
         let mut removed = 0;
-        for snapshot in snapshots
-            .iter()
+        for snapshot in candidates
+            .into_iter()
             .filter(|s| decide::is_orphaned(s, &pending))
         {
             let namespace = snapshot.metadata.namespace.clone().unwrap_or_default();

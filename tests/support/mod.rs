@@ -37,6 +37,8 @@ mod render;
 
 pub use controlplane::Config as ClusterConfig;
 
+pub mod snapshots;
+
 /// The annotation of a pod's selected node on its WaitForFirstConsumer claim.
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 pub const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
@@ -181,6 +183,9 @@ pub struct Env {
     audit_mark: Mutex<usize>,
     /// Real cluster: plays the kubelet's part in pod deletion.
     kubelet: Option<tokio::task::JoinHandle<()>>,
+    /// Real cluster: the `csi-snapshotter` next to this test's driver and
+    /// its log ([`Env::start_snapshotter`]).
+    snapshotter: Option<(GuardedChild, PathBuf)>,
 }
 
 /// The name of the running test (the test harness names each test's
@@ -249,6 +254,7 @@ impl Env {
             sidecar_runs: 0,
             audit_mark: Mutex::new(0),
             kubelet: None,
+            snapshotter: None,
         };
         env.create_namespace(&env.ns.clone()).await;
         let node = env.node.clone();
@@ -654,6 +660,7 @@ impl Env {
             out.push_str("--- kube-controller-manager (last 30 lines) ---\n");
             out.push_str(&plane.log_tail("kube-controller-manager", 30));
         }
+        out.push_str(&self.snapshot_logs());
         out
     }
 

@@ -300,6 +300,26 @@ impl Binaries {
             Verdict::Fail(message) => panic!("real-cluster test {test}: {message}"),
         }
     }
+
+    /// The folder `name` of the binaries' folder that `test` needs (the
+    /// snapshot CRDs of `install.sh`, `crd`), with the same skip-or-fail
+    /// decision as [`require`](Self::require).
+    pub fn require_dir(&self, name: &str, test: &str) -> Option<PathBuf> {
+        let path = self.path(name);
+        let found = if path.is_dir() {
+            Ok(path)
+        } else {
+            Err(format!("{} has no folder {name}", self.dir.display()))
+        };
+        match verdict(&BinEnv::from_process(), found) {
+            Verdict::Run(path) => Some(path),
+            Verdict::Skip(missing) => {
+                skip(test, &missing);
+                None
+            }
+            Verdict::Fail(message) => panic!("real-cluster test {test}: {message}"),
+        }
+    }
 }
 
 /// What [`Binaries::locate`] knows of a file.
@@ -424,6 +444,7 @@ struct Processes {
     apiserver: Option<GuardedChild>,
     controller_manager: Option<GuardedChild>,
     scheduler: Option<GuardedChild>,
+    snapshot_controller: Option<GuardedChild>,
 }
 
 /// A running control plane.
@@ -440,6 +461,9 @@ pub struct ControlPlane {
     admin_kubeconfig: PathBuf,
     audit_log: PathBuf,
     processes: Mutex<Processes>,
+    /// The outcome of [`ControlPlane::start_snapshot_controller`], once
+    /// tried: the snapshot CRDs and controller are set up once per plane.
+    snapshots: Mutex<Option<Result<(), String>>>,
 }
 
 impl ControlPlane {
@@ -514,6 +538,7 @@ impl ControlPlane {
             server,
             admin_kubeconfig,
             processes: Mutex::default(),
+            snapshots: Mutex::new(None),
         };
         plane.start_etcd()?;
         plane.start_apiserver()?;
@@ -791,6 +816,177 @@ impl ControlPlane {
         )
     }
 
+    /// The snapshot machinery of a cluster, set up once per control plane
+    /// (later calls return the first outcome at once): the CustomResourceDefinitions
+    /// of every `*.yaml` in `crd_dir` (the six snapshot CRDs of
+    /// `install.sh`), applied server-side and waited for until Established,
+    /// then one `snapshot-controller` (the binary `controller`) as the
+    /// cluster-admin user `snapshot-controller`, with short retries so a
+    /// snapshot whose deletion waits for a restore is looked at again
+    /// within seconds. Its log is [`log_path`](Self::log_path)`("snapshot-controller")`.
+    /// Each driver still needs its `csi-snapshotter` (see
+    /// [`csi_snapshotter_command`](Self::csi_snapshotter_command)).
+    pub fn start_snapshot_controller(
+        &self,
+        controller: &Path,
+        crd_dir: &Path,
+    ) -> Result<(), Error> {
+        let mut done = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(outcome) = &*done {
+            return outcome.clone().map_err(Error::Unavailable);
+        }
+        let outcome = self
+            .install_crds(crd_dir)
+            .and_then(|()| self.spawn_snapshot_controller(controller));
+        *done = Some(outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        outcome
+    }
+
+    /// Whether [`start_snapshot_controller`](Self::start_snapshot_controller)
+    /// succeeded and the controller still runs.
+    pub fn snapshot_controller_running(&self) -> bool {
+        self.processes()
+            .snapshot_controller
+            .as_mut()
+            .is_some_and(GuardedChild::is_running)
+    }
+
+    /// Creates (or server-side applies over) every CustomResourceDefinition
+    /// in the `*.yaml` files of `dir` and waits until each is Established.
+    pub fn install_crds(&self, dir: &Path) -> Result<(), Error> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use serde::Deserialize as _;
+        let mut crds: Vec<CustomResourceDefinition> = Vec::new();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+            .collect();
+        files.sort();
+        for file in &files {
+            let text = std::fs::read_to_string(file)?;
+            for document in serde_yaml::Deserializer::from_str(&text) {
+                let value = serde_yaml::Value::deserialize(document)
+                    .map_err(|e| Error::Client(format!("{}: {e}", file.display())))?;
+                if value.is_null() {
+                    continue;
+                }
+                let crd: CustomResourceDefinition = serde_yaml::from_value(value)
+                    .map_err(|e| Error::Client(format!("{}: {e}", file.display())))?;
+                crds.push(crd);
+            }
+        }
+        if crds.is_empty() {
+            return Err(Error::Unavailable(format!(
+                "no CustomResourceDefinition in {}",
+                dir.display()
+            )));
+        }
+        let kubeconfig = self.admin_kubeconfig.clone();
+        run_blocking(async move {
+            use kube::api::{Api, Patch, PatchParams};
+            let client = client_from(&kubeconfig).await?;
+            let api: Api<CustomResourceDefinition> = Api::all(client);
+            let params = PatchParams::apply("controlplane").force();
+            let mut names = Vec::new();
+            for mut crd in crds {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                crd.metadata.managed_fields = None;
+                crd.metadata.resource_version = None;
+                crd.status = None;
+                let mut body =
+                    serde_json::to_value(&crd).map_err(|e| Error::Client(e.to_string()))?;
+                body["apiVersion"] = "apiextensions.k8s.io/v1".into();
+                body["kind"] = "CustomResourceDefinition".into();
+                api.patch(&name, &params, &Patch::Apply(body))
+                    .await
+                    .map_err(|e| Error::Client(format!("apply CRD {name}: {e}")))?;
+                names.push(name);
+            }
+            let deadline = Instant::now() + Duration::from_secs(60);
+            for name in names {
+                loop {
+                    let established = api
+                        .get_opt(&name)
+                        .await
+                        .map_err(|e| Error::Client(e.to_string()))?
+                        .and_then(|c| c.status?.conditions)
+                        .is_some_and(|conditions| {
+                            conditions
+                                .iter()
+                                .any(|c| c.type_ == "Established" && c.status == "True")
+                        });
+                    if established {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        return Err(Error::Unavailable(format!(
+                            "CRD {name} not Established within 60s"
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn spawn_snapshot_controller(&self, controller: &Path) -> Result<(), Error> {
+        let kubeconfig = self.kubeconfig_for("snapshot-controller", Some("system:masters"))?;
+        let mut cmd = Command::new(controller);
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--leader-election=false")
+            .arg("--kube-api-qps=50")
+            .arg("--kube-api-burst=100")
+            .arg("--retry-interval-start=200ms")
+            .arg("--retry-interval-max=2s")
+            .arg("--v=4");
+        let log = self.log_path("snapshot-controller");
+        let mut child = GuardedChild::spawn("snapshot-controller", cmd, &log)?;
+        // It checks the CRDs and fills its informers within about a second;
+        // an early exit (CRDs missing, kubeconfig refused) is a failure.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait() {
+                return Err(Error::NotReady {
+                    component: "snapshot-controller",
+                    seconds: 5,
+                    log: format!(
+                        "exited with {status}: {}",
+                        self.log_tail("snapshot-controller", 30)
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.processes().snapshot_controller = Some(child);
+        Ok(())
+    }
+
+    /// The command line of a `csi-snapshotter` (the binary `snapshotter`)
+    /// for the driver at `csi_address`, as the cluster-admin user `user`:
+    /// short retries and timeouts as the tests' sidecars have. The caller
+    /// runs it (e.g. as a [`GuardedChild`]) next to its driver.
+    pub fn csi_snapshotter_command(
+        &self,
+        snapshotter: &Path,
+        csi_address: &Path,
+        user: &str,
+    ) -> Result<Command, Error> {
+        let kubeconfig = self.kubeconfig_for(user, Some("system:masters"))?;
+        let mut cmd = Command::new(snapshotter);
+        cmd.arg(format!("--csi-address={}", csi_address.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--leader-election=false")
+            .arg("--kube-api-qps=50")
+            .arg("--kube-api-burst=100")
+            .arg("--retry-interval-start=200ms")
+            .arg("--retry-interval-max=2s")
+            .arg("--timeout=30s")
+            .arg("--v=4")
+            .env_remove("KUBECONFIG");
+        Ok(cmd)
+    }
+
     /// Polls `/readyz` until it answers ok.
     fn wait_ready(&self, timeout: Duration) -> Result<(), Error> {
         let kubeconfig = self.admin_kubeconfig.clone();
@@ -836,6 +1032,7 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         let mut procs = self.processes();
         for child in [
+            procs.snapshot_controller.take(),
             procs.scheduler.take(),
             procs.controller_manager.take(),
             procs.apiserver.take(),
