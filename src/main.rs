@@ -31,7 +31,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let shutdown = startup::termination_signal().shared();
+    // Before anything else: a SIGTERM from here on is a clean shutdown.
+    let shutdown = {
+        let _context = runtime.enter();
+        startup::termination_signal().shared()
+    };
     let result = runtime.block_on(startup::run(options, shutdown));
     // Tasks still running (watches, a worker past the grace period) are
     // abandoned; their state is in the API server and the journal.

@@ -236,7 +236,8 @@ pub async fn run(
     let restores_snapshots = config.capabilities.create_delete_snapshot;
     let start = async {
         let provisioning = provisioner::new(&shared, driver, config, &namespace).await?;
-        // Embedded loops (DESIGN §5–§7) register their cache handlers and
+        // The embedded loops (protection, retention, releaser, pod/Job
+        // PVCs, capacity, snapshot sweep) register their cache handlers and
         // kinds now; they start working only with the provisioning loop,
         // after the lease is ours.
         let mut embedded = EmbeddedLoops::new(&shared, &options);
@@ -298,12 +299,28 @@ pub async fn run(
     // API writes to do after one, so allow the CSI timeout plus a little.
     // Losing the lease meanwhile still stops everything at once.
     let grace = options.timeout + SHUTDOWN_SLACK;
+    let deadline = tokio::time::Instant::now() + grace;
     tokio::select! {
-        drained = tokio::time::timeout(grace, provisioning.drained()) => {
+        drained = tokio::time::timeout_at(deadline, provisioning.drained()) => {
             if drained.is_err() {
                 tracing::warn!(grace = %crate::duration::format_go_duration(grace), "operations still running at shutdown; exiting anyway (their state is in the journal)");
             }
         }
+        lost = lease_lost(&mut leadership) => return Err(lost.into()),
+    }
+    // The journal writes removals lazily (with its next write, or up to
+    // IDLE_FLUSH later): an entry whose PV was saved just before the
+    // signal would outlive the process, and every later start would
+    // replay it (docs/design.md, hazard 14). Written now, in what is left
+    // of the grace (at least JOURNAL_FLUSH_MIN); a lost lease still stops
+    // at once, writing nothing.
+    let flush_until = deadline.max(tokio::time::Instant::now() + JOURNAL_FLUSH_MIN);
+    tokio::select! {
+        flushed = tokio::time::timeout_at(flush_until, provisioning.flush_journal()) => match flushed {
+            Ok(Ok(())) => tracing::debug!("journal removals written"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "the journal's last removals were not written; the next start checks those claims again"),
+            Err(_) => tracing::warn!("the journal's last removals were not written within the shutdown grace; the next start checks those claims again"),
+        },
         lost = lease_lost(&mut leadership) => return Err(lost.into()),
     }
     shared.recorder.flush(EVENT_FLUSH).await;
@@ -324,6 +341,10 @@ async fn lease_lost(leadership: &mut Option<leader::Leadership>) -> leader::Lead
 
 /// How long a clean exit waits for queued events to be written.
 const EVENT_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// At shutdown, the journal's last removals may take this long even when
+/// draining the workers used up the grace (`--timeout` + [`SHUTDOWN_SLACK`]).
+const JOURNAL_FLUSH_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Extra time after `--timeout` for workers to record the outcome of their
 /// last CSI call.
@@ -665,22 +686,28 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn termination_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed by this
+/// call, not when the future is first polled: from then on a signal no
+/// longer ends the process at once, and a SIGTERM during start-up is a
+/// clean exit (0). Call it first thing, inside the runtime's context.
+pub fn termination_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(error = %e, "cannot install signal handlers; only Ctrl-C will stop the process");
-            let _ = tokio::signal::ctrl_c().await;
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "cannot install signal handlers; only Ctrl-C will stop the process");
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

@@ -25,6 +25,12 @@
 //!
 //! Without any, CI's bounded sample: 8 seeds on the test server, 4 on the
 //! real cluster.
+//!
+//! A run prints, per fault rule (`plan::Fault::rule`), how often it was
+//! injected and how often it struck (a request or call it failed or
+//! delayed, a process it ended); a run of at least [`RULES_CHECKED_FROM`]
+//! seeds fails when a rule it injected never struck: a fault that cannot
+//! fire tests nothing.
 
 mod support;
 
@@ -34,16 +40,17 @@ mod invariants;
 mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use controlplane::GuardedChild;
 use csi_hostpath::faults::Fault as DriverFault;
 use futures_util::StreamExt;
-use invariants::{ClaimFact, ClaimRecord, PvFact, SetRecord, World};
+use invariants::{ClaimFact, ClaimRecord, JournalFact, KeptClaim, PvFact, SetRecord, World};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
-use kube_testserver::{RequestMatch, Verb};
+use kube_testserver::{Origin, RequestMatch, Verb};
 use plan::{ApiVerb, Binding, Fault, Plan, Reclaim, Step};
 use serde_json::json;
 use support::{Backend, ClusterConfig, Env};
@@ -51,8 +58,35 @@ use support::{Backend, ClusterConfig, Env};
 /// The class of the StatefulSets' claims.
 const SET_CLASS: plan::Class = plan::Class::new(Binding::Immediate, Reclaim::Delete);
 
-/// How long a run may take to settle once its faults are cleared.
+/// How long a run may take to settle once its workload is done.
 const QUIESCENCE: Duration = Duration::from_secs(120);
+
+/// A run of at least this many seeds fails when a fault rule it injected
+/// never struck in any of them (a rule not injected at all is only
+/// reported). The plan follows each fault with the work it is aimed at
+/// (`plan::AimedAt`), and driver and API faults stay armed until used up,
+/// so an injected rule strikes in nearly every seed that injects it: in
+/// 100 seeds, every rule in every such seed but `Api Create events` in 6
+/// to 9 of 9 (events get only the spare slots of the client's rate limit
+/// and may still be queued when a seed ends). A rule that never strikes
+/// over 8 seeds is dead, not unlucky. Fewer seeds (a single `CHAOS_SEED`,
+/// the real cluster's sample of 4) only report.
+const RULES_CHECKED_FROM: u64 = 8;
+
+/// How long a sidecar may take to exit after SIGTERM: its grace
+/// (`--timeout` + 2 s to drain, then the journal's last removals, events
+/// and the lease) with a wide margin.
+const TERM_EXIT_WITHIN: Duration = Duration::from_secs(30);
+
+/// The sidecar's first log line, once its signal handlers are installed.
+const STARTING: &str = "csi-provisioner starting";
+
+/// The sidecar's log line once it leads and its workers run (the journal
+/// is loaded).
+const LOOP_RUNNING: &str = "provisioning loop running";
+
+/// The sidecar's last log line when it exits because it lost its Lease.
+const LEASE_LOST: &str = "leader election lost";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn seeds_on_the_test_server() {
@@ -119,42 +153,62 @@ impl Seeds {
     }
 }
 
-/// What the seeds of a run did, for the summary line.
+/// What the seeds of a run did, for the summary lines.
 #[derive(Default)]
 struct Tally {
     seeds: u64,
     steps: BTreeMap<String, u64>,
     claims: u64,
     settle: Duration,
+    /// Per fault rule: how often it was injected and how often it struck.
+    rules: BTreeMap<String, RuleTally>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct RuleTally {
+    injected: u64,
+    /// Requests or calls it failed or delayed, processes it ended.
+    fired: u64,
+    /// Seeds that injected it, and seeds in which it struck (a run's sums).
+    seeds_injected: u64,
+    seeds_fired: u64,
 }
 
 async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &str) {
     let started = Instant::now();
-    let outcomes: Vec<(u64, Result<Tally, String>)> =
+    let outcomes: Vec<(u64, Tally, Result<(), String>)> =
         futures_util::stream::iter(seeds.first..seeds.first + seeds.count)
             .map(|seed| async move {
-                let outcome = run_seed(seed, kind, backend).await;
+                let (tally, outcome) = run_seed(seed, kind, backend).await;
                 // Said at once: a long run shows its failures as they come.
                 match &outcome {
-                    Ok(_) if (seed + 1 - seeds.first).is_multiple_of(100) => {
+                    Ok(()) if (seed + 1 - seeds.first).is_multiple_of(100) => {
                         eprintln!(
                             "chaos: seed {seed} passed ({:.0?} so far)",
                             started.elapsed()
                         );
                     }
-                    Ok(_) => {}
+                    Ok(()) => {}
                     Err(report) => eprintln!("{report}"),
                 }
-                (seed, outcome)
+                (seed, tally, outcome)
             })
             .buffer_unordered(seeds.jobs)
             .collect()
             .await;
     let mut total = Tally::default();
     let mut failed = Vec::new();
-    for (seed, outcome) in outcomes {
+    for (seed, tally, outcome) in outcomes {
+        // Rules count over every seed, failed ones too.
+        for (rule, n) in tally.rules {
+            let sum = total.rules.entry(rule).or_default();
+            sum.injected += n.injected;
+            sum.fired += n.fired;
+            sum.seeds_injected += u64::from(n.injected > 0);
+            sum.seeds_fired += u64::from(n.fired > 0);
+        }
         match outcome {
-            Ok(tally) => {
+            Ok(()) => {
                 total.seeds += 1;
                 total.claims += tally.claims;
                 total.settle = total.settle.max(tally.settle);
@@ -165,6 +219,7 @@ async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &
             Err(_) => failed.push(seed),
         }
     }
+    failed.sort_unstable();
     println!(
         "chaos {test}: {} of {} seeds ({}..{}) passed in {:.0?}; {} claims; slowest settle {:.1?}; steps {:?}",
         total.seeds,
@@ -176,14 +231,34 @@ async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &
         total.settle,
         total.steps,
     );
+    let mut dead = Vec::new();
+    for rule in plan::rules(kind) {
+        match total.rules.get(&rule) {
+            None => println!("chaos {test}: rule {rule:<40} not injected by these seeds"),
+            Some(n) => {
+                println!(
+                    "chaos {test}: rule {rule:<40} injected {:>4} times in {:>4} seeds, struck {:>5} times in {:>4} seeds",
+                    n.injected, n.seeds_injected, n.fired, n.seeds_fired
+                );
+                if n.fired == 0 {
+                    dead.push(rule);
+                }
+            }
+        }
+    }
     assert!(
         failed.is_empty(),
         "chaos seeds failed: {failed:?}; reproduce one with\n  CHAOS_SEED={} cargo test --test chaos {test} -- --nocapture",
         failed[0]
     );
+    assert!(
+        seeds.count < RULES_CHECKED_FROM || dead.is_empty(),
+        "chaos {test}: fault rules injected over {} seeds that never struck (a fault that cannot fire tests nothing): {dead:?}",
+        seeds.count
+    );
 }
 
-async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Tally, String> {
+async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> (Tally, Result<(), String>) {
     let plan = plan::plan(seed, kind);
     let mut run = Run::new(plan.clone(), backend).await;
     let outcome = run.execute().await;
@@ -191,6 +266,11 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Ta
         Ok(()) => run.settle().await,
         Err(e) => Err(vec![e]),
     };
+    run.disarm_driver_faults();
+    run.count_api_firings();
+    // What went wrong on the way (an exit other than a lost lease, a bad
+    // graceful shutdown) fails the seed even if it then settled.
+    let during = std::mem::take(&mut run.violations);
     // Whatever the faults, the sidecar never panics.
     let panics: Vec<String> = run
         .env
@@ -198,6 +278,7 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Ta
         .lines()
         .filter(|line| line.contains("panicked at"))
         .map(|line| format!("the sidecar panicked: {line}"))
+        .chain(during)
         .collect();
     let outcome = match outcome {
         Ok(_) if !panics.is_empty() => Err(panics),
@@ -211,7 +292,7 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Ta
         Ok(settle) => {
             run.tally.settle = settle;
             run.tally.claims = (run.records.len() + run.set_claims.len()) as u64;
-            Ok(std::mem::take(&mut run.tally))
+            (std::mem::take(&mut run.tally), Ok(()))
         }
         Err(violations) => {
             let logs = run.env.logs();
@@ -223,7 +304,7 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Ta
             };
             let tail: Vec<&str> = logs.lines().rev().take(keep).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            Err(format!(
+            let report = format!(
                 "chaos seed {seed} ({:?}) FAILED:\n  {}\nplan: {:#?}\nlast log lines:\n{}\nreproduce: CHAOS_SEED={seed} cargo test --test chaos {} -- --nocapture",
                 kind,
                 violations.join("\n  "),
@@ -233,7 +314,8 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> Result<Ta
                     plan::Backend::TestServer => "seeds_on_the_test_server",
                     plan::Backend::Real => "seeds_on_a_real_cluster",
                 },
-            ))
+            );
+            (std::mem::take(&mut run.tally), Err(report))
         }
     }
 }
@@ -252,6 +334,21 @@ struct Run {
     /// How long the driver stays down when a fault ended it.
     driver_down: Duration,
     tally: Tally,
+    /// Replica → the log of its current process.
+    replica_logs: Vec<PathBuf>,
+    /// Sidecar processes started so far (the number of the last one's log).
+    sidecar_runs: u32,
+    /// What went wrong while the workload ran (a sidecar that exited on its
+    /// own without losing its lease, a graceful shutdown that left journal
+    /// entries behind or did not exit 0): each fails the seed.
+    violations: Vec<String>,
+    /// StatefulSet claims that must be kept (by name): every live
+    /// replica's, and those kept on scale-down or after their set's
+    /// deletion by a Retain policy. Checked before any is made again.
+    kept: BTreeMap<String, KeptClaim>,
+    /// The driver's fault rules, in the order of its faults file, to learn
+    /// how often each struck.
+    armed_driver_faults: Vec<ArmedFault>,
 }
 
 impl Run {
@@ -294,7 +391,13 @@ impl Run {
             pods: BTreeSet::new(),
             driver_down: Duration::ZERO,
             tally: Tally::default(),
+            replica_logs: Vec::new(),
+            sidecar_runs: 0,
+            violations: Vec::new(),
+            kept: BTreeMap::new(),
+            armed_driver_faults: Vec::new(),
         };
+        run.replica_logs = vec![PathBuf::new(); run.plan.replicas];
         for replica in 0..run.plan.replicas {
             run.start_replica(replica).await;
         }
@@ -304,10 +407,40 @@ impl Run {
     async fn start_replica(&mut self, replica: usize) {
         let args: Vec<&str> = self.sidecar_args.iter().map(String::as_str).collect();
         let pod_name = format!("replica-{replica}");
+        // The kubelet sets both to the pod's name; the Lease holder's
+        // identity starts with the host name (how faults find the leader).
         self.env
-            .start_sidecar_with_env(&args, &[("POD_NAME", pod_name.as_str())])
+            .start_sidecar_with_env(
+                &args,
+                &[
+                    ("POD_NAME", pod_name.as_str()),
+                    ("HOSTNAME", pod_name.as_str()),
+                ],
+            )
             .await;
+        // Every sidecar of the run starts here: the harness numbers their
+        // logs in the same order.
+        self.sidecar_runs += 1;
+        self.replica_logs[replica] = self.env.log_path(self.sidecar_runs);
         self.replicas[replica] = self.env.sidecar.take();
+    }
+
+    fn replica_log(&self, replica: usize) -> String {
+        std::fs::read_to_string(&self.replica_logs[replica]).unwrap_or_default()
+    }
+
+    /// Whether `replica` holds the Lease (always, for a single replica).
+    async fn leads(&self, replica: usize) -> bool {
+        self.plan.replicas == 1
+            || self
+                .env
+                .lease_holder()
+                .await
+                .is_some_and(|holder| holder.starts_with(&format!("replica-{replica}_")))
+    }
+
+    fn fired(&mut self, rule: String, times: u64) {
+        self.tally.rules.entry(rule).or_default().fired += times;
     }
 
     fn kill_replica(&mut self, replica: usize) {
@@ -339,6 +472,10 @@ impl Run {
         match step {
             Step::CreateClaim { claim, class } => self.create_claim(claim, class).await,
             Step::DeleteClaim { claim } => self.delete_claim(claim, false).await,
+            Step::DeleteBoundClaim { claim } => {
+                self.wait_bound(claim).await?;
+                self.delete_claim(claim, false).await
+            }
             Step::DeletePvThenClaim { claim } => self.delete_claim(claim, true).await,
             Step::StartPod { claim } => self.start_pod(claim).await,
             Step::StopPod { claim } => self.stop_pod(claim).await,
@@ -390,19 +527,28 @@ impl Run {
                 Err(e) => eprintln!("cannot restart kube-controller-manager: {e}"),
             }
         }
-        // A sidecar that ended on its own (a lost lease ends it by design)
-        // is restarted as the kubelet would; one killed by a fault is down
-        // (`None`) until the fault restarts it.
+        // A sidecar that ended on its own is restarted as the kubelet
+        // would; one killed by a fault is down (`None`) until the fault
+        // restarts it. Only a lost lease may end it (exit 1, two replicas,
+        // said in its log): any other exit fails the seed.
         for replica in 0..self.replicas.len() {
             let exited = self.replicas[replica]
                 .as_mut()
                 .and_then(|child| child.try_wait());
             if let Some(status) = exited {
-                *self
-                    .tally
-                    .steps
-                    .entry(format!("sidecar exited ({status}) and restarted"))
-                    .or_default() += 1;
+                let log = self.replica_log(replica);
+                let lost_lease =
+                    self.plan.replicas == 2 && status.code() == Some(1) && log.contains(LEASE_LOST);
+                let what = if lost_lease {
+                    "sidecar lost its lease, exited 1 and restarted".to_owned()
+                } else {
+                    self.violations.push(format!(
+                        "sidecar replica-{replica} exited on its own ({status}) without losing its lease; its last lines:\n{}",
+                        last_lines(&log, 5)
+                    ));
+                    format!("sidecar exited ({status}) and restarted")
+                };
+                *self.tally.steps.entry(what).or_default() += 1;
                 self.kill_replica(replica);
                 tokio::time::sleep(self.driver_down).await;
                 self.start_replica(replica).await;
@@ -420,42 +566,64 @@ impl Run {
     }
 
     async fn inject(&mut self, fault: Fault) {
+        let rule = fault.rule();
+        self.tally.rules.entry(rule.clone()).or_default().injected += 1;
         match fault {
             Fault::KillSidecar { replica, down_ms } => {
+                let running = self.replicas[replica].is_some();
                 self.kill_replica(replica);
+                self.fired(rule, u64::from(running));
                 self.pause(Duration::from_millis(down_ms)).await;
                 self.start_replica(replica).await;
             }
             Fault::KillLeader { down_ms } => {
-                let holder = self.env.lease_holder().await.unwrap_or_default();
-                let leader = (0..self.replicas.len())
-                    .find(|r| holder.starts_with(&format!("replica-{r}_")))
-                    .unwrap_or(0);
+                let leader = self.leader().await;
+                let running = self.replicas[leader].is_some();
                 self.kill_replica(leader);
+                self.fired(rule, u64::from(running));
                 self.pause(Duration::from_millis(down_ms)).await;
                 self.start_replica(leader).await;
+            }
+            Fault::TermSidecar { replica, down_ms } => {
+                let ended = self.terminate(replica).await;
+                self.fired(rule, u64::from(ended));
+                self.pause(Duration::from_millis(down_ms)).await;
+                if self.replicas[replica].is_none() {
+                    self.start_replica(replica).await;
+                }
+            }
+            Fault::TermLeader { down_ms } => {
+                let leader = self.leader().await;
+                let ended = self.terminate(leader).await;
+                self.fired(rule, u64::from(ended));
+                self.pause(Duration::from_millis(down_ms)).await;
+                if self.replicas[leader].is_none() {
+                    self.start_replica(leader).await;
+                }
             }
             Fault::DriverError {
                 method,
                 code,
                 count,
             } => {
-                let mut rule = DriverFault::error(method, tonic::Code::Unknown).times(count);
-                rule.code = Some(code.to_owned());
-                self.env.set_faults(vec![rule]);
+                let mut fault = DriverFault::error(method, tonic::Code::Unknown).times(count);
+                fault.code = Some(code.to_owned());
+                self.arm_driver_fault(rule, fault);
             }
             Fault::DriverSlow {
                 method,
                 delay_ms,
                 count,
-            } => self.env.set_faults(vec![
+            } => self.arm_driver_fault(
+                rule,
                 DriverFault::delay(method, Duration::from_millis(delay_ms)).times(count),
-            ]),
+            ),
             Fault::DriverExit { method, down_ms } => {
                 self.driver_down = Duration::from_millis(down_ms);
-                self.env.set_faults(vec![
+                self.arm_driver_fault(
+                    rule,
                     DriverFault::exit_after_backend_change(method).times(1),
-                ]);
+                );
             }
             Fault::Api {
                 verb,
@@ -463,21 +631,22 @@ impl Run {
                 status,
                 count,
             } => {
-                let verb = match verb {
-                    ApiVerb::Get => Verb::Get,
-                    ApiVerb::Create => Verb::Create,
-                    ApiVerb::Update => Verb::Update,
-                    ApiVerb::Patch => Verb::Patch,
-                    ApiVerb::Delete => Verb::Delete,
-                };
-                self.env
-                    .api()
-                    .fail_next(count, RequestMatch::new(verb, resource), status);
+                // The sidecar's requests only (the runner's own would use
+                // it up); counted from the request log at the end.
+                self.env.api().fail_next(
+                    count,
+                    RequestMatch::new(test_server_verb(verb), resource).remote(),
+                    status,
+                );
             }
-            Fault::CloseWatches => self.env.api().close_watches(),
+            Fault::CloseWatches => {
+                self.env.api().close_watches();
+                self.fired(rule, 1);
+            }
             Fault::Compact => {
                 self.env.api().compact();
                 self.env.api().close_watches();
+                self.fired(rule, 1);
             }
             Fault::RestartApiServer => {
                 let plane = self.env.plane().expect("real cluster");
@@ -487,6 +656,7 @@ impl Run {
                     .expect("join")
                     .expect("restart kube-apiserver");
                 self.env.client = plane.admin_client().await.expect("admin client");
+                self.fired(rule, 1);
             }
             Fault::CompactEtcd => {
                 let plane = self.env.plane().expect("real cluster");
@@ -498,6 +668,7 @@ impl Run {
                 .expect("join")
                 .expect("compact etcd and restart kube-apiserver");
                 self.env.client = plane.admin_client().await.expect("admin client");
+                self.fired(rule, 1);
             }
             Fault::RestartControllerManager => {
                 let plane = self.env.plane().expect("real cluster");
@@ -508,8 +679,226 @@ impl Run {
                 .await
                 .expect("join")
                 .expect("restart kube-controller-manager");
+                self.fired(rule, 1);
             }
         }
+    }
+
+    /// The replica holding the Lease (replica 0 when none is seen).
+    async fn leader(&self) -> usize {
+        let holder = self.env.lease_holder().await.unwrap_or_default();
+        (0..self.replicas.len())
+            .find(|r| holder.starts_with(&format!("replica-{r}_")))
+            .unwrap_or(0)
+    }
+
+    /// Adds a rule to the driver's faults: each stays until used up (a
+    /// fault aimed at DeleteVolume is not lost because one aimed at
+    /// CreateVolume came before the next deletion). The first rule that
+    /// matches a call fires.
+    fn arm_driver_fault(&mut self, rule: String, fault: DriverFault) {
+        self.count_driver_firings();
+        self.armed_driver_faults.retain(|armed| armed.left > 0);
+        self.armed_driver_faults.push(ArmedFault {
+            rule,
+            left: fault.count.unwrap_or(0),
+            fault,
+        });
+        let rules = self
+            .armed_driver_faults
+            .iter()
+            .map(|armed| armed.fault.clone().times(armed.left))
+            .collect();
+        self.env.set_faults(rules);
+    }
+
+    /// Counts the firings of the armed driver rules since last looked: the
+    /// driver decrements each rule's count in its faults file as it fires
+    /// (rules at 0 stay, so the file's rules are ours, in order).
+    fn count_driver_firings(&mut self) {
+        let Ok(file) = csi_hostpath::faults::Faults::load(&self.env.driver.faults_file) else {
+            return;
+        };
+        let mut struck = Vec::new();
+        for (armed, now) in self.armed_driver_faults.iter_mut().zip(&file.rules) {
+            let left = now.count.unwrap_or(armed.left).min(armed.left);
+            struck.push((armed.rule.clone(), u64::from(armed.left - left)));
+            armed.left = left;
+        }
+        for (rule, times) in struck {
+            self.fired(rule, times);
+        }
+    }
+
+    /// Counts the driver rules' last firings and removes them all.
+    fn disarm_driver_faults(&mut self) {
+        self.count_driver_firings();
+        self.armed_driver_faults.clear();
+        self.env.clear_faults();
+    }
+
+    /// Test server: the API faults that struck the sidecar (not the
+    /// runner's own requests), from the request log.
+    fn count_api_firings(&mut self) {
+        if !matches!(self.plan.backend, plan::Backend::TestServer) {
+            return;
+        }
+        let mut struck: BTreeMap<String, u64> = BTreeMap::new();
+        for request in self.env.api().requests() {
+            if !request.injected || request.origin == Origin::InProcess {
+                continue;
+            }
+            let verb = match request.verb {
+                Verb::Create => ApiVerb::Create,
+                Verb::Update => ApiVerb::Update,
+                Verb::Patch => ApiVerb::Patch,
+                Verb::Delete => ApiVerb::Delete,
+                _ => continue,
+            };
+            *struck
+                .entry(plan::api_rule(verb, &request.resource))
+                .or_default() += 1;
+        }
+        for (rule, times) in struck {
+            self.fired(rule, times);
+        }
+    }
+
+    /// SIGTERM to `replica`, the graceful path: it must exit 0 (or 1 after
+    /// losing its lease meanwhile, two replicas), and when it led, the
+    /// journal it leaves may hold no entry whose PV is saved. Returns
+    /// whether a process was running to be ended.
+    async fn terminate(&mut self, replica: usize) -> bool {
+        let Some(mut child) = self.replicas[replica].take() else {
+            return false;
+        };
+        if child.try_wait().is_some() {
+            // Ended on its own before the signal: that is revive_exited's.
+            self.replicas[replica] = Some(child);
+            self.revive_exited().await;
+            return false;
+        }
+        // A leader whose workers run has loaded the journal: what it holds
+        // at exit is then this process's doing.
+        let leads = self.leads(replica).await;
+        let mut running = false;
+        if leads {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && child.is_running() {
+                if self.replica_log(replica).contains(LOOP_RUNNING) {
+                    running = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        child.signal("TERM");
+        let asked = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait() {
+                break Some(status);
+            }
+            if asked.elapsed() >= TERM_EXIT_WITHIN {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let log = self.replica_log(replica);
+        let Some(status) = status else {
+            child.kill();
+            self.violations.push(format!(
+                "sidecar replica-{replica} did not exit within {TERM_EXIT_WITHIN:?} of SIGTERM; its last lines:\n{}",
+                last_lines(&log, 5)
+            ));
+            return true;
+        };
+        *self
+            .tally
+            .steps
+            .entry(format!("sidecar terminated ({status})"))
+            .or_default() += 1;
+        match status.code() {
+            Some(0) => {}
+            // Lost its lease while it shut down: it stops at once, writing
+            // nothing more (never two writers).
+            Some(1) if self.plan.replicas == 2 && log.contains(LEASE_LOST) => return true,
+            // Ended by the signal itself: only before its handlers were
+            // installed, which is before its first log line.
+            None if std::os::unix::process::ExitStatusExt::signal(&status) == Some(15)
+                && !log.contains(STARTING) =>
+            {
+                return true;
+            }
+            _ => {
+                self.violations.push(format!(
+                    "sidecar replica-{replica} exited {status} after SIGTERM, not 0; its last lines:\n{}",
+                    last_lines(&log, 5)
+                ));
+                return true;
+            }
+        }
+        if leads && running {
+            // At once: with two replicas, the other takes the Lease (and
+            // the journal) only once it expires, seconds later.
+            match self.journal_after_exit().await {
+                Ok(found) => self.violations.extend(found.into_iter().map(|v| {
+                    format!(
+                        "after SIGTERM of replica-{replica} ({:?} to exit): {v}",
+                        asked.elapsed()
+                    )
+                })),
+                Err(e) => self.violations.push(e),
+            }
+        }
+        true
+    }
+
+    /// The journal's entries whose PV is saved (see
+    /// `invariants::journal_violations`).
+    async fn journal_after_exit(&self) -> Result<Vec<String>, String> {
+        let mut last = String::new();
+        for _ in 0..20 {
+            match self.world().await {
+                Ok(world) => {
+                    return Ok(invariants::journal_violations(&world.journal, &world.pvs));
+                }
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(last)
+    }
+
+    /// The write-ahead journal's entries, over all its segments.
+    async fn journal(&self) -> Result<Vec<JournalFact>, String> {
+        let prefix = format!("{}-provisioner-journal", self.env.driver_name);
+        let segments = Api::<ConfigMap>::namespaced(self.env.client.clone(), &self.env.ns)
+            .list(&Default::default())
+            .await
+            .map_err(|e| format!("list the journal: {e}"))?
+            .items;
+        let mut entries = Vec::new();
+        for segment in segments {
+            if !segment
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&prefix))
+            {
+                continue;
+            }
+            for (uid, json) in segment.data.unwrap_or_default() {
+                let entry: serde_json::Value = serde_json::from_str(&json)
+                    .map_err(|e| format!("journal entry {uid} is not JSON: {e}: {json}"))?;
+                let field = |name: &str| entry[name].as_str().unwrap_or_default().to_owned();
+                entries.push(JournalFact {
+                    claim: format!("{}/{}", field("namespace"), field("name")),
+                    volume_name: field("volumeName"),
+                    uid,
+                });
+            }
+        }
+        Ok(entries)
     }
 
     fn claim_name(&self, claim: usize) -> String {
@@ -570,6 +959,22 @@ impl Run {
             deleted: false,
             bound_at_deletion: false,
         };
+        Ok(())
+    }
+
+    /// Waits (a while) for the claim to be Bound; one that is not by then
+    /// is deleted all the same.
+    async fn wait_bound(&mut self, claim: usize) -> Result<(), String> {
+        let name = self.claim_name(claim);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let current = get_live(&self.claims(), &name).await?;
+            let phase = current.and_then(|c| c.status?.phase);
+            if phase.as_deref() == Some("Bound") {
+                break;
+            }
+            self.pause(Duration::from_millis(100)).await;
+        }
         Ok(())
     }
 
@@ -736,8 +1141,11 @@ impl Run {
         let claim_name = format!("data-{name}-{ordinal}");
         let api = self.claims();
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        let uid = loop {
             let current = get_live(&api, &claim_name).await?;
+            // A claim that must be kept is checked before anything makes
+            // it again (a StatefulSet controller would, hiding the loss).
+            self.check_kept(&claim_name, current.as_ref())?;
             // The StatefulSet controller's PodClaimIsStale: under
             // whenScaled=Delete a claim still owned by a (condemned) pod is
             // about to be collected with it; it blocks the replica until it
@@ -756,7 +1164,9 @@ impl Run {
                         .any(|o| o.kind == "Pod" && Some(&o.uid) != pod_uid.as_ref())
             };
             match current {
-                Some(c) if c.metadata.deletion_timestamp.is_none() && !stale(&c) => break,
+                Some(c) if c.metadata.deletion_timestamp.is_none() && !stale(&c) => {
+                    break c.metadata.uid.unwrap_or_default();
+                }
                 Some(_) if Instant::now() < deadline => {
                     self.pause(Duration::from_millis(200)).await;
                 }
@@ -779,14 +1189,15 @@ impl Run {
                     .map_err(|e| e.to_string())?;
                     match api.create(&PostParams::default(), &pvc).await {
                         Ok(created) => {
+                            let uid = created.metadata.uid.unwrap_or_default();
                             self.set_claims.push(ClaimRecord {
                                 name: claim_name.clone(),
-                                uid: created.metadata.uid.unwrap_or_default(),
+                                uid: uid.clone(),
                                 class: SET_CLASS,
                                 deleted: false,
                                 bound_at_deletion: false,
                             });
-                            break;
+                            break uid;
                         }
                         Err(_) if Instant::now() < deadline => {
                             self.pause(Duration::from_millis(200)).await;
@@ -795,10 +1206,65 @@ impl Run {
                     }
                 }
             }
-        }
+        };
+        self.kept.insert(
+            claim_name,
+            KeptClaim {
+                uid,
+                why: format!("replica {ordinal} of set {name}"),
+            },
+        );
         let record = &mut self.sets[set];
         record.ordinals = record.ordinals.max(ordinal + 1);
         Ok(())
+    }
+
+    /// Fails when `name` must be kept and `current` is not it (gone, being
+    /// deleted, or made anew).
+    fn check_kept(
+        &self,
+        name: &str,
+        current: Option<&PersistentVolumeClaim>,
+    ) -> Result<(), String> {
+        let Some(kept) = self.kept.get(name) else {
+            return Ok(());
+        };
+        let world = World {
+            claims: current.cloned().map(claim_fact).into_iter().collect(),
+            ..World::default()
+        };
+        let lost =
+            invariants::kept_violations(&world, &BTreeMap::from([(name.to_owned(), kept.clone())]));
+        if lost.is_empty() {
+            Ok(())
+        } else {
+            Err(lost.join("; "))
+        }
+    }
+
+    /// The set's claims `ordinals` are no longer replicas': kept under
+    /// `Retain` (said why), free to go under `Delete`.
+    fn release_claims(
+        &mut self,
+        set: usize,
+        ordinals: std::ops::Range<u32>,
+        policy: Reclaim,
+        why: &str,
+    ) {
+        let name = Self::set_name(set);
+        for ordinal in ordinals {
+            let claim = format!("data-{name}-{ordinal}");
+            match policy {
+                Reclaim::Delete => {
+                    self.kept.remove(&claim);
+                }
+                Reclaim::Retain => {
+                    if let Some(kept) = self.kept.get_mut(&claim) {
+                        kept.why = why.to_owned();
+                    }
+                }
+            }
+        }
     }
 
     async fn scale_set(&mut self, set: usize, replicas: u32) -> Result<(), String> {
@@ -820,6 +1286,11 @@ impl Run {
         })
         .await?;
         self.sets[set].replicas = replicas;
+        if replicas < before {
+            let policy = self.sets[set].when_scaled;
+            let why = format!("kept on scale-down of set {name}, whenScaled: Retain");
+            self.release_claims(set, replicas..before, policy, &why);
+        }
         for ordinal in before..replicas {
             self.ensure_member(set, ordinal).await?;
         }
@@ -917,6 +1388,10 @@ impl Run {
         })
         .await?;
         self.sets[set].deleted = true;
+        let record = &self.sets[set];
+        let (policy, every) = (record.when_deleted, record.ordinals.max(record.replicas));
+        let why = format!("kept after set {name} was deleted, whenDeleted: Retain");
+        self.release_claims(set, 0..every, policy, &why);
         Ok(())
     }
 
@@ -928,13 +1403,12 @@ impl Run {
         Api::namespaced(self.env.client.clone(), &self.env.ns)
     }
 
-    /// Faults off, every process up; then waits until every invariant
-    /// holds. Returns how long that took, or what still failed at the end.
+    /// Every process up; then waits until every invariant holds. The driver
+    /// and API faults still armed stay until used up (each fails or delays
+    /// a bounded number of calls), so that one injected late still meets
+    /// the work it was aimed at. Returns how long that took, or what still
+    /// failed at the end.
     async fn settle(&mut self) -> Result<Duration, Vec<String>> {
-        self.env.clear_faults();
-        if matches!(self.plan.backend, plan::Backend::TestServer) {
-            self.env.api().clear_faults();
-        }
         self.revive_exited().await;
         for replica in 0..self.replicas.len() {
             let dead = match self.replicas[replica].as_mut() {
@@ -948,22 +1422,18 @@ impl Run {
         }
         let started = Instant::now();
         let mut last = Vec::new();
+        let mut reconciled: Result<(), String> = Ok(());
         while started.elapsed() < QUIESCENCE {
             self.revive_exited().await;
-            // The StatefulSet controller's part: every replica has its claim.
-            let mut reconciled = Ok(());
-            for set in 0..self.sets.len() {
-                if !self.sets[set].deleted {
-                    for ordinal in 0..self.sets[set].replicas {
-                        reconciled = reconciled.and(self.ensure_claim(set, ordinal).await);
-                    }
-                }
-            }
-            if let Err(e) = self.reselect_nodes().await {
-                reconciled = reconciled.and(Err(e));
-            }
             match self.world().await {
                 Ok(world) => {
+                    // First: a claim that had to be kept and is not is lost
+                    // for good, whatever follows (and the StatefulSet
+                    // controller's part below would make it again).
+                    let lost = invariants::kept_violations(&world, &self.kept);
+                    if !lost.is_empty() {
+                        return Err(lost);
+                    }
                     let mut records = self.records.clone();
                     records.extend(self.set_claims.iter().map(|record| ClaimRecord {
                         deleted: !world.claims.iter().any(|c| c.uid == record.uid),
@@ -979,6 +1449,19 @@ impl Run {
                     }
                 }
                 Err(e) => last = vec![e],
+            }
+            // The StatefulSet controller's part: every replica has its
+            // claim (each checked first: see ensure_claim).
+            reconciled = Ok(());
+            for set in 0..self.sets.len() {
+                if !self.sets[set].deleted {
+                    for ordinal in 0..self.sets[set].replicas {
+                        reconciled = reconciled.and(self.ensure_claim(set, ordinal).await);
+                    }
+                }
+            }
+            if let Err(e) = self.reselect_nodes().await {
+                reconciled = reconciled.and(Err(e));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -1066,6 +1549,7 @@ impl Run {
             backend,
             pvs,
             claims,
+            journal: self.journal().await?,
         })
     }
 }
@@ -1151,4 +1635,28 @@ where
     })
     .await
     .map(|_| ())
+}
+
+/// A driver fault rule armed in a seed.
+struct ArmedFault {
+    rule: String,
+    fault: DriverFault,
+    /// Firings left when last looked.
+    left: u32,
+}
+
+/// The test server's verb of a planned API fault.
+fn test_server_verb(verb: ApiVerb) -> Verb {
+    match verb {
+        ApiVerb::Create => Verb::Create,
+        ApiVerb::Update => Verb::Update,
+        ApiVerb::Patch => Verb::Patch,
+        ApiVerb::Delete => Verb::Delete,
+    }
+}
+
+/// The last `n` lines of a log, for a failure message.
+fn last_lines(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().rev().take(n).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join("\n")
 }

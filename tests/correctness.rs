@@ -1,9 +1,10 @@
-//! Issue 11: ways to leak a volume, lose data or get stuck, each
-//! reproduced by a test named after the case. Cases 1, 4, 5 and 13 are in
+//! Ways to leak a volume, lose data or get stuck, each reproduced by a
+//! test named after the case; the case numbers are those of the numbered
+//! hazards of docs/design.md. Cases 1, 4, 5 and 13 are (also) in
 //! `tests/api_server_restart.rs`, `src/informer.rs`, the journal's unit
 //! tests and `src/trim.rs` / `src/protection/index.rs`. Set
 //! `CSI_PROVISIONER_BIN` to run these against another build of the sidecar
-//! (they fail on the build of the issue's `main`).
+//! (a build from before the fixes fails them).
 
 mod support;
 
@@ -20,6 +21,7 @@ e2e!(ClusterConfig::standard();
     a_cleanup_asks_again_after_final_errors,
     a_final_answer_that_holds_ends_a_cleanup,
     a_claim_deleted_before_its_first_create_volume_creates_nothing,
+    a_sigterm_right_after_a_pv_is_saved_leaves_no_journal_entry,
 );
 
 /// Case 2: the PV create committed but its answer was lost, and the next
@@ -568,5 +570,45 @@ async fn a_claim_deleted_before_its_first_create_volume_creates_nothing(backend:
         env.logs()
     );
     env.clear_faults();
+    env.assert_consistent().await;
+}
+
+/// Case 14: a SIGTERM about 1.5 s after a claim was provisioned left its
+/// journal entry in the ConfigMap: the entry's removal (its PV saved) waited
+/// for the journal's lazy flush (2 s), and the process exited first. Every
+/// later start replayed it and, the claim deleted by then, repeated
+/// `CreateVolume` to learn the volume's id: on a driver whose volume was
+/// already deleted with its PV, a new volume only to delete it again.
+/// Graceful shutdown writes the removals it owes before it exits.
+async fn a_sigterm_right_after_a_pv_is_saved_leaves_no_journal_entry(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    let claim = env
+        .create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    let uid = claim.metadata.uid.clone().expect("uid");
+    // The PV is saved: the entry is done, its removal queued.
+    env.wait_for("PV saved", Duration::from_secs(30), || async {
+        env.pv(&format!("pvc-{uid}")).await
+    })
+    .await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+    let journal = env.journal().await;
+    assert!(
+        !journal.contains_key(&uid),
+        "the entry of a claim whose PV is saved outlived the sidecar: {journal:?}\n{}",
+        env.logs()
+    );
+    // The next start has nothing to replay.
+    env.start_sidecar(&[]).await;
+    env.wait_bound(&env.ns, "data").await;
+    assert!(
+        !env.logs()
+            .contains("resuming provisioning recorded in the journal"),
+        "{}",
+        env.logs()
+    );
     env.assert_consistent().await;
 }

@@ -1,8 +1,9 @@
 //! The claim worker: one PVC key at a time, never two workers on one key.
 //!
-//! Crash windows (DESIGN §3: no backend volume may outlive a crash at any
-//! instant). Each step that changes the backend is preceded by a write that
-//! lets a restarted sidecar find it:
+//! Crash windows (no backend volume may outlive a crash at any instant;
+//! docs/design.md, "Crash windows", has the whole table). Each step that
+//! changes the backend is preceded by a write that lets a restarted sidecar
+//! find it:
 //! 1. Before the journal write: nothing was sent to the driver. A crash
 //!    leaves nothing behind.
 //! 2. Journal written, `CreateVolume` sent or answered, PV not yet saved:
@@ -12,8 +13,11 @@
 //!    volume). If it is gone, [`finish_deleted_claim`] repeats the
 //!    `CreateVolume` to learn the volume id and deletes the volume.
 //! 3. PV saved, journal entry not yet removed: the restarted sidecar finds
-//!    the PV in its cache for the entry and only removes the entry. The PV
-//!    itself carries the volume from then on (and our finalizer).
+//!    the PV for the entry (in its cache, or live when the claim is gone)
+//!    and only removes the entry. The PV itself carries the volume from
+//!    then on (and our finalizer). If the claim and its PV are both gone by
+//!    then, the entry is treated as in 2: the volume is made again and
+//!    deleted (a Retain class's recorded in a Released PV), nothing leaks.
 //!
 //! The same holds without a crash: an operation with a non-final error
 //! stays in `Context::in_flight` and is retried with its frozen request
@@ -22,7 +26,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
@@ -34,8 +38,8 @@ use crate::csi::CsiError;
 use crate::provision::events::{self as notes, EventNote};
 use crate::provision::{
     CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
-    DataSourceObjects, ProvisionDecision, ProvisionInputs, SourceFinalizer, build_pv,
-    classify_create_volume_error, cleanup_after_error, data_source_ref, grpc_error_text,
+    DataSourceObjects, ProvisionDecision, ProvisionInputs, ProvisionPlan, SourceFinalizer,
+    build_pv, classify_create_volume_error, cleanup_after_error, data_source_ref, grpc_error_text,
     may_reschedule, plan_provision, records_same_volume, retained_volume_pv, selected_node_name,
     should_provision, volume_attributes_class_name, volume_name,
 };
@@ -164,85 +168,17 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         return Next::Done;
     }
 
-    // Gather the inputs from the caches (and the API for snapshots).
-    let source = match data_source_ref(&claim, &ctx.config) {
-        Ok(source) => source,
-        Err(e) => return plan_failed(ctx, &claim, &class_name, &e).await,
-    };
-    let fetched = match fetch_source(ctx, source.as_ref()).await {
-        Ok(fetched) => fetched,
-        Err(e) => {
-            tracing::warn!(claim = %key, error = %e, "cannot read the data source");
-            return Next::Retry;
-        }
-    };
-    let selected = selected_node_name(&claim);
-    let topology = match TopologyObjects::read(ctx, selected)
-        .with_unwatched_selected_node(ctx, selected)
-        .await
-    {
-        Ok(topology) => topology,
-        Err(e) => {
-            tracing::warn!(claim = %key, error = %e, "cannot read the selected node");
-            let message = format!("failed to get target node: {}", notes::kube_error_text(&e));
-            note(ctx, &claim, notes::provisioning_failed(&message)).await;
-            return Next::Retry;
-        }
-    };
-    let node_refs = topology.nodes();
-    let csi_node_refs = topology.csi_nodes();
-    let vac = volume_attributes_class_name(&claim, &ctx.config).and_then(|n| {
-        ctx.caches
-            .attributes_classes
-            .store()
-            .get(&ObjectRef::new(n))
-    });
-    let inputs = ProvisionInputs {
-        claim: &claim,
-        class: &class,
-        selected_node: topology.selected_node(),
-        selected_csi_node: topology.selected_csi_node(),
-        nodes: &node_refs,
-        csi_nodes: &csi_node_refs,
-        data_source: fetched.objects(),
-        data_source_granted: ctx.data_source_granted(&claim, source.as_ref()),
-        volume_attributes_class: vac.as_deref(),
-    };
-    let mut plan = match plan_provision(&inputs, &ctx.config) {
-        Ok(plan) => plan,
-        Err(e) => return plan_failed(ctx, &claim, &class_name, &e).await,
-    };
-    // A retry sends exactly the request of the first attempt (DESIGN §3:
-    // topology or parameters recomputed on retries could create a second,
-    // different volume).
-    let in_flight = match ctx.in_flight(&key.uid) {
-        Some(op) => {
-            plan.request = op.request.clone();
-            op
-        }
-        None => {
-            let op = InFlight {
-                request: plan.request.clone(),
-                secret: plan.provisioner_secret.clone(),
-                retain: plan.reclaim_policy == "Retain",
-                migrated: plan.is_migrated(),
-                final_cleanup_answers: 0,
-                create_sent: false,
-            };
-            let entry =
-                JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref())
-                    .retained(op.retain)
-                    .migrated(op.migrated);
-            if let Err(e) = ctx.journal.record(&key.uid, entry).await {
-                tracing::warn!(claim = %key, error = %e, "cannot record the operation in the journal; not calling CreateVolume yet");
-                if let super::journal::JournalError::Rejected { rejection, .. } = &e {
-                    note(ctx, &claim, notes::journal_refused(&rejection.to_string())).await;
-                }
-                return Next::Retry;
-            }
-            ctx.set_in_flight(&key.uid, op.clone());
-            op
-        }
+    // A retry in this process reuses the first attempt's plan, whose
+    // request is the frozen one.
+    let planned = ctx
+        .in_flight(&key.uid)
+        .and_then(|op| op.plan.clone().map(|plan| (plan, op)));
+    let (plan, in_flight) = match planned {
+        Some(planned) => planned,
+        None => match plan_and_record(ctx, key, &claim, &class, &class_name).await {
+            Ok(planned) => planned,
+            Err(next) => return next,
+        },
     };
 
     note(
@@ -347,7 +283,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         }
         SaveOutcome::Failed(reason) => {
             // The PV may exist after all (created, answer lost): the volume
-            // must not be deleted (issue 11 case 2). The operation stays in
+            // must not be deleted (docs/design.md, hazard 2). The operation stays in
             // flight and journalled; the retry repeats the same CreateVolume
             // (same volume) and the save, for ever, as upstream does.
             crate::metrics::provision_failed(&class_name, source_kind(&claim));
@@ -393,6 +329,107 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             Next::Retry
         }
     }
+}
+
+/// Gathers a plan's inputs (the caches, and the API for snapshots), plans,
+/// and records a new operation in the journal before any `CreateVolume`; an
+/// operation read back from the journal keeps its recorded request. The plan
+/// stays with the operation for this process's retries.
+async fn plan_and_record(
+    ctx: &Arc<Context>,
+    key: &ClaimKey,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    class_name: &str,
+) -> Result<(Arc<ProvisionPlan>, InFlight), Next> {
+    // Gather the inputs from the caches (and the API for snapshots).
+    let source = match data_source_ref(claim, &ctx.config) {
+        Ok(source) => source,
+        Err(e) => return Err(plan_failed(ctx, claim, class_name, &e).await),
+    };
+    let fetched = match fetch_source(ctx, source.as_ref()).await {
+        Ok(fetched) => fetched,
+        Err(e) => {
+            tracing::warn!(claim = %key, error = %e, "cannot read the data source");
+            return Err(Next::Retry);
+        }
+    };
+    let selected = selected_node_name(claim);
+    let topology = match TopologyObjects::read(ctx, selected)
+        .with_unwatched_selected_node(ctx, selected)
+        .await
+    {
+        Ok(topology) => topology,
+        Err(e) => {
+            tracing::warn!(claim = %key, error = %e, "cannot read the selected node");
+            let message = format!("failed to get target node: {}", notes::kube_error_text(&e));
+            note(ctx, claim, notes::provisioning_failed(&message)).await;
+            return Err(Next::Retry);
+        }
+    };
+    let node_refs = topology.nodes();
+    let csi_node_refs = topology.csi_nodes();
+    let vac = volume_attributes_class_name(claim, &ctx.config).and_then(|n| {
+        ctx.caches
+            .attributes_classes
+            .store()
+            .get(&ObjectRef::new(n))
+    });
+    let inputs = ProvisionInputs {
+        claim,
+        class,
+        selected_node: topology.selected_node(),
+        selected_csi_node: topology.selected_csi_node(),
+        nodes: &node_refs,
+        csi_nodes: &csi_node_refs,
+        data_source: fetched.objects(),
+        data_source_granted: ctx.data_source_granted(claim, source.as_ref()),
+        volume_attributes_class: vac.as_deref(),
+    };
+    let mut plan = match plan_provision(&inputs, &ctx.config) {
+        Ok(plan) => plan,
+        Err(e) => return Err(plan_failed(ctx, claim, class_name, &e).await),
+    };
+    // A retry sends exactly the request of the first attempt: topology or
+    // parameters recomputed on retries could create a second, different
+    // volume (upstream lib #152, #1465).
+    let in_flight = match ctx.in_flight(&key.uid) {
+        Some(op) => {
+            plan.request = op.request.clone();
+            op
+        }
+        None => {
+            let op = InFlight {
+                request: plan.request.clone(),
+                secret: plan.provisioner_secret.clone(),
+                retain: plan.reclaim_policy == "Retain",
+                migrated: plan.is_migrated(),
+                final_cleanup_answers: 0,
+                create_sent: false,
+                plan: None,
+            };
+            let entry =
+                JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref())
+                    .retained(op.retain)
+                    .migrated(op.migrated);
+            if let Err(e) = ctx.journal.record(&key.uid, entry).await {
+                tracing::warn!(claim = %key, error = %e, "cannot record the operation in the journal; not calling CreateVolume yet");
+                if let super::journal::JournalError::Rejected { rejection, .. } = &e {
+                    note(ctx, claim, notes::journal_refused(&rejection.to_string())).await;
+                }
+                return Err(Next::Retry);
+            }
+            ctx.set_in_flight(&key.uid, op.clone());
+            op
+        }
+    };
+    let plan = Arc::new(plan);
+    let op = InFlight {
+        plan: Some(Arc::clone(&plan)),
+        ..in_flight
+    };
+    ctx.set_in_flight(&key.uid, op.clone());
+    Ok((plan, op))
 }
 
 /// The Nodes and CSINodes a plan is made with: the caches' (the selected
@@ -579,7 +616,7 @@ async fn release_clone_source(
     .await
 }
 
-fn claim_uid_of(pv: &PersistentVolume) -> Option<&str> {
+pub(super) fn claim_uid_of(pv: &PersistentVolume) -> Option<&str> {
     pv.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref()
 }
 
@@ -649,7 +686,7 @@ async fn create_failed(
             note(ctx, claim, notes::provisioning_failed(&text)).await;
             ctx.finish(&uid);
             // Until the annotation is gone the scheduler cannot pick another
-            // node: a failed patch is retried (issue 11 case 7).
+            // node: a failed patch is retried (docs/design.md, hazard 7).
             return match reschedule(ctx, claim).await {
                 Ok(()) => Next::Done,
                 Err(()) => Next::Retry,
@@ -707,7 +744,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
         }
     }
     // A Retain class keeps its volumes: one that a PV held (deleted since)
-    // must not be deleted by a replay (issue 11 case 10). It is recorded in
+    // must not be deleted by a replay (docs/design.md, hazard 10). It is recorded in
     // a Released PV instead (below), so it is neither lost nor leaked; an
     // in-tree (migrated) one has no CSI form to record it in and is only
     // kept, and said so.
@@ -721,8 +758,8 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
         match ctx.secret_data(secret).await {
             Ok(data) => request.secrets = data,
             // Gone with the claim's namespace, or not readable: clean up
-            // without credentials, as a PV's deletion does (issue 11 case
-            // 3); waiting would keep the volume for ever.
+            // without credentials, as a PV's deletion does (docs/design.md,
+            // hazard 3); waiting would keep the volume for ever.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => {
                 tracing::warn!(claim = %key, secret = %format!("{}/{}", secret.namespace, secret.name), error = %s.message, "provisioner secret not available; cleaning up without credentials");
             }
@@ -1002,7 +1039,7 @@ async fn edit_source_finalizers(
             }
         }
         // Still conflicting: not done. The caller retries rather than
-        // clone or restore from an unprotected source (issue 11 case 9).
+        // clone or restore from an unprotected source (docs/design.md, hazard 9).
         Err(kube::Error::Api(Box::new(kube::core::Status::failure(
             &format!(
                 "the finalizer of {name} could not be changed: it kept changing (5 conflicts)"

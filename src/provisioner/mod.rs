@@ -95,7 +95,7 @@ pub struct InFlight {
     pub secret: Option<SecretRef>,
     /// The class's reclaim policy is Retain: a volume of this operation
     /// whose claim is gone is kept, never deleted (its PV, if one was
-    /// saved and then deleted, was meant to keep it: issue 11 case 10).
+    /// saved and then deleted, was meant to keep it: docs/design.md, hazard 10).
     pub retain: bool,
     /// The volume is an in-tree one served through CSI migration (the
     /// `migrated` label of its CSI calls, after a restart too).
@@ -110,6 +110,13 @@ pub struct InFlight {
     /// no volume to clean up, and the cleanup must not create one to learn
     /// its id. Entries read back from the journal count as sent.
     pub create_sent: bool,
+    /// The plan of the first attempt in this process, whose request is
+    /// the frozen one: retries reuse it instead of gathering the inputs
+    /// again (live reads of snapshots and nodes) and planning anew, which
+    /// could fail on a claim or class changed meanwhile and leave the
+    /// operation unretried. `None` for an operation read back from the
+    /// journal: its first pass plans once and keeps the journal's request.
+    pub plan: Option<Arc<crate::provision::ProvisionPlan>>,
 }
 
 /// Everything a worker needs.
@@ -376,7 +383,7 @@ pub async fn new(
     }
     // PV uids whose backend volume is known deleted; a PV that is gone is
     // forgotten here and in the event filter, so neither grows with the
-    // number of PVs ever deleted (issue 11 case 12).
+    // number of PVs ever deleted (docs/design.md, hazard 12).
     let deleted_volumes: Arc<Mutex<HashSet<String>>> = Arc::default();
     {
         let queue = volumes.clone();
@@ -510,6 +517,7 @@ impl Context {
                             migrated: entry.migrated,
                             final_cleanup_answers: 0,
                             create_sent: true,
+                            plan: None,
                         },
                     );
                     self.claims.add(ClaimKey {
@@ -571,6 +579,43 @@ impl Context {
             std::mem::take(&mut *self.worker_tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for task in tasks {
             let _ = task.await;
+        }
+    }
+
+    /// Writes the journal's removals still waiting for their lazy write
+    /// (see [`Journal::flush`]); for a graceful shutdown, after
+    /// [`drained`](Self::drained). Without it an entry whose PV was saved
+    /// in the last seconds stays in the journal and every later start
+    /// replays it (docs/design.md, hazard 14).
+    ///
+    /// Operations whose PV is saved but that no worker finished (resumed
+    /// from the journal, or queued when the workers stopped taking keys)
+    /// are forgotten first.
+    pub async fn flush_journal(&self) -> Result<(), journal::JournalError> {
+        self.prune_saved();
+        self.journal.flush().await
+    }
+
+    /// Forgets every operation in flight whose PV (as the cache has it)
+    /// records its claim: the PV owns the volume, the journal entry is
+    /// done.
+    fn prune_saved(&self) {
+        let ops: Vec<(String, String)> = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(uid, op)| (uid.clone(), op.request.name.clone()))
+            .collect();
+        let volumes = self.caches.volumes.store();
+        for (uid, name) in ops {
+            if volumes
+                .get(&ObjectRef::new(&name))
+                .is_some_and(|pv| claims::claim_uid_of(&pv) == Some(uid.as_str()))
+            {
+                tracing::debug!(claim_uid = %uid, volume = %name, "operation done: its PV is saved");
+                self.finish(&uid);
+            }
         }
     }
 }

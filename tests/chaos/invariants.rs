@@ -45,6 +45,8 @@ pub struct World {
     pub backend: Vec<BackendVolume>,
     pub pvs: Vec<PvFact>,
     pub claims: Vec<ClaimFact>,
+    /// The write-ahead journal's entries.
+    pub journal: Vec<JournalFact>,
 }
 
 /// What the workload did to one claim.
@@ -70,6 +72,70 @@ pub struct SetRecord {
     pub when_scaled: Reclaim,
     pub when_deleted: Reclaim,
     pub deleted: bool,
+}
+
+/// A claim that must still be there, the very object the workload made
+/// (same uid), whenever it is checked: a StatefulSet's claim of a live
+/// replica, one kept on scale-down (`whenScaled: Retain`) or after its
+/// set's deletion (`whenDeleted: Retain`). Its volume is the user's data:
+/// a claim deleted by mistake and made anew by the StatefulSet controller
+/// (or the runner playing it) has the same name and an empty volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptClaim {
+    pub uid: String,
+    /// Why it must be kept, for the message.
+    pub why: String,
+}
+
+/// Every claim of `kept` (by name) that is gone, being deleted, or
+/// another object than the one kept. Checked before the StatefulSet
+/// controller's part makes missing claims again.
+pub fn kept_violations(world: &World, kept: &BTreeMap<String, KeptClaim>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, claim) in kept {
+        match world.claims.iter().find(|c| &c.name == name) {
+            None => out.push(format!("claim {name} ({}) is gone: data lost", claim.why)),
+            Some(c) if c.uid != claim.uid => out.push(format!(
+                "claim {name} ({}) was deleted and made anew (uid {} is now {}): data lost",
+                claim.why, claim.uid, c.uid
+            )),
+            Some(c) if c.deleting => out.push(format!(
+                "claim {name} ({}) is being deleted: data lost",
+                claim.why
+            )),
+            Some(_) => {}
+        }
+    }
+    out
+}
+
+/// One entry of the write-ahead journal, as its ConfigMaps hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalFact {
+    /// The claim's uid (the entry's key).
+    pub uid: String,
+    /// `namespace/name` of the claim.
+    pub claim: String,
+    pub volume_name: String,
+}
+
+/// After a graceful shutdown: no journal entry outlives its saved PV (the
+/// next start would replay it, and once the claim and the PV are gone,
+/// make the volume again to delete it). An entry whose PV is not saved yet
+/// is in flight and must stay.
+pub fn journal_violations(entries: &[JournalFact], pvs: &[PvFact]) -> Vec<String> {
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let pv = pvs.iter().find(|pv| {
+                pv.claim_uid.as_deref() == Some(entry.uid.as_str()) || pv.name == entry.volume_name
+            })?;
+            Some(format!(
+                "journal entry of claim {} (uid {}) outlived the sidecar's graceful exit though its PV {} is saved",
+                entry.claim, entry.uid, pv.name
+            ))
+        })
+        .collect()
 }
 
 /// The StatefulSet retention rules (KEP-1847) at quiescence.
@@ -141,6 +207,16 @@ pub fn violations(world: &World, claims: &[ClaimRecord]) -> Vec<String> {
                 pv.name
             ));
         }
+    }
+    // Nothing is in flight once quiet: every entry is done (PV saved, or
+    // the volume known gone) and its removal written (at most the
+    // journal's idle flush later). One left would be replayed by every
+    // start (issue 22).
+    for entry in &world.journal {
+        out.push(format!(
+            "journal entry of claim {} (uid {}) stays at quiescence",
+            entry.claim, entry.uid
+        ));
     }
     for claim in &world.claims {
         if claim.deleting {
@@ -309,6 +385,7 @@ mod tests {
                 pv("pvc-u2", "v2", "Retain", "u2"),
             ],
             claims: vec![claim("a", "u1", "pvc-u1")],
+            journal: vec![],
         };
         let claims = vec![
             record("a", "u1", DELETE, false),
@@ -329,7 +406,7 @@ mod tests {
     #[test]
     fn every_rule_fires_on_its_own_breakage() {
         type Breakage = fn(&mut World, &mut Vec<ClaimRecord>);
-        let cases: [(&str, Breakage); 12] = [
+        let cases: [(&str, Breakage); 13] = [
             ("has no PV: leaked", |w, _| {
                 w.backend.push(volume("v9", "u9"))
             }),
@@ -362,6 +439,13 @@ mod tests {
             ("data lost", |w, _| {
                 w.backend.retain(|v| v.id != "v2");
             }),
+            ("stays at quiescence", |w, _| {
+                w.journal.push(JournalFact {
+                    uid: "u1".to_owned(),
+                    claim: "ns/a".to_owned(),
+                    volume_name: "pvc-u1".to_owned(),
+                })
+            }),
         ];
         for (want, breakage) in cases {
             let (mut world, mut claims) = healthy();
@@ -378,8 +462,7 @@ mod tests {
     fn a_deleted_delete_claim_leaves_nothing() {
         let world = World {
             backend: vec![volume("v1", "u1")],
-            pvs: vec![],
-            claims: vec![],
+            ..World::default()
         };
         let found = violations(&world, &[record("a", "u1", DELETE, true)]);
         assert!(found.iter().any(|v| v.contains("leaked")), "{found:?}");
@@ -464,6 +547,53 @@ mod tests {
                 Some(text) => assert!(found.iter().any(|v| v.contains(text)), "{what}: {found:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_kept_claim_must_be_the_same_object() {
+        let world = World {
+            claims: vec![claim("data-s-0", "u1", "pvc-u1")],
+            ..World::default()
+        };
+        let kept = |uid: &str| {
+            BTreeMap::from([(
+                "data-s-0".to_owned(),
+                KeptClaim {
+                    uid: uid.to_owned(),
+                    why: "whenScaled: Retain".to_owned(),
+                },
+            )])
+        };
+        assert_eq!(kept_violations(&world, &kept("u1")), Vec::<String>::new());
+        let replaced = kept_violations(&world, &kept("u0"));
+        assert!(
+            replaced.iter().any(|v| v.contains("made anew")),
+            "{replaced:?}"
+        );
+        let gone = kept_violations(&World::default(), &kept("u1"));
+        assert!(gone.iter().any(|v| v.contains("is gone")), "{gone:?}");
+        let mut deleting = world.clone();
+        deleting.claims[0].deleting = true;
+        let found = kept_violations(&deleting, &kept("u1"));
+        assert!(
+            found.iter().any(|v| v.contains("being deleted")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn no_journal_entry_outlives_its_saved_pv() {
+        let entry = |uid: &str| JournalFact {
+            uid: uid.to_owned(),
+            claim: format!("ns/{uid}"),
+            volume_name: format!("pvc-{uid}"),
+        };
+        let pvs = [pv("pvc-u1", "v1", "Delete", "u1")];
+        // In flight: no PV yet.
+        assert!(journal_violations(&[entry("u2")], &pvs).is_empty());
+        let found = journal_violations(&[entry("u1"), entry("u2")], &pvs);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("uid u1"), "{found:?}");
     }
 
     #[test]

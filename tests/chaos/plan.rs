@@ -86,7 +86,6 @@ impl Class {
 /// the runner, so that the plan stays free of the servers' types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiVerb {
-    Get,
     Create,
     Update,
     Patch,
@@ -112,6 +111,17 @@ pub enum Fault {
     },
     /// SIGKILL of the replica holding the Lease (two replicas only).
     KillLeader {
+        down_ms: u64,
+    },
+    /// SIGTERM of sidecar replica `replica` (the graceful path: it
+    /// finishes what it does, writes the journal's removals and exits 0),
+    /// restarted after `down_ms`.
+    TermSidecar {
+        replica: usize,
+        down_ms: u64,
+    },
+    /// SIGTERM of the replica holding the Lease (two replicas only).
+    TermLeader {
         down_ms: u64,
     },
     /// The next `count` calls of `method` fail with gRPC `code`.
@@ -159,6 +169,12 @@ pub enum Step {
     },
     /// Deletes the claim (whatever its state).
     DeleteClaim {
+        claim: usize,
+    },
+    /// Deletes the claim once it is Bound (waiting a while for it): what a
+    /// fault aimed at a deletion needs to meet (`DeleteVolume`, the PV's
+    /// delete and finalizer patches).
+    DeleteBoundClaim {
         claim: usize,
     },
     /// Deletes the claim's PV first, then the claim (KEP-2644).
@@ -227,17 +243,122 @@ pub const GRPC_CODES: [&str; 16] = [
 /// The sidecar's `--timeout` in a chaos run; slow calls take longer.
 pub const SIDECAR_TIMEOUT_MS: u64 = 1000;
 
-/// Requests of the sidecar that faults may hit.
+/// Requests the sidecar makes (on the test server), which faults may hit:
+/// each must be one the sidecar really sends during a run, or its rule
+/// never fires (a run of enough seeds fails on such a rule). The journal
+/// lists its ConfigMaps at start only and then creates, replaces and
+/// deletes them; a PV is only replaced after a 403, which the test server
+/// never answers.
 const API_TARGETS: [(ApiVerb, &str); 8] = [
     (ApiVerb::Create, "persistentvolumes"),
     (ApiVerb::Patch, "persistentvolumes"),
-    (ApiVerb::Update, "persistentvolumes"),
     (ApiVerb::Delete, "persistentvolumes"),
     (ApiVerb::Patch, "persistentvolumeclaims"),
     (ApiVerb::Create, "events"),
-    (ApiVerb::Update, "leases"),
-    (ApiVerb::Get, "configmaps"),
+    (ApiVerb::Create, "configmaps"),
+    (ApiVerb::Update, "configmaps"),
+    (ApiVerb::Delete, "configmaps"),
 ];
+
+/// The Lease is renewed only with leader election: two-replica seeds.
+const LEASE_TARGETS: [(ApiVerb, &str); 1] = [(ApiVerb::Update, "leases")];
+
+impl Fault {
+    /// The fault's rule: what the per-rule summary counts (firings of one
+    /// rule over a run), without the fault's parameters (code, count,
+    /// delay, replica).
+    pub fn rule(&self) -> String {
+        match self {
+            Fault::DriverError { method, .. } => format!("DriverError {method}"),
+            Fault::DriverSlow { method, .. } => format!("DriverSlow {method}"),
+            Fault::DriverExit { method, .. } => format!("DriverExit {method}"),
+            Fault::Api { verb, resource, .. } => api_rule(*verb, resource),
+            other => format!("{other:?}")
+                .split([' ', '{', '('])
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+        }
+    }
+}
+
+/// The workload a fault is aimed at, which the plan makes follow it: a
+/// driver or API fault stays armed until used up, but one injected when
+/// nothing it hits is left to do would never strike, and a rule that never
+/// strikes tests nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AimedAt {
+    /// Anything (leases are renewed all the time; process and watch
+    /// faults strike at once).
+    Anything,
+    /// A claim's deletion: `DeleteVolume`, the PV's delete and the
+    /// finalizer patches of the PV and of the claim.
+    Deletion,
+    /// A new claim: `CreateVolume`, the PV's create, events and the
+    /// journal's writes.
+    Provisioning,
+    /// A new claim after a restart: the journal's write that makes a new
+    /// segment (a new process never writes to the segments it found).
+    FirstProvisioning,
+}
+
+impl Fault {
+    pub fn aimed_at(&self) -> AimedAt {
+        match self {
+            Fault::DriverError { method, .. }
+            | Fault::DriverSlow { method, .. }
+            | Fault::DriverExit { method, .. } => match *method {
+                "DeleteVolume" => AimedAt::Deletion,
+                _ => AimedAt::Provisioning,
+            },
+            Fault::Api { verb, resource, .. } => match (verb, *resource) {
+                (ApiVerb::Create, "configmaps") => AimedAt::FirstProvisioning,
+                (ApiVerb::Delete | ApiVerb::Patch, _) => AimedAt::Deletion,
+                (_, "leases") => AimedAt::Anything,
+                _ => AimedAt::Provisioning,
+            },
+            _ => AimedAt::Anything,
+        }
+    }
+}
+
+/// The rule of an API fault on `verb` `resource`.
+pub fn api_rule(verb: ApiVerb, resource: &str) -> String {
+    format!("Api {verb:?} {resource}")
+}
+
+/// Every rule a plan against `backend` may hold.
+pub fn rules(backend: Backend) -> Vec<String> {
+    let mut rules = Vec::new();
+    for method in DRIVER_METHODS {
+        for kind in ["DriverError", "DriverSlow", "DriverExit"] {
+            rules.push(format!("{kind} {method}"));
+        }
+    }
+    for process in ["KillSidecar", "KillLeader", "TermSidecar", "TermLeader"] {
+        rules.push(process.to_owned());
+    }
+    match backend {
+        Backend::TestServer => {
+            rules.extend(["CloseWatches".to_owned(), "Compact".to_owned()]);
+            for (verb, resource) in API_TARGETS.iter().chain(&LEASE_TARGETS) {
+                rules.push(api_rule(*verb, resource));
+            }
+        }
+        Backend::Real => rules.extend(
+            [
+                "RestartApiServer",
+                "CompactEtcd",
+                "RestartControllerManager",
+            ]
+            .map(str::to_owned),
+        ),
+    }
+    rules
+}
+
+/// The driver calls that faults hit.
+const DRIVER_METHODS: [&str; 2] = ["CreateVolume", "DeleteVolume"];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ClaimState {
@@ -325,7 +446,66 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
                     }
                 }
             }
-            68..=89 => Step::Fault(fault(&mut rng, backend, replicas)),
+            68..=89 => {
+                let fault = fault(&mut rng, backend, replicas);
+                let aimed_at = fault.aimed_at();
+                if aimed_at == AimedAt::Deletion {
+                    // A claim of a Delete class not in use (one made for it
+                    // when there is none, given time to be bound first).
+                    let deletable: Vec<usize> = live
+                        .iter()
+                        .copied()
+                        .filter(|c| {
+                            !pods.contains(c)
+                                && matches!(claims[*c], ClaimState::Live(class) if class.reclaim == Reclaim::Delete)
+                        })
+                        .collect();
+                    let claim = if deletable.is_empty() {
+                        let class = Class::new(Binding::Immediate, Reclaim::Delete);
+                        claims.push(ClaimState::Live(class));
+                        steps.push(Step::CreateClaim {
+                            claim: claims.len() - 1,
+                            class,
+                        });
+                        steps.push(Step::Pause {
+                            ms: rng.between(300, 800),
+                        });
+                        claims.len() - 1
+                    } else {
+                        rng.pick(&deletable)
+                    };
+                    claims[claim] = ClaimState::Gone;
+                    steps.push(Step::Fault(fault));
+                    steps.push(Step::Pause {
+                        ms: rng.between(200, 600),
+                    });
+                    Step::DeleteBoundClaim { claim }
+                } else if aimed_at == AimedAt::Anything {
+                    Step::Fault(fault)
+                } else {
+                    steps.push(Step::Fault(fault));
+                    if aimed_at == AimedAt::FirstProvisioning {
+                        let down_ms = rng.between(0, 500);
+                        steps.push(Step::Fault(if replicas == 2 {
+                            Fault::TermLeader { down_ms }
+                        } else {
+                            Fault::TermSidecar {
+                                replica: 0,
+                                down_ms,
+                            }
+                        }));
+                    }
+                    steps.push(Step::Pause {
+                        ms: rng.between(20, 300),
+                    });
+                    let class = rng.pick(&Class::ALL);
+                    claims.push(ClaimState::Live(class));
+                    Step::CreateClaim {
+                        claim: claims.len() - 1,
+                        class,
+                    }
+                }
+            }
             _ => Step::Pause {
                 ms: rng.between(100, 800),
             },
@@ -349,8 +529,8 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
 }
 
 fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
-    let driver_method = |rng: &mut Rng| rng.pick(&["CreateVolume", "DeleteVolume"]);
-    match rng.below(10) {
+    let driver_method = |rng: &mut Rng| rng.pick(&DRIVER_METHODS);
+    match rng.below(11) {
         0 | 1 => Fault::DriverError {
             method: driver_method(rng),
             code: rng.pick(&GRPC_CODES),
@@ -372,12 +552,23 @@ fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
             replica: rng.below(replicas as u64) as usize,
             down_ms: rng.between(0, 1500),
         },
+        6 if replicas == 2 && rng.chance(50) => Fault::TermLeader {
+            down_ms: rng.between(0, 1500),
+        },
+        6 => Fault::TermSidecar {
+            replica: rng.below(replicas as u64) as usize,
+            down_ms: rng.between(0, 1500),
+        },
         _ => match backend {
             Backend::TestServer => match rng.below(4) {
                 0 => Fault::CloseWatches,
                 1 => Fault::Compact,
                 _ => {
-                    let (verb, resource) = rng.pick(&API_TARGETS);
+                    let (verb, resource) = if replicas == 2 && rng.chance(30) {
+                        rng.pick(&LEASE_TARGETS)
+                    } else {
+                        rng.pick(&API_TARGETS)
+                    };
                     Fault::Api {
                         verb,
                         resource,
@@ -426,6 +617,7 @@ mod tests {
         for want in [
             "CreateClaim",
             "DeleteClaim",
+            "DeleteBoundClaim",
             "DeletePvThenClaim",
             "StartPod",
             "StopPod",
@@ -435,6 +627,8 @@ mod tests {
             "DeleteSet",
             "KillSidecar",
             "KillLeader",
+            "TermSidecar",
+            "TermLeader",
             "DriverError",
             "DriverSlow",
             "DriverExit",
@@ -446,6 +640,84 @@ mod tests {
             "RestartControllerManager",
         ] {
             assert!(seen.contains(want), "no plan has {want}: {seen:?}");
+        }
+    }
+
+    /// Every rule of the catalogue is planned by some seed, and no plan
+    /// holds a rule outside it (the summary would not count it).
+    #[test]
+    fn the_plans_cover_every_rule_of_the_catalogue() {
+        for backend in [Backend::TestServer, Backend::Real] {
+            let catalogue: std::collections::BTreeSet<String> =
+                rules(backend).into_iter().collect();
+            let mut seen = std::collections::BTreeSet::new();
+            for seed in 0..500 {
+                for step in plan(seed, backend).steps {
+                    if let Step::Fault(fault) = step {
+                        let rule = fault.rule();
+                        assert!(catalogue.contains(&rule), "{rule} not in {catalogue:?}");
+                        seen.insert(rule);
+                    }
+                }
+            }
+            let missing: Vec<&String> = catalogue.difference(&seen).collect();
+            assert!(missing.is_empty(), "{backend:?}: never planned {missing:?}");
+        }
+    }
+
+    /// The Lease is only renewed with two replicas: a fault on it in a
+    /// single-replica seed could never fire.
+    #[test]
+    fn lease_faults_only_strike_two_replicas() {
+        for seed in 0..500 {
+            let plan = plan(seed, Backend::TestServer);
+            for step in &plan.steps {
+                if let Step::Fault(
+                    fault @ (Fault::Api {
+                        resource: "leases", ..
+                    }
+                    | Fault::KillLeader { .. }
+                    | Fault::TermLeader { .. }),
+                ) = step
+                {
+                    assert_eq!(plan.replicas, 2, "seed {seed}: {fault:?}");
+                }
+            }
+        }
+    }
+
+    /// A fault is followed by the work it is aimed at.
+    #[test]
+    fn faults_are_followed_by_what_they_aim_at() {
+        for seed in 0..300 {
+            let steps = plan(seed, Backend::TestServer).steps;
+            for (i, step) in steps.iter().enumerate() {
+                let Step::Fault(fault) = step else {
+                    continue;
+                };
+                let mut next = steps.get(i + 2);
+                if fault.aimed_at() == AimedAt::FirstProvisioning {
+                    assert!(
+                        matches!(
+                            steps.get(i + 1),
+                            Some(Step::Fault(
+                                Fault::TermSidecar { .. } | Fault::TermLeader { .. }
+                            ))
+                        ),
+                        "seed {seed}: {fault:?} then {:?}",
+                        steps.get(i + 1)
+                    );
+                    next = steps.get(i + 3);
+                }
+                let followed = match fault.aimed_at() {
+                    AimedAt::Anything => true,
+                    AimedAt::Deletion => matches!(next, Some(Step::DeleteBoundClaim { .. })),
+                    AimedAt::Provisioning | AimedAt::FirstProvisioning => {
+                        matches!(next, Some(Step::CreateClaim { .. }))
+                    }
+                };
+                assert!(followed, "seed {seed}: {fault:?} then {next:?}");
+            }
         }
     }
 
@@ -470,7 +742,9 @@ mod tests {
             for step in plan(seed, Backend::TestServer).steps {
                 match step {
                     Step::CreateClaim { claim, .. } => assert!(created.insert(claim)),
-                    Step::DeleteClaim { claim } | Step::DeletePvThenClaim { claim } => {
+                    Step::DeleteClaim { claim }
+                    | Step::DeleteBoundClaim { claim }
+                    | Step::DeletePvThenClaim { claim } => {
                         assert!(
                             created.contains(&claim) && deleted.insert(claim),
                             "seed {seed}"

@@ -15,8 +15,12 @@
 //! Storage and cost ([`segments`]): the entries live in ConfigMaps of
 //! bounded size, *segments* `<driver>-provisioner-journal-<n>`. Entries of
 //! concurrent claims share one write of the open segment; removals ride on
-//! its next write or a short idle flush; a full segment is closed, never
-//! rewritten, and deleted once none of its entries is needed. So a write
+//! its next write or a flush at most [`IDLE_FLUSH`] after the first one
+//! waiting; a full segment is closed, not rewritten while running, and
+//! deleted once none of its entries is needed. A graceful shutdown
+//! ([`Journal::flush`]) writes every removal still waiting and rewrites the
+//! closed segments that hold entries no longer needed: an entry that
+//! outlives its PV is replayed by every later start. So a write
 //! costs the same however many claims are in flight (up to
 //! [`Limits::max_entries`]; beyond that a claim gets an event and waits),
 //! and a burst of N claims costs far fewer than N extra writes. A PVC
@@ -84,6 +88,8 @@ pub enum JournalError {
     Rejected { uid: String, rejection: Rejection },
     #[error("journal writer stopped")]
     Stopped,
+    #[error("cannot write the journal's pending removals: {0}")]
+    NotFlushed(String),
 }
 
 impl JournalError {
@@ -229,6 +235,8 @@ pub fn journal_name(driver: &str) -> String {
 enum Command {
     Add(String, JournalEntry, oneshot::Sender<Result<(), AddError>>),
     Remove(String),
+    /// Write every removal now (graceful shutdown).
+    Flush(oneshot::Sender<Result<(), String>>),
 }
 
 /// Why an entry was not recorded.
@@ -266,10 +274,27 @@ impl Journal {
         }
     }
 
-    /// Forgets `uid` (its PV is saved or its volume is gone). Flushed lazily:
-    /// a stale entry only causes a harmless check after a restart.
+    /// Forgets `uid` (its PV is saved or its volume is gone). Written
+    /// lazily (with the next record, or [`IDLE_FLUSH`] later), and at the
+    /// latest by [`Journal::flush`]: an entry left behind is replayed after
+    /// a restart.
     pub fn forget(&self, uid: &str) {
         let _ = self.commands.send(Command::Remove(uid.to_owned()));
+    }
+
+    /// Writes every removal forgotten before this call, and rewrites the
+    /// closed segments that still hold entries no longer needed; completes
+    /// once they are written. For a graceful shutdown, after the workers
+    /// have stopped: what the journal then holds is exactly what is still
+    /// in flight.
+    pub async fn flush(&self) -> Result<(), JournalError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Flush(tx))
+            .map_err(|_| JournalError::Stopped)?;
+        rx.await
+            .map_err(|_| JournalError::Stopped)?
+            .map_err(JournalError::NotFlushed)
     }
 }
 
@@ -298,8 +323,9 @@ pub struct JournalStore {
     pending_deletes: BTreeSet<String>,
 }
 
-/// Removals wait at most this long for a write to ride on.
-const IDLE_FLUSH: Duration = Duration::from_secs(2);
+/// Removals wait at most this long for a write to ride on (counted from the
+/// first removal waiting, however many follow).
+pub const IDLE_FLUSH: Duration = Duration::from_secs(2);
 
 /// After the first record of a batch, how long more may join it: under a
 /// burst many workers record at once, and one write for all of them is
@@ -407,7 +433,8 @@ impl JournalStore {
         };
         let second = match first {
             Ok(_) => return Ok(()),
-            // Deleted by someone: write it again (issue 11 case 5).
+            // Deleted by someone: write it again, whole, so its entries are
+            // durable again (docs/design.md, hazard 5).
             Err(kube::Error::Api(s)) if exists && s.code == 404 => {
                 tracing::warn!(journal = %name, "journal segment was deleted by someone; writing it again");
                 self.api.create(&PostParams::default(), &cm).await
@@ -454,6 +481,45 @@ impl JournalStore {
         Ok(plan)
     }
 
+    /// Writes `removes` (and any deletion still owed), then rewrites each
+    /// closed segment holding entries no longer needed with only those
+    /// still needed. One list of the segments (the journal may list and
+    /// write ConfigMaps, not get them), one write per stale segment.
+    async fn flush(&mut self, removes: &BTreeSet<String>) -> Result<(), JournalError> {
+        self.write(&BTreeMap::new(), removes).await?;
+        let stale = self.segments.stale_segments();
+        if !stale.is_empty() {
+            let list = self
+                .api
+                .list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)))
+                .await
+                .map_err(|e| self.api_error(&self.name.clone(), e))?;
+            for cm in list.items {
+                let Some(name) = cm.metadata.name else {
+                    continue;
+                };
+                let data = cm.data.unwrap_or_default();
+                let Some(kept) = self.segments.compacted(&name, &data) else {
+                    continue;
+                };
+                if kept.len() < data.len() {
+                    if kept.is_empty() {
+                        self.delete(&name).await?;
+                    } else {
+                        self.put(&name, &kept, true).await?;
+                    }
+                    tracing::debug!(journal = %name, removed = data.len() - kept.len(), "journal segment rewritten without the entries that are done");
+                }
+                self.segments.mark_compacted(&name);
+            }
+            // Not listed: gone, nothing stale left in it.
+            for name in stale {
+                self.segments.mark_compacted(&name);
+            }
+        }
+        Ok(())
+    }
+
     async fn delete_pending(&mut self) {
         for name in std::mem::take(&mut self.pending_deletes) {
             if let Err(e) = self.delete(&name).await {
@@ -479,8 +545,14 @@ impl JournalStore {
         let mut rx = inbox.0;
         tokio::spawn(async move {
             while let Some(command) = rx.recv().await {
-                if let Command::Add(_, _, done) = command {
-                    let _ = done.send(Ok(()));
+                match command {
+                    Command::Add(_, _, done) => {
+                        let _ = done.send(Ok(()));
+                    }
+                    Command::Flush(done) => {
+                        let _ = done.send(Ok(()));
+                    }
+                    Command::Remove(_) => {}
                 }
             }
         });
@@ -495,14 +567,25 @@ impl JournalStore {
 
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         let mut pending_removes: BTreeSet<String> = BTreeSet::new();
+        // When the removals (and segment deletions) waiting now are written
+        // at the latest: counted from the first one, so that a steady
+        // stream of removals without records cannot put them off.
+        let mut flush_at: Option<tokio::time::Instant> = None;
         loop {
-            let idle = pending_removes.is_empty() && self.pending_deletes.is_empty();
-            let first = if idle {
-                rx.recv().await
-            } else {
-                match tokio::time::timeout(IDLE_FLUSH, rx.recv()).await {
+            let waiting = !pending_removes.is_empty()
+                || !self.pending_deletes.is_empty()
+                || self.segments.has_unneeded();
+            if !waiting {
+                flush_at = None;
+            } else if flush_at.is_none() {
+                flush_at = Some(tokio::time::Instant::now() + IDLE_FLUSH);
+            }
+            let first = match flush_at {
+                None => rx.recv().await,
+                Some(at) => match tokio::time::timeout_at(at, rx.recv()).await {
                     Ok(cmd) => cmd,
                     Err(_) => {
+                        flush_at = None;
                         let removes = std::mem::take(&mut pending_removes);
                         if let Err(e) = self.write(&BTreeMap::new(), &removes).await {
                             tracing::warn!("{e}; will retry removing {} entries", removes.len());
@@ -510,7 +593,7 @@ impl JournalStore {
                         }
                         continue;
                     }
-                }
+                },
             };
             let Some(first) = first else { return };
             if matches!(first, Command::Add(..)) {
@@ -524,10 +607,17 @@ impl JournalStore {
             let mut adds: BTreeMap<String, String> = BTreeMap::new();
             let mut waiters: HashMap<String, Vec<oneshot::Sender<Result<(), AddError>>>> =
                 HashMap::new();
+            let mut flushes = Vec::new();
+            // Uids recorded again whose earlier entry was to be removed: if
+            // the new entry is not written, the earlier one must still go
+            // (its operation is over; left, the next start replays it).
+            let mut superseded: BTreeSet<String> = BTreeSet::new();
             for cmd in batch {
                 match cmd {
                     Command::Add(uid, entry, done) => {
-                        pending_removes.remove(&uid);
+                        if pending_removes.remove(&uid) {
+                            superseded.insert(uid.clone());
+                        }
                         // Serialising a plain struct of strings cannot fail.
                         adds.insert(
                             uid.clone(),
@@ -537,6 +627,7 @@ impl JournalStore {
                     }
                     Command::Remove(uid) => {
                         adds.remove(&uid);
+                        superseded.remove(&uid);
                         for done in waiters.remove(&uid).unwrap_or_default() {
                             // Removed before it was written: the caller gave
                             // up; it must not call CreateVolume.
@@ -546,34 +637,75 @@ impl JournalStore {
                         }
                         pending_removes.insert(uid);
                     }
+                    Command::Flush(done) => flushes.push(done),
                 }
             }
-            if adds.is_empty() {
-                continue;
-            }
-            let removes = std::mem::take(&mut pending_removes);
-            match self.write(&adds, &removes).await {
-                Ok(plan) => {
-                    for (uid, rejection) in plan.rejected {
-                        for done in waiters.remove(&uid).unwrap_or_default() {
-                            let _ = done.send(Err(AddError::Rejected(rejection.clone())));
+            if !adds.is_empty() {
+                let removes = std::mem::take(&mut pending_removes);
+                match self.write(&adds, &removes).await {
+                    Ok(plan) => {
+                        for (uid, rejection) in plan.rejected {
+                            if superseded.contains(&uid) {
+                                pending_removes.insert(uid.clone());
+                            }
+                            for done in waiters.remove(&uid).unwrap_or_default() {
+                                let _ = done.send(Err(AddError::Rejected(rejection.clone())));
+                            }
+                        }
+                        for done in waiters.into_values().flatten() {
+                            let _ = done.send(Ok(()));
                         }
                     }
-                    for done in waiters.into_values().flatten() {
-                        let _ = done.send(Ok(()));
+                    Err(e) => {
+                        pending_removes = removes;
+                        pending_removes.extend(superseded);
+                        let reason = e.to_string();
+                        for done in waiters.into_values().flatten() {
+                            let _ = done.send(Err(AddError::Failed(reason.clone())));
+                        }
                     }
                 }
-                Err(e) => {
-                    pending_removes = removes;
-                    let reason = e.to_string();
-                    for done in waiters.into_values().flatten() {
-                        let _ = done.send(Err(AddError::Failed(reason.clone())));
+            }
+            if !flushes.is_empty() {
+                // Asked again while anyone waits (the caller bounds the
+                // wait: the shutdown grace), so that a write failing once
+                // does not leave the entries behind.
+                let mut delay = FLUSH_RETRY;
+                let flushed = loop {
+                    let removes = std::mem::take(&mut pending_removes);
+                    let attempt = match self.flush(&removes).await {
+                        Ok(()) => match self.pending_deletes.first() {
+                            // Emptied but still there: its entries would
+                            // be replayed.
+                            Some(name) => {
+                                Err(format!("journal segment {name} could not be deleted"))
+                            }
+                            None => Ok(()),
+                        },
+                        Err(e) => {
+                            pending_removes.extend(removes);
+                            Err(e.to_string())
+                        }
+                    };
+                    match attempt {
+                        Err(e) if flushes.iter().any(|done| !done.is_closed()) => {
+                            tracing::warn!(error = %e, ?delay, "cannot write the journal's removals; trying again");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(1));
+                        }
+                        done => break done,
                     }
+                };
+                for done in flushes {
+                    let _ = done.send(flushed.clone());
                 }
             }
         }
     }
 }
+
+/// The first wait before a failed [`Journal::flush`] is tried again.
+const FLUSH_RETRY: Duration = Duration::from_millis(50);
 
 #[cfg(test)]
 mod tests {
@@ -705,7 +837,7 @@ mod tests {
                 .collect()
         }
 
-        /// Issue 11 case 4 and issue 13: 10,000 claims in flight; every
+        /// Hazard 4 (docs/design.md): 10,000 claims in flight; every
         /// write stays small (a bounded segment), none fails at the API's
         /// 1 MiB limit, and an entry too large alone is refused, not the
         /// batch it rides in.
@@ -771,7 +903,7 @@ mod tests {
             .expect("every segment deleted");
         }
 
-        /// Issue 11 case 5: someone deletes the journal; later records are
+        /// Hazard 5 (docs/design.md): someone deletes the journal; later records are
         /// written (durably: a restart still resumes them).
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_deleted_journal_is_written_again() {
@@ -792,6 +924,157 @@ mod tests {
             let mut again = JournalStore::new(server.client(), "ns", DRIVER);
             let recovered = again.load().await.expect("load");
             assert!(recovered.contains_key("uid-2"), "{recovered:?}");
+        }
+
+        /// The entries held by the segments (uid → segment).
+        fn entries(server: &TestServer) -> BTreeMap<String, String> {
+            server
+                .list::<ConfigMap>(Some("ns"))
+                .into_iter()
+                .flat_map(|cm| {
+                    let name = cm.metadata.name.unwrap_or_default();
+                    cm.data
+                        .unwrap_or_default()
+                        .into_keys()
+                        .map(move |uid| (uid, name.clone()))
+                })
+                .collect()
+        }
+
+        /// Hazard 14 (docs/design.md): a graceful shutdown writes the removals still waiting
+        /// for their lazy write at once, and rewrites the closed segments
+        /// that hold entries no longer needed (they were only forgotten in
+        /// memory): afterwards the journal holds exactly what is in flight,
+        /// and a restart replays nothing else.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_flush_writes_every_removal_and_rewrites_stale_closed_segments() {
+            let server = TestServer::new();
+            let limits = Limits {
+                segment_entries: 2,
+                ..Limits::default()
+            };
+            let mut store = JournalStore::with_limits(server.client(), "ns", DRIVER, limits);
+            store.load().await.expect("load");
+            let journal = store.start();
+            // a, b fill segment 1 (closed); c, d in segment 2; e, f in
+            // segment 3 (open).
+            for i in 0..6 {
+                journal
+                    .record(&format!("uid-{i}"), entry(i))
+                    .await
+                    .expect("recorded");
+            }
+            assert_eq!(entries(&server).len(), 6);
+            for uid in ["uid-0", "uid-2", "uid-3", "uid-5"] {
+                journal.forget(uid);
+            }
+            journal.flush().await.expect("flushed");
+            let left = entries(&server);
+            assert_eq!(
+                left.keys().collect::<Vec<_>>(),
+                ["uid-1", "uid-4"],
+                "{left:?}"
+            );
+            // Segment 2 emptied: deleted.
+            assert_eq!(segments(&server).len(), 2, "{:?}", segments(&server));
+            let mut again = JournalStore::with_limits(server.client(), "ns", DRIVER, limits);
+            let recovered = again.load().await.expect("load");
+            assert_eq!(recovered.keys().collect::<Vec<_>>(), ["uid-1", "uid-4"]);
+
+            // Segments of a previous run (all closed) too.
+            let journal = again.start();
+            journal.forget("uid-1");
+            journal.flush().await.expect("flushed");
+            assert_eq!(entries(&server).keys().collect::<Vec<_>>(), ["uid-4"]);
+            // Nothing waiting: a flush writes nothing.
+            let writes = |s: &TestServer| {
+                s.request_count(Verb::Create, "configmaps")
+                    + s.request_count(Verb::Update, "configmaps")
+                    + s.request_count(Verb::Delete, "configmaps")
+            };
+            let before = writes(&server);
+            journal.flush().await.expect("flushed");
+            assert_eq!(writes(&server), before);
+        }
+
+        /// A claim recorded again after its entry was forgotten (a worker
+        /// that saw the claim before its PV, from a stale cache), whose new
+        /// entry cannot be written: the earlier entry's removal used to be
+        /// dropped with it, and the entry stayed for every later start to
+        /// replay (chaos seed 28). It still goes.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_failed_record_again_does_not_keep_the_entry_it_replaced() {
+            let server = TestServer::new();
+            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
+            store.load().await.expect("load");
+            let journal = store.start();
+            journal.record("uid-0", entry(0)).await.expect("recorded");
+            journal.record("uid-1", entry(1)).await.expect("recorded");
+            journal.forget("uid-1");
+            server.fail_next(
+                1,
+                kube_testserver::RequestMatch::new(Verb::Update, "configmaps"),
+                409,
+            );
+            let again = journal.record("uid-1", entry(1)).await;
+            assert!(again.is_err(), "{again:?}");
+            journal.flush().await.expect("flushed");
+            assert_eq!(entries(&server).keys().collect::<Vec<_>>(), ["uid-0"]);
+        }
+
+        /// A flush asks again while its caller waits: a write failing once
+        /// (a conflict, an API server busy) does not leave the entries.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_flush_tries_again_while_its_caller_waits() {
+            let server = TestServer::new();
+            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
+            store.load().await.expect("load");
+            let journal = store.start();
+            journal.record("uid-0", entry(0)).await.expect("recorded");
+            journal.record("uid-1", entry(1)).await.expect("recorded");
+            journal.forget("uid-1");
+            server.fail_next(
+                3,
+                kube_testserver::RequestMatch::new(Verb::Update, "configmaps"),
+                500,
+            );
+            tokio::time::timeout(Duration::from_secs(5), journal.flush())
+                .await
+                .expect("in time")
+                .expect("flushed");
+            assert_eq!(entries(&server).keys().collect::<Vec<_>>(), ["uid-0"]);
+        }
+
+        /// Removals are written at most [`IDLE_FLUSH`] after the first one,
+        /// however many follow: a steady stream of removals (PVs saved one
+        /// after another, no new record) used to put them all off until a
+        /// quiet moment.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_stream_of_removals_does_not_put_off_their_write() {
+            let server = TestServer::new();
+            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
+            store.load().await.expect("load");
+            let journal = store.start();
+            for i in 0..8 {
+                journal
+                    .record(&format!("uid-{i}"), entry(i))
+                    .await
+                    .expect("recorded");
+            }
+            let started = tokio::time::Instant::now();
+            for i in 0..8 {
+                journal.forget(&format!("uid-{i}"));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if started.elapsed() > IDLE_FLUSH + Duration::from_millis(700) {
+                    assert!(
+                        !entries(&server).contains_key("uid-0"),
+                        "the first removal still waits after {:?}",
+                        started.elapsed()
+                    );
+                    return;
+                }
+            }
+            panic!("the stream ended too early");
         }
 
         /// The single ConfigMap of earlier versions is resumed and deleted

@@ -217,6 +217,7 @@ pub async fn handle(
         name: name.clone(),
         status,
         path: path.clone(),
+        injected: false,
     };
 
     let decision = {
@@ -226,7 +227,7 @@ pub async fn handle(
             inner.observe(record(0));
             return Outcome::Drop;
         }
-        f.decide(verb, &resource, &namespace, &name)
+        f.decide(origin, verb, &resource, &namespace, &name)
     };
     if !decision.delay.is_zero() {
         tokio::time::sleep(decision.delay).await;
@@ -264,7 +265,10 @@ pub async fn handle(
             }
         }
     };
-    inner.observe(record(response.status().as_u16()));
+    inner.observe(RequestRecord {
+        injected: decision.fail.is_some(),
+        ..record(response.status().as_u16())
+    });
     Outcome::Respond(response)
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::observe::Verb;
+use crate::observe::{Origin, Verb};
 
 /// Which requests a fault rule applies to. Unset fields match anything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -17,6 +17,9 @@ pub struct RequestMatch {
     pub name: Option<String>,
     /// Namespace.
     pub namespace: Option<String>,
+    /// Only requests over HTTP (the processes under test), not those of
+    /// the in-process client (the test's own).
+    pub remote_only: bool,
 }
 
 impl RequestMatch {
@@ -55,6 +58,13 @@ impl RequestMatch {
     /// Restricts to a namespace.
     pub fn namespace(mut self, namespace: &str) -> Self {
         self.namespace = Some(namespace.to_string());
+        self
+    }
+
+    /// Restricts to requests over HTTP: the processes under test, not the
+    /// test's own in-process client.
+    pub fn remote(mut self) -> Self {
+        self.remote_only = true;
         self
     }
 
@@ -117,12 +127,21 @@ impl Faults {
         self.partitioned = false;
     }
 
-    /// Decides for one request, consuming one use of the first matching
-    /// failure rule.
-    pub fn decide(&mut self, verb: Verb, resource: &str, namespace: &str, name: &str) -> Decision {
+    /// Decides for one request from `origin`, consuming one use of the
+    /// first matching failure rule.
+    pub fn decide(
+        &mut self,
+        origin: Origin,
+        verb: Verb,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Decision {
         let mut d = Decision::default();
         for rule in &mut self.rules {
-            if !rule.matcher.matches(verb, resource, namespace, name) {
+            if !rule.matcher.matches(verb, resource, namespace, name)
+                || (rule.matcher.remote_only && origin == Origin::InProcess)
+            {
                 continue;
             }
             match &mut rule.action {

@@ -85,6 +85,9 @@ pub struct RequestRecord {
     pub status: u16,
     /// Request path.
     pub path: String,
+    /// The answer was an injected failure ([`crate::TestServer::fail_next`]),
+    /// not the server's own.
+    pub injected: bool,
 }
 
 /// Log and counters.
