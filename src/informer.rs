@@ -491,6 +491,55 @@ mod tests {
         }
     }
 
+    /// Runs `informer` against `server` with the sidecar's list-watch
+    /// configuration (streaming lists first).
+    fn run_streaming(
+        informer: &Arc<Informer<PersistentVolume>>,
+        server: &kube_testserver::TestServer,
+    ) -> tokio::task::JoinHandle<()> {
+        let informer = Arc::clone(informer);
+        let api: Api<PersistentVolume> = Api::all(server.client());
+        tokio::spawn(async move {
+            informer
+                .run(api, crate::caches::list_watch_config(), None)
+                .await
+        })
+    }
+
+    #[test]
+    fn which_watch_errors_mean_no_streaming_lists() {
+        let status = |code: u16, message: &str| {
+            Box::new(kube::core::Status {
+                code,
+                message: message.to_owned(),
+                ..kube::core::Status::default()
+            })
+        };
+        let refused = [
+            watcher::Error::WatchStartFailed(kube::Error::Api(status(
+                422,
+                "sendInitialEvents is forbidden",
+            ))),
+            watcher::Error::WatchStartFailed(kube::Error::Api(status(400, "bad request"))),
+            watcher::Error::WatchError(status(
+                500,
+                "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled",
+            )),
+        ];
+        for error in &refused {
+            assert!(refuses_streaming_lists(error), "{error}");
+        }
+        let other = [
+            watcher::Error::WatchStartFailed(kube::Error::Api(status(403, "forbidden"))),
+            watcher::Error::WatchError(status(410, "too old resource version")),
+            watcher::Error::WatchError(status(500, "etcdserver: request timed out")),
+            watcher::Error::NoResourceVersion,
+        ];
+        for error in &other {
+            assert!(!refuses_streaming_lists(error), "{error}");
+        }
+    }
+
     fn csi_pv(name: &str, driver: &str) -> serde_json::Value {
         serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": name},
@@ -532,15 +581,7 @@ mod tests {
                 ));
             });
         }
-        let runner = {
-            let informer = Arc::clone(&informer);
-            let api: Api<PersistentVolume> = Api::all(server.client());
-            tokio::spawn(async move {
-                informer
-                    .run(api, crate::caches::list_watch_config(), None)
-                    .await
-            })
-        };
+        let runner = run_streaming(&informer, &server);
         tokio::time::timeout(Duration::from_secs(5), informer.wait_until_ready())
             .await
             .expect("ready");
@@ -591,15 +632,7 @@ mod tests {
             422,
         );
         let informer: Arc<Informer<PersistentVolume>> = Arc::new(Informer::new());
-        let runner = {
-            let informer = Arc::clone(&informer);
-            let api: Api<PersistentVolume> = Api::all(server.client());
-            tokio::spawn(async move {
-                informer
-                    .run(api, crate::caches::list_watch_config(), None)
-                    .await
-            })
-        };
+        let runner = run_streaming(&informer, &server);
         tokio::time::timeout(Duration::from_secs(10), informer.wait_until_ready())
             .await
             .expect("ready after falling back to a list");

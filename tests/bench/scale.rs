@@ -200,11 +200,11 @@ impl Scale {
             "size": size,
             "round": round,
             "objects": {"pvs": size, "claims": size, "pods": if size == 0 { 0 } else { self.pods_created }},
-            "seconds_to_first_pv": first_pv.map(|s| round_to(s, 3)),
+            "seconds_to_first_pv": first_pv.map(|s| super::round(s, 3)),
             "rss_after_idle_mib": mib(rss),
             "idle_seconds": idle,
             "peak_rss_mib": mib(status_kib(pid, "VmHWM:")),
-            "cpu_s": cpu_seconds(pid).map(|x| round_to(x, 2)),
+            "cpu_s": cpu_seconds(pid).map(|x| super::round(x, 2)),
             "completed": first_pv.is_some() && rss.is_some(),
         });
         keep_log(
@@ -241,7 +241,7 @@ impl Scale {
         tokio::time::sleep(Duration::from_secs(settle)).await;
         let before = rss_kib(pid);
         let plane = Arc::clone(&self.world.plane);
-        let restart_at = chrono_now();
+        let restart_at = audit_now();
         let restarted = tokio::task::spawn_blocking(move || {
             plane.compact_etcd().map_err(|e| e.to_string())?;
             plane.restart_apiserver().map_err(|e| e.to_string())
@@ -302,14 +302,10 @@ impl Scale {
 
 /// The time now as the audit log writes it (RFC 3339, UTC, microseconds),
 /// so that timestamps compare as strings.
-fn chrono_now() -> String {
+fn audit_now() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%S.%6fZ")
         .to_string()
-}
-
-fn round_to(x: f64, digits: i32) -> f64 {
-    round(x, digits)
 }
 
 /// Median, min and max of `field` over the completed results of `binary`.
