@@ -10,12 +10,6 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{
-    CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass,
-};
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -23,16 +17,19 @@ use kube::runtime::watcher;
 
 use crate::api::reference_grant::ReferenceGrant;
 use crate::informer::{Informer, Waiting};
+use crate::projection::{
+    CSINode, Job, Node, PersistentVolume, PersistentVolumeClaim, Pod, StatefulSet, StorageClass,
+    VolumeAttachment, VolumeAttributesClass,
+};
 use crate::provision::{ProvisionerConfig, claim_class_name};
 use crate::relevance;
-use crate::trim::Trim;
 
 /// How often claims and volumes are re-announced to every loop.
 pub const RESYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 /// How every cache lists and watches: a streaming list (`sendInitialEvents`,
 /// served by Kubernetes 1.32 and later), so that the initial list and every
-/// re-list arrive object by object. Each object is trimmed and kept or
+/// re-list arrive object by object. Each object is projected and kept or
 /// dropped ([`crate::relevance`]) as it arrives: a re-list of 50,000 objects
 /// never holds a whole list response, nor a decoded list of full objects,
 /// beside the cache. The stream is a consistent read (the API server waits
@@ -175,7 +172,6 @@ impl Caches {
             resync: Option<std::time::Duration>,
         ) where
             K: kube::Resource<DynamicType = ()>
-                + Trim
                 + Clone
                 + serde::de::DeserializeOwned
                 + std::fmt::Debug

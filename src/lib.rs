@@ -18,6 +18,7 @@ pub mod memory;
 pub mod metrics;
 pub mod migration;
 pub mod pod_pvc;
+pub mod projection;
 pub mod protection;
 pub mod provision;
 pub mod provisioner;
@@ -29,6 +30,6 @@ pub mod retention;
 pub mod shared;
 pub mod snapshot_sweep;
 pub mod startup;
-pub mod trim;
+
 pub mod wellknown;
 pub mod writes;

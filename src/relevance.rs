@@ -39,14 +39,14 @@
 //! cache is filled before the claims are listed ([`crate::caches`]); the
 //! volume cache is filled at the same time as the claim cache.
 
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, PodSpec};
-use k8s_openapi::api::storage::v1::StorageClass;
+use crate::projection::Job;
+use crate::projection::StorageClass;
+use crate::projection::{PersistentVolume, PersistentVolumeClaim, Pod, PodSpec};
 
 use crate::migration::InTreePlugin;
+use crate::projection::POD_ANNOTATION_PREFIX;
 use crate::protection::verdict::is_our_claim;
 use crate::provision::{ProvisionerConfig, annotated_provisioner, claim_class_name, is_our_volume};
-use crate::trim::POD_ANNOTATION_PREFIX;
 use crate::wellknown as wk;
 
 /// Whether the volume cache keeps `pv`.

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::PersistentVolume;
+use crate::projection::PersistentVolume;
 use kube::Client;
 
 use crate::caches::Caches;

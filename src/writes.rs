@@ -7,12 +7,16 @@
 //! replacing it with the patch applied. The first `403` is remembered per
 //! resource, so later writes go straight to read + update, and it is logged
 //! once, not per write.
+//!
+//! The read and the update are of the raw object (`DynamicObject`), never of
+//! `K`: `K` may be a projection ([`crate::projection`]) or another type that
+//! holds only some fields, and writing it back whole would drop the rest.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 
 use kube::Resource;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -69,7 +73,7 @@ where
     update_with_merge_patch(api, name, patch).await
 }
 
-/// Read, apply the merge patch locally, update.
+/// Read, apply the merge patch locally, update; all on the raw object.
 async fn update_with_merge_patch<K>(
     api: &Api<K>,
     name: &str,
@@ -81,17 +85,27 @@ where
     let guarded = patch
         .pointer("/metadata/resourceVersion")
         .is_some_and(|v| !v.is_null());
+    let resource = ApiResource::erase::<K>(&());
+    let raw: Api<DynamicObject> = match api.namespace() {
+        Some(namespace) => Api::namespaced_with(api.clone().into_client(), namespace, &resource),
+        None => Api::all_with(api.clone().into_client(), &resource),
+    };
     let mut last = None;
     for _ in 0..UPDATE_ATTEMPTS {
-        let current = api.get(name).await?;
+        let current = raw.get(name).await?;
         let mut object = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
         json_patch::merge(&mut object, patch);
-        let object: K = serde_json::from_value(object).map_err(kube::Error::SerdeError)?;
-        match api.replace(name, &PostParams::default(), &object).await {
+        let object: DynamicObject =
+            serde_json::from_value(object).map_err(kube::Error::SerdeError)?;
+        match raw.replace(name, &PostParams::default(), &object).await {
             Err(kube::Error::Api(status)) if status.code == 409 && !guarded => {
                 last = Some(kube::Error::Api(status));
             }
-            other => return other,
+            Ok(saved) => {
+                let saved = serde_json::to_value(&saved).map_err(kube::Error::SerdeError)?;
+                return serde_json::from_value(saved).map_err(kube::Error::SerdeError);
+            }
+            Err(e) => return Err(e),
         }
     }
     Err(last.unwrap_or_else(|| {
@@ -108,6 +122,30 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube_testserver::{RequestMatch, TestServer, Verb};
     use serde_json::json;
+
+    #[tokio::test]
+    async fn the_update_fallback_keeps_fields_the_callers_type_does_not_hold() {
+        let server = TestServer::new();
+        server
+            .create_object(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n1", "labels": {"a": "1"}},
+                "spec": {"podCIDR": "10.0.0.0/24"}}))
+            .expect("node");
+        // The projection has no spec: a read + update of it would drop it.
+        // (Nodes: no other test of this process patches them, and the 403
+        // is remembered per resource.)
+        let api: Api<crate::projection::Node> = Api::all(server.client());
+        server.fail_next(1, RequestMatch::new(Verb::Patch, "nodes"), 403);
+        let done = merge_patch(&api, "n1", &json!({"metadata": {"labels": {"b": "2"}}}))
+            .await
+            .expect("written by update");
+        assert_eq!(server.request_count(Verb::Update, "nodes"), 1);
+        assert_eq!(done.metadata.labels.map(|l| l.len()), Some(2));
+        let full: Api<k8s_openapi::api::core::v1::Node> = Api::all(server.client());
+        let now = full.get("n1").await.expect("get");
+        let cidr = now.spec.and_then(|s| s.pod_cidr);
+        assert_eq!(cidr.as_deref(), Some("10.0.0.0/24"), "spec kept");
+    }
 
     #[tokio::test]
     async fn a_forbidden_patch_becomes_get_and_update_and_is_remembered() {

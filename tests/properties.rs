@@ -153,11 +153,11 @@ proptest! {
 mod releaser_selection {
     use std::collections::BTreeMap;
 
+    use csi_provisioner::projection::PersistentVolume;
+    use csi_provisioner::projection::StorageClass;
     use csi_provisioner::provision::ProvisionerConfig;
     use csi_provisioner::releaser::verdict::decide;
     use csi_provisioner::releaser::{ReleaserConfig, Verdict};
-    use k8s_openapi::api::core::v1::PersistentVolume;
-    use k8s_openapi::api::storage::v1::StorageClass;
     use proptest::prelude::*;
     use serde_json::json;
 

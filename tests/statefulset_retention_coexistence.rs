@@ -321,9 +321,10 @@ impl Harness {
     /// our loop decides on the other's last write (as it would, a moment
     /// later, in a real cluster).
     async fn caches_synced(&self) {
-        fn same<K>(server: &[K], cache: &Store<K>) -> bool
+        fn same<K, C>(server: &[K], cache: &Store<C>) -> bool
         where
-            K: kube::Resource<DynamicType = ()> + Clone,
+            K: kube::Resource<DynamicType = ()>,
+            C: kube::Resource<DynamicType = ()> + Clone,
         {
             cache.state().len() == server.len()
                 && server.iter().all(|o| {

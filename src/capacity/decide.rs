@@ -7,9 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
+use crate::projection::CSIStorageCapacity;
+use crate::projection::Node;
+use crate::projection::{CSINode, StorageClass};
 use csi_proto::v1::{GetCapacityRequest, Topology};
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 
 use crate::provision::quantity::{bytes_to_quantity, quantity_bytes};

@@ -70,8 +70,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::projection::{CSIStorageCapacity, Projection};
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
-use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
@@ -389,7 +389,7 @@ impl Capacity {
     /// A volume was provisioned or deleted: refresh the capacities it
     /// probably changed now rather than at the next poll (upstream's
     /// provision wrapper).
-    pub fn volume_changed(&self, pv: &k8s_openapi::api::core::v1::PersistentVolume) {
+    pub fn volume_changed(&self, pv: &crate::projection::PersistentVolume) {
         if self.stopped.load(Ordering::Relaxed) {
             return;
         }
@@ -452,7 +452,9 @@ impl Capacity {
         actions
     }
 
-    fn api(&self) -> Api<CSIStorageCapacity> {
+    /// Writes send and receive the full API type (with its `apiVersion`
+    /// and `kind`); what is remembered is the projection, as cached.
+    fn api(&self) -> Api<k8s_openapi::api::storage::v1::CSIStorageCapacity> {
         Api::namespaced(self.client.clone(), &self.settings.namespace)
     }
 
@@ -560,13 +562,14 @@ impl Capacity {
                 Action::Create { object, .. } => {
                     let created = self
                         .api()
-                        .create(&PostParams::default(), &object)
+                        .create(&PostParams::default(), &object.to_object())
                         .await
                         .map_err(|source| SyncError::Write {
                             verb: "create",
                             name: format!("{} for {pair}", decide::GENERATE_NAME),
                             source,
                         })?;
+                    let created = CSIStorageCapacity::project(&created);
                     remember(&self.objects, &created);
                     tracing::info!(csistoragecapacity = %created.metadata.name.as_deref().unwrap_or_default(), %pair, capacity = ?created.capacity.as_ref().map(|q| &q.0), maximum_volume_size = ?created.maximum_volume_size.as_ref().map(|q| &q.0), "created CSIStorageCapacity");
                 }
@@ -574,13 +577,14 @@ impl Capacity {
                     let name = object.metadata.name.clone().unwrap_or_default();
                     let updated = self
                         .api()
-                        .replace(&name, &PostParams::default(), &object)
+                        .replace(&name, &PostParams::default(), &object.to_object())
                         .await
                         .map_err(|source| SyncError::Write {
                             verb: "update",
                             name: name.clone(),
                             source,
                         })?;
+                    let updated = CSIStorageCapacity::project(&updated);
                     remember(&self.objects, &updated);
                     tracing::info!(csistoragecapacity = %name, %pair, capacity = ?updated.capacity.as_ref().map(|q| &q.0), maximum_volume_size = ?updated.maximum_volume_size.as_ref().map(|q| &q.0), "updated CSIStorageCapacity");
                 }

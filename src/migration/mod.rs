@@ -98,8 +98,6 @@ mod storage_class;
 mod topology;
 mod volume;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-
 pub use handles::RegionError;
 pub use storage_class::translate_storage_class_to_csi;
 pub use topology::{TopologyTranslationError, translate_allowed_topologies};
@@ -226,7 +224,7 @@ impl InTreePlugin {
 
     /// The plugin of the PV's in-tree source, if it has one this module can
     /// translate (upstream's `IsPVMigratable`).
-    pub fn of_in_tree_volume(pv: &PersistentVolume) -> Option<Self> {
+    pub fn of_in_tree_volume(pv: &crate::projection::PersistentVolume) -> Option<Self> {
         let spec = pv.spec.as_ref()?;
         [
             (spec.aws_elastic_block_store.is_some(), InTreePlugin::AwsEbs),

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::storage::v1::StorageClass;
+use crate::projection::StorageClass;
 
 use super::topology::{azure_unzoned_to_empty, translate_allowed_topologies, zone_selector};
 use super::{InTreePlugin, MigrationError};

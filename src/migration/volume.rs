@@ -248,9 +248,10 @@ impl InTreeSource {
 pub fn translate_in_tree_pv_to_csi(
     pv: &PersistentVolume,
 ) -> Result<PersistentVolume, MigrationError> {
-    let plugin = InTreePlugin::of_in_tree_volume(pv).ok_or_else(|| {
-        MigrationError::NoMigratableSource(pv.metadata.name.clone().unwrap_or_default())
-    })?;
+    let plugin = InTreePlugin::of_in_tree_volume(&crate::projection::Projection::project(pv))
+        .ok_or_else(|| {
+            MigrationError::NoMigratableSource(pv.metadata.name.clone().unwrap_or_default())
+        })?;
     let mut out = pv.clone();
     let zone_key = plugin.topology_key().unwrap_or_default();
     let empty_id = || MigrationError::EmptyVolumeId { plugin };

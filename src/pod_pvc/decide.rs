@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Volume};
+use crate::projection::{PersistentVolumeClaim, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::wellknown::LABEL_PVC_MANAGED_BY;

@@ -1,8 +1,7 @@
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Volume,
-};
+use crate::projection::{PersistentVolumeClaim, Volume};
+use k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::*;
@@ -22,12 +21,10 @@ fn claim_volume(name: &str, claim: &str) -> Volume {
     }
 }
 
+/// A volume of another kind (emptyDir, configMap, ...): the pod
+/// projection keeps only its name.
 fn empty_dir(name: &str) -> Volume {
-    Volume {
-        name: name.to_owned(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Volume::default()
-    }
+    serde_json::from_value(serde_json::json!({"name": name, "emptyDir": {}})).expect("volume")
 }
 
 fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -33,8 +33,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use crate::projection::Job;
+use crate::projection::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
@@ -337,9 +337,11 @@ impl PodPvcProvisioner {
                 }
                 Step::Create(claim) => {
                     let claim_name = claim.name_any();
-                    let api: Api<PersistentVolumeClaim> =
+                    // Created whole: the full API type, not the projection.
+                    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
                         Api::namespaced(self.client.clone(), namespace);
-                    match api.create(&PostParams::default(), &claim).await {
+                    let object = crate::projection::Projection::to_object(&*claim);
+                    match api.create(&PostParams::default(), &object).await {
                         Ok(_) => {
                             tracing::info!(kind = kind.label(), namespace, name, volume, claim = %claim_name, "PVC created");
                             let message = format!("created PVC {claim_name} for volume {volume}");

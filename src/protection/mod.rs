@@ -31,7 +31,7 @@ pub mod worker;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use crate::projection::PersistentVolumeClaim;
 use kube::{Client, ResourceExt};
 
 use crate::caches::{Caches, Kind};

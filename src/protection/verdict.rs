@@ -2,8 +2,8 @@
 //! controller makes them (`pkg/controller/volume/pvcprotection`), restricted
 //! to this driver's claims. Plain objects in, verdicts out, no I/O.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::StorageClass;
+use crate::projection::StorageClass;
+use crate::projection::{PersistentVolume, PersistentVolumeClaim, Pod};
 
 use super::ClaimName;
 use crate::migration::InTreePlugin;

@@ -1,10 +1,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, EphemeralVolumeSource, HostPathVolumeSource,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, PodSpec,
-    PodStatus, Volume,
+    CSIPersistentVolumeSource, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
 };
+
+use crate::projection::{EphemeralVolumeSource, PersistentVolumeSpec, PodSpec, PodStatus, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
 use super::*;
@@ -105,20 +105,15 @@ fn claim_volume(volume: &str, claim: &str) -> Volume {
 fn ephemeral_volume(volume: &str) -> Volume {
     Volume {
         name: volume.to_owned(),
-        ephemeral: Some(EphemeralVolumeSource::default()),
+        ephemeral: Some(EphemeralVolumeSource),
         ..Volume::default()
     }
 }
 
+/// As the pod cache holds a hostPath volume: its name only.
 fn host_path_volume(volume: &str) -> Volume {
-    Volume {
-        name: volume.to_owned(),
-        host_path: Some(HostPathVolumeSource {
-            path: "/tmp".to_owned(),
-            type_: None,
-        }),
-        ..Volume::default()
-    }
+    serde_json::from_value(serde_json::json!({"name": volume, "hostPath": {"path": "/tmp"}}))
+        .expect("volume")
 }
 
 /// Pod `web` in `ns`, scheduled on `node-1`, Running.
@@ -133,11 +128,9 @@ fn pod(volumes: Vec<Volume>) -> Pod {
         spec: Some(PodSpec {
             node_name: Some("node-1".to_owned()),
             volumes: Some(volumes),
-            ..PodSpec::default()
         }),
         status: Some(PodStatus {
             phase: Some("Running".to_owned()),
-            ..PodStatus::default()
         }),
     }
 }
@@ -145,7 +138,6 @@ fn pod(volumes: Vec<Volume>) -> Pod {
 fn in_phase(mut pod: Pod, phase: &str) -> Pod {
     pod.status = Some(PodStatus {
         phase: Some(phase.to_owned()),
-        ..PodStatus::default()
     });
     pod
 }
@@ -525,7 +517,6 @@ fn which_pods_use_a_claim() {
         spec: Some(PodSpec {
             node_name: Some("node-1".to_owned()),
             volumes: None,
-            ..PodSpec::default()
         }),
         ..pod(vec![])
     };
@@ -816,11 +807,12 @@ fn ownership_under_csi_migration() {
     let mut other_plugin = migrated_volume();
     if let Some(spec) = other_plugin.spec.as_mut() {
         spec.aws_elastic_block_store = None;
-        spec.gce_persistent_disk =
-            Some(k8s_openapi::api::core::v1::GCEPersistentDiskVolumeSource {
+        spec.gce_persistent_disk = Some(Box::new(
+            k8s_openapi::api::core::v1::GCEPersistentDiskVolumeSource {
                 pd_name: "disk".to_owned(),
                 ..Default::default()
-            });
+            },
+        ));
     }
     let cases: Vec<OwnershipCase> = vec![
         (

@@ -35,7 +35,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use crate::projection::PersistentVolumeClaim;
 
 use super::secrets::is_dns1123_subdomain;
 use super::template::{KNOWN_TOKENS, Piece, TemplateContext, Token, parse_token, pieces};

@@ -10,10 +10,10 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use crate::projection::StorageClass;
+use crate::projection::{PersistentVolume, PersistentVolumeClaim};
 use csi_proto::v1::VolumeContentSource;
 use csi_proto::v1::volume_content_source::{SnapshotSource, Type, VolumeSource};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::config::ProvisionerConfig;

@@ -3,8 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use crate::projection::{PersistentVolume, Projection, StorageClass, VolumeAttachment};
 
 use super::config::ProvisionerConfig;
 use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
@@ -237,8 +236,13 @@ pub fn volume_id_of(pv: &PersistentVolume) -> Result<(String, Option<InTreePlugi
     match (csi_handle(pv), InTreePlugin::of_in_tree_volume(pv)) {
         (Some(volume_id), _) => Ok((volume_id, None)),
         (None, Some(plugin)) => {
-            let translated = translate_in_tree_pv_to_csi(pv).map_err(DeleteError::Migration)?;
-            let volume_id = csi_handle(&translated).ok_or(DeleteError::NotCsi)?;
+            let translated =
+                translate_in_tree_pv_to_csi(&pv.to_object()).map_err(DeleteError::Migration)?;
+            let volume_id = translated
+                .spec
+                .and_then(|spec| spec.csi)
+                .map(|csi| csi.volume_handle)
+                .ok_or(DeleteError::NotCsi)?;
             Ok((volume_id, Some(plugin)))
         }
         (None, None) => Err(DeleteError::NotCsi),

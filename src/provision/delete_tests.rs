@@ -1,8 +1,8 @@
 use super::*;
+use crate::projection::{VolumeAttachmentSource, VolumeAttachmentSpec};
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
 };
-use k8s_openapi::api::storage::v1::{VolumeAttachmentSource, VolumeAttachmentSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::provision::config::NodeDeployment;
@@ -405,15 +405,12 @@ fn delete_plans() {
     let not_csi = edit(|pv| pv.spec.as_mut().expect("spec").csi = None);
     assert_eq!(plan_delete(&not_csi, None), Err(DeleteError::NotCsi));
     // A source the translation does not know (NFS) is no CSI PV either.
-    let nfs = edit(|pv| {
-        let spec = pv.spec.as_mut().expect("spec");
-        spec.csi = None;
-        spec.nfs = Some(k8s_openapi::api::core::v1::NFSVolumeSource {
-            path: "/export".into(),
-            server: "nfs".into(),
-            read_only: None,
-        });
-    });
+    // (As the cache decodes it: the projection has no NFS source.)
+    let nfs: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": VOLUME},
+        "spec": {"nfs": {"path": "/export", "server": "nfs"}, "persistentVolumeReclaimPolicy": "Delete"},
+    }))
+    .expect("pv");
     assert_eq!(plan_delete(&nfs, None), Err(DeleteError::NotCsi));
 }
 
@@ -423,9 +420,7 @@ fn migrated(change: impl FnOnce(&mut PersistentVolume)) -> PersistentVolume {
     pv
 }
 
-fn in_tree_source(
-    pv: &mut PersistentVolume,
-) -> &mut k8s_openapi::api::core::v1::PersistentVolumeSpec {
+fn in_tree_source(pv: &mut PersistentVolume) -> &mut crate::projection::PersistentVolumeSpec {
     let spec = pv.spec.as_mut().expect("spec");
     spec.aws_elastic_block_store = None;
     spec
@@ -477,10 +472,11 @@ fn migrated_volume_ownership() {
         (
             "annotated for us but the source is another plugin's",
             migrated(|pv| {
-                in_tree_source(pv).gce_persistent_disk = Some(GCEPersistentDiskVolumeSource {
-                    pd_name: "d".into(),
-                    ..Default::default()
-                });
+                in_tree_source(pv).gce_persistent_disk =
+                    Some(Box::new(GCEPersistentDiskVolumeSource {
+                        pd_name: "d".into(),
+                        ..Default::default()
+                    }));
             }),
             &ebs,
             false,
@@ -489,10 +485,10 @@ fn migrated_volume_ownership() {
             "a driver that took over no plugin: an in-tree PV is never ours",
             migrated(|pv| {
                 pv.metadata.annotations = Some(map(&[(wk::ANN_PROVISIONED_BY, DRIVER)]));
-                in_tree_source(pv).portworx_volume = Some(PortworxVolumeSource {
+                in_tree_source(pv).portworx_volume = Some(Box::new(PortworxVolumeSource {
                     volume_id: "px".into(),
                     ..Default::default()
-                });
+                }));
             }),
             &hostpath,
             false,
@@ -594,10 +590,10 @@ fn migrated_delete_plans() {
             wk::ANN_PROVISIONED_BY,
             "kubernetes.io/portworx-volume",
         )]));
-        in_tree_source(pv).portworx_volume = Some(PortworxVolumeSource {
+        in_tree_source(pv).portworx_volume = Some(Box::new(PortworxVolumeSource {
             volume_id: "px-1".into(),
             ..Default::default()
-        });
+        }));
     });
     let portworx_class = StorageClass {
         provisioner: "kubernetes.io/portworx-volume".into(),
@@ -647,10 +643,8 @@ fn attachments_block_deletion() {
             node_name: node.into(),
             source: VolumeAttachmentSource {
                 persistent_volume_name: Some(pv.into()),
-                inline_volume_spec: None,
             },
         },
-        status: None,
     };
     let other = attachment("pv-other", "node-a");
     let ours = attachment(VOLUME, "node-b");

@@ -1,7 +1,7 @@
 //! The PV deletion-protection finalizer (HonorPVReclaimPolicy, KEP-2644) and
 //! JSON patches that change finalizer lists safely from fresh state.
 
-use k8s_openapi::api::core::v1::PersistentVolume;
+use crate::projection::PersistentVolume;
 use serde_json::{Value, json};
 
 use super::config::ProvisionerConfig;

@@ -2,12 +2,15 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    AWSElasticBlockStoreVolumeSource, CSIPersistentVolumeSource, ObjectReference, PersistentVolume,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
-    PersistentVolumeSpec, PersistentVolumeStatus, VolumeResourceRequirements,
+use crate::projection::StorageClass;
+use crate::projection::{
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+    PersistentVolumeStatus,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::core::v1::{
+    AWSElasticBlockStoreVolumeSource, CSIPersistentVolumeSource, ObjectReference,
+    PersistentVolumeClaimSpec, VolumeResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
@@ -102,7 +105,6 @@ pub fn source_claim() -> PersistentVolumeClaim {
     claim_spec(&mut source).volume_name = Some("pv-source".to_owned());
     source.status = Some(PersistentVolumeClaimStatus {
         phase: Some("Bound".to_owned()),
-        ..PersistentVolumeClaimStatus::default()
     });
     source
 }
@@ -130,7 +132,6 @@ pub fn source_volume() -> PersistentVolume {
         }),
         status: Some(PersistentVolumeStatus {
             phase: Some("Bound".to_owned()),
-            ..PersistentVolumeStatus::default()
         }),
     }
 }
@@ -162,7 +163,6 @@ pub fn released_volume() -> PersistentVolume {
         }),
         status: Some(PersistentVolumeStatus {
             phase: Some("Released".to_owned()),
-            ..PersistentVolumeStatus::default()
         }),
     }
 }
@@ -226,11 +226,11 @@ pub fn migrated_volume() -> PersistentVolume {
             ..ObjectMeta::default()
         },
         spec: Some(PersistentVolumeSpec {
-            aws_elastic_block_store: Some(AWSElasticBlockStoreVolumeSource {
+            aws_elastic_block_store: Some(Box::new(AWSElasticBlockStoreVolumeSource {
                 volume_id: "aws://us-east-1a/vol-0123".to_owned(),
                 fs_type: Some("ext4".to_owned()),
                 ..AWSElasticBlockStoreVolumeSource::default()
-            }),
+            })),
             claim_ref: Some(ObjectReference {
                 name: Some("data".to_owned()),
                 namespace: Some("ns".to_owned()),
@@ -243,7 +243,6 @@ pub fn migrated_volume() -> PersistentVolume {
         }),
         status: Some(PersistentVolumeStatus {
             phase: Some("Released".to_owned()),
-            ..PersistentVolumeStatus::default()
         }),
     }
 }

@@ -24,9 +24,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::projection::Node;
+use crate::projection::PersistentVolumeClaim;
+use crate::projection::{CSINode, StorageClass};
 use csi_proto::v1::NodeGetInfoResponse;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, StorageClass};
+use k8s_openapi::api::storage::v1::{CSINodeDriver, CSINodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::config::{NodeDeployment, ProvisionerConfig};
@@ -113,7 +115,6 @@ impl LocalTopology {
                     labels: (!segments.is_empty()).then_some(segments),
                     ..ObjectMeta::default()
                 },
-                ..Node::default()
             },
             csi_node: CSINode {
                 metadata: ObjectMeta {
@@ -128,7 +129,6 @@ impl LocalTopology {
                         allocatable: None,
                     }],
                 },
-                ..CSINode::default()
             },
         }
     }

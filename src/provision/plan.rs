@@ -9,12 +9,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::projection::Node;
+use crate::projection::PersistentVolumeClaim;
+use crate::projection::{CSINode, StorageClass, VolumeAttributesClass};
 use csi_proto::v1::volume_capability::{
     AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode,
 };
 use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability};
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttributesClass};
 
 use super::claim_metadata::{CopiedMetadata, copied_claim_metadata, resolve_parameter_templates};
 use super::config::ProvisionerConfig;

@@ -724,7 +724,6 @@ fn csi_node(name: &str, keys: &[&str]) -> CSINode {
                 allocatable: None,
             }],
         },
-        ..CSINode::default()
     }
 }
 
@@ -735,7 +734,6 @@ fn node(name: &str, zone: &str) -> Node {
             labels: Some(map(&[("zone", zone)])),
             ..ObjectMeta::default()
         },
-        ..Node::default()
     }
 }
 

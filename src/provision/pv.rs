@@ -384,7 +384,11 @@ pub fn records_same_volume(existing: &PersistentVolume, wanted: &PersistentVolum
             .and_then(|s| s.claim_ref.as_ref())
             .and_then(|c| c.uid.clone())
     };
-    let id = |pv: &PersistentVolume| super::delete::volume_id_of(pv).ok().map(|(id, _)| id);
+    let id = |pv: &PersistentVolume| {
+        super::delete::volume_id_of(&crate::projection::Projection::project(pv))
+            .ok()
+            .map(|(id, _)| id)
+    };
     claim_uid(existing).is_some()
         && claim_uid(existing) == claim_uid(wanted)
         && id(existing).is_some()

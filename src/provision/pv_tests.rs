@@ -14,7 +14,7 @@ use crate::provision::plan::{ProvisionInputs, plan_provision};
 use crate::provision::secrets::SecretRef;
 
 fn plan_for(
-    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    claim: &crate::projection::PersistentVolumeClaim,
     config: &ProvisionerConfig,
 ) -> ProvisionPlan {
     let class = class();
@@ -297,10 +297,7 @@ fn filesystem_volumes_record_the_fstype() {
     );
 }
 
-fn gp2_plan(
-    config: &ProvisionerConfig,
-    class: &k8s_openapi::api::storage::v1::StorageClass,
-) -> ProvisionPlan {
+fn gp2_plan(config: &ProvisionerConfig, class: &crate::projection::StorageClass) -> ProvisionPlan {
     let claim = crate::provision::fixtures::gp2_claim();
     plan_provision(
         &ProvisionInputs {
@@ -370,14 +367,16 @@ fn migrated_pv_is_saved_in_its_in_tree_form() {
     };
     assert_eq!(pv, expected);
     // The saved PV is ours: the volume loop finds and deletes it.
-    assert!(crate::provision::is_our_volume(&pv, &ebs));
+    // As the volume cache will hold it.
+    let cached = crate::projection::Projection::project(&pv);
+    assert!(crate::provision::is_our_volume(&cached, &ebs));
     assert_eq!(
-        crate::provision::plan_delete(&pv, None).map(|plan| plan.volume_id),
+        crate::provision::plan_delete(&cached, None).map(|plan| plan.volume_id),
         Ok("vol-0123".to_owned())
     );
 
     // A native class of the same driver gets a CSI PV.
-    let native = k8s_openapi::api::storage::v1::StorageClass {
+    let native = crate::projection::StorageClass {
         provisioner: EBS_DRIVER.to_owned(),
         ..gp2_class()
     };
@@ -471,7 +470,7 @@ fn migrated_pv_with_a_malformed_handle() {
         driver_name: InTreePlugin::GcePd.csi_driver().to_owned(),
         ..config()
     };
-    let class = k8s_openapi::api::storage::v1::StorageClass {
+    let class = crate::projection::StorageClass {
         provisioner: InTreePlugin::GcePd.in_tree_name().to_owned(),
         ..gp2_class()
     };
@@ -508,8 +507,9 @@ fn migrated_pv_with_a_malformed_handle() {
 #[test]
 fn records_same_volume_compares_claim_and_backend_id() {
     use crate::provision::fixtures::{migrated_volume, released_volume};
-    let csi = released_volume();
-    let in_tree = migrated_volume();
+    // Full objects, as the create path compares them.
+    let csi = crate::projection::Projection::to_object(&released_volume());
+    let in_tree = crate::projection::Projection::to_object(&migrated_volume());
     let with_claim_uid = |pv: &PersistentVolume, uid: &str| {
         let mut pv = pv.clone();
         if let Some(c) = pv.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {

@@ -1,8 +1,8 @@
 //! Whether a claim is ours to provision now (upstream's `shouldProvision` of
 //! the library plus the CSI provisioner's `ShouldProvision` / `checkNode`).
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::storage::v1::StorageClass;
+use crate::projection::PersistentVolumeClaim;
+use crate::projection::StorageClass;
 
 use super::config::ProvisionerConfig;
 use crate::migration::InTreePlugin;

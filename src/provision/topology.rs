@@ -16,12 +16,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::projection::CSINode;
+use crate::projection::Node;
 use csi_proto::v1::{Topology, TopologyRequirement};
 use k8s_openapi::api::core::v1::{
-    Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, TopologySelectorTerm,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, TopologySelectorTerm,
     VolumeNodeAffinity,
 };
-use k8s_openapi::api::storage::v1::CSINode;
 
 /// One topology segment set, sorted by key: the AND of its key/value pairs.
 type Term = Vec<(String, String)>;

@@ -19,7 +19,6 @@ fn node(name: &str, labels: &[(&str, &str)]) -> Node {
             ),
             ..ObjectMeta::default()
         },
-        ..Node::default()
     }
 }
 
@@ -40,7 +39,6 @@ fn csi_node(name: &str, drivers: &[(&str, &[&str])]) -> CSINode {
                 })
                 .collect(),
         },
-        ..CSINode::default()
     }
 }
 

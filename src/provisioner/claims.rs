@@ -25,8 +25,11 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+use crate::projection::Node;
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+use crate::projection::{CSINode, StorageClass};
+use crate::projection::{PersistentVolumeClaim, Projection};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
@@ -259,7 +262,8 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 started.elapsed(),
             );
             tracing::info!(claim = %key, volume = %plan.volume_name, "provisioned");
-            ctx.volume_events.changed(&pv);
+            ctx.volume_events
+                .changed(&crate::projection::PersistentVolume::project(&pv));
             note(
                 ctx,
                 &claim,
@@ -616,7 +620,7 @@ async fn release_clone_source(
     .await
 }
 
-pub(super) fn claim_uid_of(pv: &PersistentVolume) -> Option<&str> {
+pub(super) fn claim_uid_of(pv: &crate::projection::PersistentVolume) -> Option<&str> {
     pv.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref()
 }
 
@@ -728,7 +732,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     }
     // Saved as a PV after all: the PV owns the volume now. Asked live: the
     // cache may not have seen a PV whose create just committed.
-    match Api::<PersistentVolume>::all(ctx.client.clone())
+    match Api::<crate::projection::PersistentVolume>::all(ctx.client.clone())
         .get_opt(&op.request.name)
         .await
     {
@@ -867,7 +871,8 @@ async fn record_retained_volume(
         return Next::Retry;
     }
     tracing::info!(claim = %key, volume = %pv.name_any(), volume_id = %volume.volume_id, "the claim went away during provisioning and its class retains volumes: the volume is recorded in a Released PV");
-    ctx.volume_events.changed(&pv);
+    ctx.volume_events
+        .changed(&crate::projection::PersistentVolume::project(&pv));
     ctx.finish(&key.uid);
     Next::Done
 }
@@ -919,7 +924,7 @@ pub(super) enum FetchedSource {
     None,
     Claim(
         Option<Arc<PersistentVolumeClaim>>,
-        Option<Arc<PersistentVolume>>,
+        Option<Arc<crate::projection::PersistentVolume>>,
     ),
     Snapshot(Box<(Option<VolumeSnapshot>, Option<VolumeSnapshotContent>)>),
 }

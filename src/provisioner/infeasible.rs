@@ -15,8 +15,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::storage::v1::StorageClass;
+use crate::projection::PersistentVolumeClaim;
+use crate::projection::StorageClass;
 use tokio::time::Instant;
 
 /// What an infeasible failure is remembered by.

@@ -42,8 +42,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::projection::PersistentVolumeClaim;
 use csi_proto::v1::CreateVolumeRequest;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
@@ -225,7 +226,7 @@ impl Context {
     /// needs none, and when ReferenceGrants cannot be read).
     pub fn data_source_granted(
         &self,
-        claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+        claim: &crate::projection::PersistentVolumeClaim,
         source: Option<&crate::provision::DataSourceRef>,
     ) -> bool {
         use crate::api::reference_grant::ReferenceGrant;

@@ -16,10 +16,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::projection::PersistentVolumeClaim;
+use crate::projection::StorageClass;
 use csi_proto::v1::GetCapacityRequest;
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 

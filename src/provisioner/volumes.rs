@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
+use crate::projection::PersistentVolume;
+use crate::projection::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;

@@ -14,6 +14,13 @@
 //! Delete is never released: the provisioner is deleting it.
 //!
 //! Decisions are pure ([`verdict`]); [`worker`] reads the caches and writes.
+//! A managed claim deleted before its PV was labelled (a pod that finished
+//! at once; a slow or retried association) still counts: the last state of
+//! such a claim is kept per PV ([`Releaser::departed`]) until the PV is
+//! decided, so its PV is associated and released as if the claim had been
+//! seen in time. Without it the PV stayed Released with its data, never
+//! reused.
+//!
 //! Triggers: PV changes; claim changes (the PV the claim is bound to);
 //! StorageClass changes (every PV of the class); and a resync every
 //! `--releaser-resync-period` that queues every cached PV, so that a missed
@@ -26,6 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 
 use crate::caches::{Caches, Kind};
@@ -63,7 +71,17 @@ pub struct Releaser {
     /// yet, and deciding again would repeat it; the write's own watch event
     /// queues the PV again.
     pub(crate) written_from: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// PV name → the last state of its claim, labelled for our controller
+    /// id, that was deleted while the PV was not yet associated. Taken by
+    /// the PV's next decision; dropped when the PV goes, and by the resync
+    /// for PVs no longer cached.
+    pub(crate) departed: Arc<Departed>,
 }
+
+/// See [`Releaser::departed`].
+pub(crate) type Departed = std::sync::Mutex<
+    std::collections::HashMap<String, Arc<crate::projection::PersistentVolumeClaim>>,
+>;
 
 /// Registers the cache handlers and asks for PVs, claims and classes. Call
 /// before the caches start; then [`Releaser::start`].
@@ -71,14 +89,20 @@ pub fn new(shared: &Shared, settings: Settings) -> Arc<Releaser> {
     let caches = Arc::clone(&shared.caches);
     caches.want(&[Kind::Volumes, Kind::Claims, Kind::Classes]);
     let queue: WorkQueue<String> = WorkQueue::new("pv-releaser", shared.backoff);
+    let departed: Arc<Departed> = Arc::default();
 
     {
         let queue = queue.clone();
         let recorder = Arc::clone(&shared.recorder);
+        let departed = Arc::clone(&departed);
         caches.volumes.on_change(move |change| match change {
             Change::Applied(pv) => queue.add(pv.name_any()),
             Change::Deleted(pv) => {
                 queue.forget(&pv.name_any());
+                departed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&pv.name_any());
                 // The recorder remembers the last event per object; a PV
                 // that is gone needs no memory.
                 if let Some(uid) = pv.uid() {
@@ -91,14 +115,25 @@ pub fn new(shared: &Shared, settings: Settings) -> Arc<Releaser> {
         // A claim labelled for us (or unlabelled) changes whether its PV is
         // to be associated.
         let queue = queue.clone();
+        let departed = Arc::clone(&departed);
+        let id = settings.controller_id.clone();
         caches.claims.on_change(move |change| {
-            let (Change::Applied(claim) | Change::Deleted(claim)) = change;
+            let (deleted, claim) = match change {
+                Change::Applied(claim) => (false, claim),
+                Change::Deleted(claim) => (true, claim),
+            };
             if let Some(volume) = claim
                 .spec
                 .as_ref()
                 .and_then(|spec| spec.volume_name.as_deref())
                 .filter(|name| !name.is_empty())
             {
+                if deleted && verdict::is_managed_by(claim, &id) {
+                    departed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(volume.to_owned(), Arc::new(claim.clone()));
+                }
                 queue.add(volume.to_owned());
             }
         });
@@ -136,6 +171,7 @@ pub fn new(shared: &Shared, settings: Settings) -> Arc<Releaser> {
         stopped: AtomicBool::new(false),
         workers: shared.workers.max(1),
         written_from: std::sync::Mutex::default(),
+        departed,
     })
 }
 
@@ -178,6 +214,15 @@ impl Releaser {
             }
             let volumes = self.caches.volumes.store().state();
             tracing::debug!(volumes = volumes.len(), "PV releaser: resync");
+            {
+                // A deleted claim's PV that never reached our cache (not
+                // ours, or gone meanwhile) is not waited for.
+                let store = self.caches.volumes.store();
+                self.departed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|pv, _| store.get(&ObjectRef::new(pv)).is_some());
+            }
             for pv in volumes {
                 self.queue.add(pv.name_any());
             }
@@ -198,20 +243,9 @@ mod tests {
     use super::*;
     use crate::queue::Backoff;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn resync_queues_every_cached_pv_until_shut_down() {
-        let server = kube_testserver::TestServer::new();
-        for name in ["pv-a", "pv-b"] {
-            server
-                .create_object(json!({
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": name},
-                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
-                             "csi": {"driver": "hostpath.csi.k8s.io", "volumeHandle": name}},
-                }))
-                .expect("pv");
-        }
+    /// A releaser for controller id `team-a` on `server`, caches not
+    /// started, resync every 100 ms.
+    fn releaser_on(server: &kube_testserver::TestServer) -> (Shared, Arc<Releaser>) {
         let client = server.client();
         let shared = Shared {
             client: client.clone(),
@@ -233,6 +267,105 @@ mod tests {
                 resync_period: Duration::from_millis(100),
             },
         );
+        (shared, releaser)
+    }
+
+    /// A pod that finishes at once: its managed claim is deleted before the
+    /// releaser decided about the claim's PV. The PV is still associated
+    /// and released, from the claim's last state.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_managed_claim_deleted_before_association_still_releases_its_pv() {
+        let server = kube_testserver::TestServer::new();
+        server
+            .create_object(json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "ns"}}))
+            .expect("namespace");
+        let claim = server
+            .create_object(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "cache", "namespace": "ns",
+                    "labels": {crate::wellknown::LABEL_PVC_MANAGED_BY: "team-a"}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-a",
+                    "resources": {"requests": {"storage": "1Mi"}}},
+            }))
+            .expect("claim");
+        let uid = claim["metadata"]["uid"].as_str().expect("uid").to_owned();
+        let mut pv = server
+            .create_object(json!({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": "pv-a"},
+                "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "claimRef": {"namespace": "ns", "name": "cache", "uid": uid},
+                    "csi": {"driver": "hostpath.csi.k8s.io", "volumeHandle": "h"}},
+            }))
+            .expect("pv");
+        // As the PV controller leaves it once its claim is gone.
+        pv["status"] = json!({"phase": "Released"});
+        server.update_object_status(pv).expect("released");
+        let (shared, releaser) = releaser_on(&server);
+        shared.caches.start(&shared.client);
+        shared.caches.wait_until_ready().await;
+        server
+            .delete_object("v1", "PersistentVolumeClaim", "ns", "cache")
+            .expect("claim deleted");
+        let claims = shared.caches.claims.store();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !claims.state().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the cache saw the deletion");
+        // Only now does the releaser decide.
+        releaser.start();
+        let released = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let pv = server.get_object("v1", "PersistentVolume", "", "pv-a");
+                if pv
+                    .as_ref()
+                    .is_some_and(|pv| pv["spec"]["claimRef"].is_null())
+                {
+                    return pv;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("released although its claim was gone");
+        let labels = released.map(|pv| pv["metadata"]["labels"].clone());
+        assert!(
+            labels.is_none_or(|l| l
+                .get(crate::wellknown::LABEL_PV_RELEASER_MANAGED_BY)
+                .is_none()),
+            "our label is removed on release"
+        );
+        assert!(
+            releaser
+                .departed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty(),
+            "the claim's last state is not kept after the decision"
+        );
+        releaser.shut_down();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resync_queues_every_cached_pv_until_shut_down() {
+        let server = kube_testserver::TestServer::new();
+        for name in ["pv-a", "pv-b"] {
+            server
+                .create_object(json!({
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": name},
+                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                             "csi": {"driver": "hostpath.csi.k8s.io", "volumeHandle": name}},
+                }))
+                .expect("pv");
+        }
+        let (shared, releaser) = releaser_on(&server);
         shared.caches.start(&shared.client);
         shared.caches.wait_until_ready().await;
         // Take the keys the initial list queued, as a worker would.

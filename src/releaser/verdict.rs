@@ -2,8 +2,8 @@
 //! kubernetes-dynamic-reclaimable-pvc-controllers). Plain objects in,
 //! verdicts and patches out, no I/O.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use crate::projection::StorageClass;
+use crate::projection::{PersistentVolume, PersistentVolumeClaim};
 use serde_json::{Map, Value, json};
 
 use crate::provision::{ProvisionerConfig, is_our_volume};
@@ -150,13 +150,18 @@ fn claim_is_managed(pv: &PersistentVolume, claim: &PersistentVolumeClaim, id: &s
             .as_deref()
             .filter(|uid| !uid.is_empty())
             .is_none_or(|uid| claim.metadata.uid.as_deref() == Some(uid));
-    let labelled = claim
+    names_it && is_managed_by(claim, id)
+}
+
+/// Whether `claim` is labelled
+/// `dynamic-pvc-provisioner.kubernetes.io/managed-by=<id>`.
+pub fn is_managed_by(claim: &PersistentVolumeClaim, id: &str) -> bool {
+    claim
         .metadata
         .labels
         .as_ref()
         .and_then(|labels| labels.get(wk::LABEL_PVC_MANAGED_BY))
-        .is_some_and(|value| value == id);
-    names_it && labelled
+        .is_some_and(|value| value == id)
 }
 
 fn pv_label(pv: &PersistentVolume) -> Option<&str> {

@@ -1,8 +1,7 @@
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, ObjectReference, PersistentVolumeSpec, PersistentVolumeStatus,
-};
+use crate::projection::{PersistentVolumeSpec, PersistentVolumeStatus};
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::*;
@@ -56,7 +55,6 @@ fn pv() -> PersistentVolume {
         }),
         status: Some(PersistentVolumeStatus {
             phase: Some("Released".to_owned()),
-            ..PersistentVolumeStatus::default()
         }),
     }
 }
@@ -69,7 +67,6 @@ fn labelled(mut pv: PersistentVolume, id: &str) -> PersistentVolume {
 fn in_phase(mut pv: PersistentVolume, phase: Option<&str>) -> PersistentVolume {
     pv.status = phase.map(|p| PersistentVolumeStatus {
         phase: Some(p.to_owned()),
-        ..PersistentVolumeStatus::default()
     });
     pv
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
+use crate::projection::PersistentVolume;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
@@ -48,12 +48,20 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
         .and_then(|spec| spec.storage_class_name.as_deref())
         .filter(|class| !class.is_empty())
         .and_then(|class| ctx.caches.classes.store().get(&ObjectRef::new(class)));
-    let claim = verdict::claim_ref_name(&pv).and_then(|(namespace, claim)| {
+    let cached_claim = verdict::claim_ref_name(&pv).and_then(|(namespace, claim)| {
         ctx.caches
             .claims
             .store()
             .get(&ObjectRef::new(claim).within(namespace))
     });
+    // A managed claim deleted before this PV was associated (mod.rs).
+    let departed = ctx
+        .departed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(name)
+        .cloned();
+    let claim = cached_claim.or(departed.clone());
     let resource_version = pv.metadata.resource_version.clone().unwrap_or_default();
     let id = ctx.config.controller_id.as_str();
     {
@@ -65,7 +73,15 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
         written_from.remove(name);
     }
 
-    match verdict::decide(&pv, class.as_deref(), claim.as_deref(), &ctx.config) {
+    let verdict = verdict::decide(&pv, class.as_deref(), claim.as_deref(), &ctx.config);
+    if departed.is_some() && verdict != Verdict::Associate {
+        // Associated by now (or the departed claim was not this PV's).
+        ctx.departed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+    }
+    match verdict {
         Verdict::NotOurs => {
             tracing::debug!(volume = %name, "PV releaser: not a PV of this driver, ignored");
             Ok(())

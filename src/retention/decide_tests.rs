@@ -2,12 +2,13 @@
 //! written out per row here, not computed, so a mistake in the decision
 //! cannot hide behind the same mistake in the test.
 
+use crate::projection::StorageClass;
+use crate::projection::{PersistentVolumeClaim, Pod};
+use crate::projection::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::apps::v1::{
-    StatefulSet, StatefulSetOrdinals, StatefulSetPersistentVolumeClaimRetentionPolicy,
-    StatefulSetSpec,
+    StatefulSetOrdinals, StatefulSetPersistentVolumeClaimRetentionPolicy,
 };
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -443,7 +444,6 @@ fn stateful_set(replicas: Option<i32>, start: Option<i32>) -> StatefulSet {
             ordinals: start.map(|s| StatefulSetOrdinals { start: Some(s) }),
             ..Default::default()
         },
-        status: None,
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use crate::projection::PersistentVolumeClaim;
 
 use crate::api::snapshot::VolumeSnapshot;
 use crate::wellknown as wk;

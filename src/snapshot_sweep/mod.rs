@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use crate::projection::PersistentVolumeClaim;
 use kube::Client;
 use kube::api::{Api, ListParams};
 

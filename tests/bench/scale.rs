@@ -19,6 +19,14 @@
 //!   highest RSS sampled (every 100 ms) over the next 60 s, against the RSS
 //!   before.
 //!
+//! With `BENCH_SCALE_OWNER=ours` the N PVs and claims are instead the
+//! sidecar's own, as on a cluster where it has run for a while: PVs of our
+//! driver, provisioned by it, with its finalizer and a Delete policy, each
+//! pre-bound to a claim of our class (and pods, when a loop watches them).
+//! Nothing is left for either sidecar to do with them, but both must cache
+//! them all: the memory an operator sizes for on a one-driver cluster.
+//! Every line carries `"owner"`.
+//!
 //! The summary lines give, per size and binary, the median and min–max over
 //! the rounds, the bytes per cached PV + claim pair (the slope of the median
 //! RSS from the smallest to the largest size), and ratio lines.
@@ -83,8 +91,10 @@ fn rss_kib(pid: u32) -> Option<u64> {
 struct Scale {
     world: World,
     other_class: String,
-    /// PVs and claims of another driver created so far (same count).
+    /// PVs and claims created so far (same count), of another driver or,
+    /// with `ours`, of ours.
     created: usize,
+    ours: bool,
     pods_created: usize,
     claim_serial: usize,
 }
@@ -99,6 +109,10 @@ impl Scale {
             let end = (i + BATCH).min(size);
             let mut batch = Vec::with_capacity(2 * (end - i));
             for j in i..end {
+                if self.ours {
+                    batch.extend(self.own_pair(j));
+                    continue;
+                }
                 batch.push(json!({"apiVersion": "v1", "kind": "PersistentVolume",
                     "metadata": {"name": format!("scale-pv-{j}"), "labels": {"bench": "scale"},
                         "annotations": {"pv.kubernetes.io/provisioned-by": OTHER_DRIVER}},
@@ -132,6 +146,36 @@ impl Scale {
             self.pods_created,
             started.elapsed().as_secs()
         );
+    }
+
+    /// PV `scale-pv-<j>` of our driver, as it stays after we provisioned it
+    /// and the binder bound it, and its claim `o<j>`.
+    fn own_pair(&self, j: usize) -> [Value; 2] {
+        let (ns, driver, class) = (&self.world.ns, &self.world.driver, &self.world.class);
+        [
+            json!({"apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": format!("scale-pv-{j}"), "labels": {"bench": "scale"},
+                    "annotations": {"pv.kubernetes.io/provisioned-by": driver,
+                        "volume.kubernetes.io/provisioner-deletion-secret-name": "",
+                        "volume.kubernetes.io/provisioner-deletion-secret-namespace": ""},
+                    "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"]},
+                "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+                    "persistentVolumeReclaimPolicy": "Delete", "storageClassName": class,
+                    "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                        "namespace": ns, "name": format!("o{j}")},
+                    "csi": {"driver": driver, "volumeHandle": format!("vol-{j}"), "fsType": "ext4",
+                        "volumeAttributes": {"storage.kubernetes.io/csiProvisionerIdentity": "1764100000000-9999-hostpath.csi.k8s.io",
+                            "kind": "file"}}}}),
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": format!("o{j}"), "namespace": ns, "labels": {"app": "bench"},
+                    "annotations": {"pv.kubernetes.io/bind-completed": "yes",
+                        "pv.kubernetes.io/bound-by-controller": "yes",
+                        "volume.kubernetes.io/storage-provisioner": driver,
+                        "volume.beta.kubernetes.io/storage-provisioner": driver}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                    "volumeName": format!("scale-pv-{j}"),
+                    "resources": {"requests": {"storage": "1Gi"}}}}),
+        ]
     }
 
     /// A claim of our driver, annotated as the (stopped) controller-manager
@@ -358,9 +402,12 @@ pub async fn run(plane: &Arc<ControlPlane>, driver: DriverKind) -> Vec<Value> {
     // Nothing binds, annotates or writes events about the objects while
     // the sidecars are measured.
     plane.stop_controller_manager();
+    let ours = std::env::var("BENCH_SCALE_OWNER").is_ok_and(|v| v == "ours");
+    let owner = if ours { "ours" } else { "other" };
     let mut scale = Scale {
         world,
         other_class,
+        ours,
         created: 0,
         pods_created: 0,
         claim_serial: 0,
@@ -368,7 +415,10 @@ pub async fn run(plane: &Arc<ControlPlane>, driver: DriverKind) -> Vec<Value> {
     let pods = env_usize("BENCH_SCALE_PODS", 5000, 20);
     let sizes = sizes();
     let mut lines = Vec::new();
-    let emit = |line: Value, lines: &mut Vec<Value>| {
+    let emit = |mut line: Value, lines: &mut Vec<Value>| {
+        if let Some(fields) = line.as_object_mut() {
+            fields.insert("owner".to_owned(), json!(owner));
+        }
         println!("{line}");
         lines.push(line);
     };

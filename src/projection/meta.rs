@@ -1,0 +1,215 @@
+//! Object metadata as the caches keep it: what identifies an object and
+//! what the loops read (labels, annotations, finalizers, owners, deletion),
+//! never `managedFields` or kubectl's last-applied copy, which are often
+//! half of an object. Skipped fields and annotations are never allocated:
+//! the deserializer passes over them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// The annotation kubectl writes on `apply`: a copy of the whole object.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Annotations of pods and Jobs that a loop reads (the pod/Job PVC
+/// provisioner's requests); every other annotation of those kinds is
+/// skipped.
+pub const POD_ANNOTATION_PREFIX: &str = "dynamic-pvc-provisioner.kubernetes.io/";
+
+/// Which annotations a kind keeps.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// All but the last-applied copy (claims, volumes, classes: loops read
+    /// many well-known annotations, and users' templates may read any).
+    AllButLastApplied,
+    /// The pod/Job PVC provisioner's only.
+    LoopAnnotations,
+    /// None (nodes: topology is read from labels).
+    None,
+}
+
+impl Keep {
+    fn keeps(self, key: &str) -> bool {
+        match self {
+            Keep::AllButLastApplied => key != LAST_APPLIED,
+            Keep::LoopAnnotations => key.starts_with(POD_ANNOTATION_PREFIX),
+            Keep::None => false,
+        }
+    }
+}
+
+/// The annotations map, read key by key; values of skipped keys are not
+/// allocated.
+struct Annotations(Keep);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Annotations {
+    type Value = Option<BTreeMap<String, String>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Annotations {
+    type Value = Option<BTreeMap<String, String>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map of annotations")
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kept = BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if self.0.keeps(&key) {
+                kept.insert(key, map.next_value::<String>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok((!kept.is_empty()).then_some(kept))
+    }
+}
+
+/// The metadata fields kept; every other field of the JSON is skipped.
+struct Fields(Keep);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Fields {
+    type Value = ObjectMeta;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Fields {
+    type Value = ObjectMeta;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("object metadata")
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(ObjectMeta::default())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut meta = ObjectMeta::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "name" => meta.name = map.next_value()?,
+                "namespace" => meta.namespace = map.next_value()?,
+                "uid" => meta.uid = map.next_value()?,
+                "resourceVersion" => meta.resource_version = map.next_value()?,
+                "generation" => meta.generation = map.next_value()?,
+                "creationTimestamp" => {
+                    meta.creation_timestamp = map.next_value::<Option<Time>>()?
+                }
+                "deletionTimestamp" => {
+                    meta.deletion_timestamp = map.next_value::<Option<Time>>()?
+                }
+                "deletionGracePeriodSeconds" => {
+                    meta.deletion_grace_period_seconds = map.next_value()?
+                }
+                "labels" => meta.labels = map.next_value()?,
+                "annotations" => meta.annotations = map.next_value_seed(Annotations(self.0))?,
+                "finalizers" => meta.finalizers = map.next_value()?,
+                "ownerReferences" => {
+                    meta.owner_references = map.next_value::<Option<Vec<OwnerReference>>>()?
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(meta)
+    }
+}
+
+/// Metadata of claims, volumes and classes: every annotation but the
+/// last-applied copy.
+pub(super) fn trimmed<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    serde::de::DeserializeSeed::deserialize(Fields(Keep::AllButLastApplied), d)
+}
+
+/// Metadata of pods and Jobs: only the pod/Job PVC provisioner's
+/// annotations.
+pub(super) fn with_loop_annotations<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<ObjectMeta, D::Error> {
+    serde::de::DeserializeSeed::deserialize(Fields(Keep::LoopAnnotations), d)
+}
+
+/// Metadata of nodes: no annotations.
+pub(super) fn without_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    serde::de::DeserializeSeed::deserialize(Fields(Keep::None), d)
+}
+
+/// Projects metadata read live the way the caches would keep it.
+pub(super) fn project(meta: &ObjectMeta, annotations: fn(&str) -> bool) -> ObjectMeta {
+    ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        generation: meta.generation,
+        creation_timestamp: meta.creation_timestamp.clone(),
+        deletion_timestamp: meta.deletion_timestamp.clone(),
+        deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+        labels: meta.labels.clone(),
+        annotations: meta.annotations.as_ref().and_then(|all| {
+            let kept: BTreeMap<String, String> = all
+                .iter()
+                .filter(|(key, _)| annotations(key))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (!kept.is_empty()).then_some(kept)
+        }),
+        finalizers: meta.finalizers.clone(),
+        owner_references: meta.owner_references.clone(),
+        ..ObjectMeta::default()
+    }
+}
+
+pub(super) fn all_but_last_applied(key: &str) -> bool {
+    Keep::AllButLastApplied.keeps(key)
+}
+
+pub(super) fn loop_annotations(key: &str) -> bool {
+    Keep::LoopAnnotations.keeps(key)
+}
+
+pub(super) fn no_annotations(_: &str) -> bool {
+    false
+}
+
+/// Serializes metadata as the API does (for tests and debugging output).
+pub(super) fn serialize<S: Serializer>(meta: &ObjectMeta, s: S) -> Result<S::Ok, S::Error> {
+    meta.serialize(s)
+}
+
+/// A field that is either absent or `{}`-like in the API and of which only
+/// its presence is read (a pod's generic ephemeral volume).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Present;
+
+impl<'de> Deserialize<'de> for Present {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        IgnoredAny::deserialize(d).map(|_| Present)
+    }
+}
+
+impl Serialize for Present {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_map(Some(0))
+            .and_then(serde::ser::SerializeMap::end)
+    }
+}

@@ -1,0 +1,147 @@
+//! A PersistentVolume as the volume cache keeps it: identity, the claim it
+//! is bound to, its CSI source (or the in-tree source of a migrated volume,
+//! boxed: rare), class, capacity, modes, topology, reclaim policy, phase.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1 as k8s;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+use super::{Projection, meta, resource_of};
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct PersistentVolume {
+    #[serde(
+        default,
+        deserialize_with = "meta::trimmed",
+        serialize_with = "meta::serialize"
+    )]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<PersistentVolumeSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<PersistentVolumeStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PersistentVolumeSpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_modes: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<BTreeMap<String, Quantity>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim_ref: Option<k8s::ObjectReference>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub csi: Option<k8s::CSIPersistentVolumeSource>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mount_options: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_affinity: Option<k8s::VolumeNodeAffinity>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_reclaim_policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_attributes_class_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<String>,
+    // The in-tree sources whose volumes CSI migration hands to a CSI
+    // driver (src/migration/volume.rs); any other source makes a volume
+    // not ours, so it is never cached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aws_elastic_block_store: Option<Box<k8s::AWSElasticBlockStoreVolumeSource>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub azure_disk: Option<Box<k8s::AzureDiskVolumeSource>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub azure_file: Option<Box<k8s::AzureFilePersistentVolumeSource>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cinder: Option<Box<k8s::CinderPersistentVolumeSource>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gce_persistent_disk: Option<Box<k8s::GCEPersistentDiskVolumeSource>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub portworx_volume: Option<Box<k8s::PortworxVolumeSource>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vsphere_volume: Option<Box<k8s::VsphereVirtualDiskVolumeSource>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct PersistentVolumeStatus {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+}
+
+resource_of!(PersistentVolume, k8s::PersistentVolume);
+
+/// The spec's fields copied from `$spec` into `$target`: as they are, and
+/// the in-tree sources through `$source` (boxed in the projection).
+macro_rules! spec_fields {
+    ($spec:expr, $source:ident, $target:path $(, $rest:expr)?) => {{
+        $target {
+            access_modes: $spec.access_modes.clone(),
+            capacity: $spec.capacity.clone(),
+            claim_ref: $spec.claim_ref.clone(),
+            csi: $spec.csi.clone(),
+            mount_options: $spec.mount_options.clone(),
+            node_affinity: $spec.node_affinity.clone(),
+            persistent_volume_reclaim_policy: $spec.persistent_volume_reclaim_policy.clone(),
+            storage_class_name: $spec.storage_class_name.clone(),
+            volume_attributes_class_name: $spec.volume_attributes_class_name.clone(),
+            volume_mode: $spec.volume_mode.clone(),
+            aws_elastic_block_store: $source(&$spec.aws_elastic_block_store),
+            azure_disk: $source(&$spec.azure_disk),
+            azure_file: $source(&$spec.azure_file),
+            cinder: $source(&$spec.cinder),
+            gce_persistent_disk: $source(&$spec.gce_persistent_disk),
+            portworx_volume: $source(&$spec.portworx_volume),
+            vsphere_volume: $source(&$spec.vsphere_volume),
+            $(..$rest)?
+        }
+    }};
+}
+
+fn unbox<T: Clone>(value: &Option<Box<T>>) -> Option<T> {
+    value.as_deref().cloned()
+}
+
+fn boxed<T: Clone>(value: &Option<T>) -> Option<Box<T>> {
+    value.clone().map(Box::new)
+}
+
+impl Projection for PersistentVolume {
+    type Object = k8s::PersistentVolume;
+
+    fn to_object(&self) -> k8s::PersistentVolume {
+        k8s::PersistentVolume {
+            metadata: self.metadata.clone(),
+            spec: self.spec.as_ref().map(|s| {
+                spec_fields!(
+                    s,
+                    unbox,
+                    k8s::PersistentVolumeSpec,
+                    k8s::PersistentVolumeSpec::default()
+                )
+            }),
+            status: self.status.as_ref().map(|s| k8s::PersistentVolumeStatus {
+                phase: s.phase.clone(),
+                ..k8s::PersistentVolumeStatus::default()
+            }),
+        }
+    }
+
+    fn project(pv: &k8s::PersistentVolume) -> Self {
+        PersistentVolume {
+            metadata: meta::project(&pv.metadata, meta::all_but_last_applied),
+            spec: pv
+                .spec
+                .as_ref()
+                .map(|s| spec_fields!(s, boxed, PersistentVolumeSpec)),
+            status: pv.status.as_ref().map(|s| PersistentVolumeStatus {
+                phase: s.phase.clone(),
+            }),
+        }
+    }
+}
