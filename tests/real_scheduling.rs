@@ -876,28 +876,9 @@ fn segment_node(o: &CSIStorageCapacity) -> String {
         .unwrap_or_default()
 }
 
-/// A quantity in bytes (integers with an optional binary or decimal
-/// suffix, as the sidecars write them); -1 when absent or unreadable.
+/// A quantity in bytes; -1 when unreadable.
 fn quantity_bytes(q: &str) -> i64 {
-    let split = q
-        .find(|c: char| !c.is_ascii_digit() && c != '-')
-        .unwrap_or(q.len());
-    let (number, suffix) = q.split_at(split);
-    let Ok(number) = number.parse::<i64>() else {
-        return -1;
-    };
-    let factor: i64 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        _ => return -1,
-    };
-    number * factor
+    csi_provisioner::provision::quantity::parse_bytes(q).unwrap_or(-1)
 }
 
 fn capacity_bytes(o: &CSIStorageCapacity) -> i64 {

@@ -19,19 +19,21 @@ pub enum QuantityError {
 /// Parses a byte count: a plain non-negative integer (the upstream tool's
 /// `--csi.testvolumesize` takes bytes) or a Kubernetes quantity
 /// ([`csi_proto::quantity`]: `10Mi`, `1Gi`, `500M`, `1e9`). A fraction is
-/// accepted when the result is a whole number of bytes (`1.5Gi`).
+/// accepted when the result is a whole number of bytes (`1.5Gi`). Surrounding
+/// white space is forgiven here, as in [`parse_duration`] (Kubernetes'
+/// grammar has none).
 pub fn parse_size(input: &str) -> Result<i64, QuantityError> {
-    use csi_proto::quantity::{QuantityErrorKind as Kind, Rounding, parse_quantity_with};
-    let overflow = || QuantityError::Overflow(input.to_owned());
-    let bytes = parse_quantity_with(input, Rounding::Exact).map_err(|e| match e.reason {
+    use csi_proto::quantity::{QuantityErrorKind as Kind, Rounding, parse_quantity_i64};
+    parse_quantity_i64(input.trim(), Rounding::Exact).map_err(|e| match e.reason {
         Kind::Empty => QuantityError::Empty,
-        Kind::TooLarge => overflow(),
+        Kind::TooLarge { .. } => QuantityError::Overflow(input.to_owned()),
         Kind::Fractional => {
             QuantityError::BadSize(format!("{input} (not a whole number of bytes)"))
         }
-        Kind::Negative | Kind::Malformed => QuantityError::BadSize(input.to_owned()),
-    })?;
-    i64::try_from(bytes).map_err(|_| overflow())
+        Kind::Negative | Kind::NoNumber | Kind::UnknownSuffix(_) => {
+            QuantityError::BadSize(input.to_owned())
+        }
+    })
 }
 
 /// Parses a duration: plain seconds (`90`) or a number followed by `ms`, `s`,
@@ -99,6 +101,8 @@ mod tests {
             Err(QuantityError::Overflow(_))
         ));
         assert_eq!(parse_size(""), Err(QuantityError::Empty));
+        assert_eq!(parse_size("  "), Err(QuantityError::Empty));
+        assert_eq!(parse_size("\t5Mi\n"), Ok(5 << 20));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use csi_proto::codes::go_code_name;
 use tonic::Code;
 
 /// Final or non-final, as the upstream sidecar's `isFinalError` decides.
@@ -31,10 +32,23 @@ pub fn classify(code: Code) -> ErrorClass {
     }
 }
 
+/// A gRPC failure as Go's status error prints it (`rpc error: code =
+/// InvalidArgument desc = …`, with grpc-go's code names, not tonic's
+/// `Cancelled`/`Ok`): what users of the Go sidecar see, and search for, in
+/// its events and logs.
+pub fn grpc_error_text(status: &tonic::Status) -> String {
+    format!(
+        "rpc error: code = {} desc = {}",
+        go_code_name(status.code()),
+        status.message()
+    )
+}
+
 /// A failed CSI call: the method, and the status the driver (or the
-/// transport, or our deadline) produced.
+/// transport, or our deadline) produced. It prints as the Go sidecar's log
+/// lines and start-up errors do, behind the method.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{method}: rpc error: code = {code:?} desc = {message}", code = status.code(), message = status.message())]
+#[error("{method}: {}", grpc_error_text(status))]
 pub struct CsiError {
     pub method: &'static str,
     pub status: tonic::Status,
@@ -118,6 +132,20 @@ mod tests {
         assert!(
             text.contains("CreateVolume") && text.contains("10s"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn go_status_text() {
+        let status = tonic::Status::new(Code::ResourceExhausted, "Not enough disk space");
+        assert_eq!(
+            grpc_error_text(&status),
+            "rpc error: code = ResourceExhausted desc = Not enough disk space"
+        );
+        let cancelled = CsiError::new("Probe", tonic::Status::cancelled("gone"));
+        assert_eq!(
+            cancelled.to_string(),
+            "Probe: rpc error: code = Canceled desc = gone"
         );
     }
 }

@@ -14,7 +14,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use driver::{Driver, DriverInfo, StartupError};
-pub use error::{CsiError, ErrorClass};
+pub use error::{CsiError, ErrorClass, grpc_error_text};
 
 /// Wraps a message in a request that tells the driver our deadline
 /// (`grpc-timeout` header), so it can stop working when we stop waiting.

@@ -1,4 +1,5 @@
 use super::*;
+use csi_proto::quantity::{QuantityError, QuantityErrorKind};
 use k8s_openapi::api::core::v1::{
     ObjectReference, TypedLocalObjectReference, TypedObjectReference,
 };
@@ -12,7 +13,6 @@ use crate::api::snapshot::{
 use crate::provision::fixtures::{
     DRIVER, annotate, claim, claim_spec, class, config, now, source_claim, source_volume,
 };
-use crate::provision::quantity::QuantityError;
 
 fn claim_ref(name: &str) -> DataSourceRef {
     DataSourceRef {
@@ -250,7 +250,10 @@ fn clone_source_refusals() {
             gi,
             DataSourceError::SourceClaimCapacity {
                 name: "source".into(),
-                error: QuantityError::NoNumber("x".into()),
+                error: QuantityError {
+                    input: "x".into(),
+                    reason: QuantityErrorKind::NoNumber,
+                },
             },
         ),
         (
@@ -547,7 +550,10 @@ fn snapshot_source_refusals() {
             gi,
             DataSourceError::SnapshotRestoreSize {
                 name: "snap".into(),
-                error: QuantityError::NoNumber("big".into()),
+                error: QuantityError {
+                    input: "big".into(),
+                    reason: QuantityErrorKind::NoNumber,
+                },
             },
         ),
     ];

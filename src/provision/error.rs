@@ -2,10 +2,10 @@
 //! wording, since they end up in `ProvisioningFailed` events users search for.
 
 use super::claim_metadata::ClaimMetadataError;
-use super::quantity::QuantityError;
 use super::secrets::SecretError;
 use super::topology::TopologyError;
 use crate::migration::MigrationError;
+use csi_proto::quantity::QuantityError;
 
 /// A plan error. None of them means a backend operation may be running: no
 /// `CreateVolume` has been sent for the plan that failed.

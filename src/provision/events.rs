@@ -43,7 +43,7 @@ pub fn provisioning_succeeded(volume_name: &str) -> EventNote {
 }
 
 /// On the claim, when provisioning failed; `error` is the plan error or the
-/// driver's error as [`super::outcome::grpc_error_text`] prints it. v6
+/// driver's error as [`crate::csi::grpc_error_text`] prints it. v6
 /// writes the error alone (sig-storage-lib-external-provisioner v13 records
 /// `err.Error()`; the `failed to provision volume with StorageClass "…": `
 /// prefix of older releases is gone), so the event says exactly what the

@@ -134,7 +134,7 @@ pub use finalizer::{
 };
 pub use outcome::{
     CLEANUP_FINAL_ANSWERS, CleanupAfterError, CreateVolumeOutcome, classify_create_volume_error,
-    cleanup_after_error, go_code_name, grpc_error_text, may_reschedule,
+    cleanup_after_error, may_reschedule,
 };
 pub use plan::{
     ClaimIdentity, ProvisionInputs, ProvisionPlan, PvSecretRefs, claim_class_name, csi_access_mode,

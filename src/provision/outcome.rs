@@ -100,39 +100,6 @@ pub fn cleanup_after_error(code: Code, final_answers: u32) -> CleanupAfterError 
     }
 }
 
-/// Go's name of a gRPC code, as it appears in `rpc error: code = … desc = …`.
-pub fn go_code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
-    }
-}
-
-/// A gRPC failure as Go's status error prints it, which is what users of the
-/// Go sidecar see (and search for) in events.
-pub fn grpc_error_text(status: &tonic::Status) -> String {
-    format!(
-        "rpc error: code = {} desc = {}",
-        go_code_name(status.code()),
-        status.message()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,15 +236,5 @@ mod tests {
         assert!(!may_reschedule(true, Some("")));
         assert!(!may_reschedule(true, None));
         assert!(!may_reschedule(false, Some("node-1")));
-    }
-
-    #[test]
-    fn go_status_text() {
-        let status = tonic::Status::new(Code::ResourceExhausted, "Not enough disk space");
-        assert_eq!(
-            grpc_error_text(&status),
-            "rpc error: code = ResourceExhausted desc = Not enough disk space"
-        );
-        assert_eq!(go_code_name(Code::Cancelled), "Canceled");
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use csi_proto::quantity::{QuantityError, QuantityErrorKind};
 use csi_proto::v1::TopologyRequirement;
 use k8s_openapi::api::core::v1::TypedLocalObjectReference;
 use k8s_openapi::api::storage::v1::{CSINodeDriver, CSINodeSpec};
@@ -12,7 +13,6 @@ use crate::provision::fixtures::{
     CLAIM_UID, DRIVER, VOLUME, annotate, claim, claim_spec, class, config, map, source_claim,
     source_volume,
 };
-use crate::provision::quantity::QuantityError;
 use crate::provision::secrets::SecretError;
 use crate::provision::topology::TopologyError;
 
@@ -519,15 +519,17 @@ fn capacity_from_requests_and_limits() {
     );
     assert_eq!(
         range(with_resources(Some("lots"), None)),
-        Err(ProvisionError::InvalidCapacity(QuantityError::NoNumber(
-            "lots".to_owned()
-        )))
+        Err(ProvisionError::InvalidCapacity(QuantityError {
+            input: "lots".to_owned(),
+            reason: QuantityErrorKind::NoNumber,
+        }))
     );
     assert_eq!(
         range(with_resources(Some("1Gi"), Some("-1"))),
-        Err(ProvisionError::InvalidCapacity(QuantityError::Negative(
-            "-1".to_owned()
-        )))
+        Err(ProvisionError::InvalidCapacity(QuantityError {
+            input: "-1".to_owned(),
+            reason: QuantityErrorKind::Negative,
+        }))
     );
 }
 

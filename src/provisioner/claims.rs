@@ -37,14 +37,14 @@ use kube::runtime::reflector::ObjectRef;
 use super::journal::JournalEntry;
 use super::{ClaimKey, Context, InFlight};
 use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
-use crate::csi::CsiError;
+use crate::csi::{CsiError, grpc_error_text};
 use crate::provision::events::{self as notes, EventNote};
 use crate::provision::{
     CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
     DataSourceObjects, ProvisionDecision, ProvisionInputs, ProvisionPlan, SourceFinalizer,
-    build_pv, classify_create_volume_error, cleanup_after_error, data_source_ref, grpc_error_text,
-    may_reschedule, plan_provision, records_same_volume, retained_volume_pv, selected_node_name,
-    should_provision, volume_attributes_class_name, volume_name,
+    build_pv, classify_create_volume_error, cleanup_after_error, data_source_ref, may_reschedule,
+    plan_provision, records_same_volume, retained_volume_pv, selected_node_name, should_provision,
+    volume_attributes_class_name, volume_name,
 };
 use crate::wellknown as wk;
 

@@ -148,7 +148,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             .delete_volume(&plan.volume_id, secrets, plan.is_migrated())
             .await
         {
-            let text = crate::provision::grpc_error_text(&e.status);
+            let text = crate::csi::grpc_error_text(&e.status);
             crate::metrics::delete_failed(&class_name);
             tracing::warn!(volume = %name, error = %text, "DeleteVolume failed");
             ctx.recorder

@@ -220,25 +220,9 @@ pub struct Plan {
     pub steps: Vec<Step>,
 }
 
-/// Every gRPC status code but OK.
-pub const GRPC_CODES: [&str; 16] = [
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
+/// Every gRPC status code but OK (the first of the numerically ordered
+/// table); faults name a code as csi.proto does.
+pub const GRPC_CODES: &[(tonic::Code, &str, &str)] = csi_proto::codes::CODES.split_at(1).1;
 
 /// The sidecar's `--timeout` in a chaos run; slow calls take longer.
 pub const SIDECAR_TIMEOUT_MS: u64 = 1000;
@@ -533,7 +517,7 @@ fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
     match rng.below(11) {
         0 | 1 => Fault::DriverError {
             method: driver_method(rng),
-            code: rng.pick(&GRPC_CODES),
+            code: rng.pick(GRPC_CODES).1,
             count: rng.between(1, 3) as u32,
         },
         2 => Fault::DriverSlow {

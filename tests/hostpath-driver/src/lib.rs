@@ -128,8 +128,8 @@ pub enum Error {
     Endpoint(#[from] csi_proto::transport::AddressError),
     #[error("invalid configuration: {0}")]
     Config(String),
-    #[error("invalid quantity {input:?}: {reason}")]
-    Quantity { input: String, reason: String },
+    #[error(transparent)]
+    Quantity(#[from] csi_proto::quantity::QuantityError),
     #[error("faults file {path}: {reason}")]
     Faults { path: PathBuf, reason: String },
     #[error("gRPC server: {0}")]

@@ -10,24 +10,22 @@ pub use csi_proto::quantity::format_quantity;
 /// up, as Kubernetes does for storage quantities (see
 /// [`csi_proto::quantity::parse_quantity`]).
 pub fn parse_quantity(input: &str) -> Result<u64, Error> {
-    csi_proto::quantity::parse_quantity(input).map_err(|e| Error::Quantity {
-        input: e.input,
-        reason: e.reason.to_string(),
-    })
+    Ok(csi_proto::quantity::parse_quantity(input)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_proto::quantity::QuantityErrorKind;
 
     #[test]
     fn parses_rounds_up_and_reports_errors() {
         assert_eq!(parse_quantity("1.5Gi").expect("valid"), 1_610_612_736);
         assert_eq!(parse_quantity("1500m").expect("rounded up"), 2);
         match parse_quantity("1GB") {
-            Err(Error::Quantity { input, reason }) => {
-                assert_eq!(input, "1GB");
-                assert!(reason.starts_with("not a number"), "{reason}");
+            Err(Error::Quantity(e)) => {
+                assert_eq!(e.input, "1GB");
+                assert_eq!(e.reason, QuantityErrorKind::UnknownSuffix("GB".into()));
             }
             other => panic!("{other:?}"),
         }
