@@ -368,8 +368,10 @@ fn paged(config: watcher::Config) -> watcher::Config {
 /// `410 Gone` or any list or watch failure, and the caller's kube watcher
 /// takes over: it lists again from etcd (consistent), and the informer
 /// announces what that list lacks as deleted, as after any re-list. An API
-/// server whose watch cache ignores the page size (before Kubernetes 1.34)
-/// answers the first page with the whole list, as it does for client-go.
+/// server's watch cache answers with the whole list whatever the page size
+/// (Kubernetes 1.36 does for cached resources), so the response is decoded
+/// object by object as it arrives ([`crate::streamed_list`]): the list is
+/// never held whole, raw or decoded.
 fn from_watch_cache<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -379,10 +381,10 @@ where
 {
     enum Phase<K> {
         Start,
-        Page {
-            continue_token: String,
-        },
-        Listed(std::collections::VecDeque<Event<K>>, Option<String>, String),
+        Page(String),
+        Listing(
+            tokio::sync::mpsc::Receiver<Result<streamed_list::Item<K>, streamed_list::ListError>>,
+        ),
         Watch(String),
         Watching(
             futures_util::stream::BoxStream<'static, Result<WatchEvent<K>, kube::Error>>,
@@ -390,12 +392,16 @@ where
         ),
         Done,
     }
+    use crate::streamed_list;
     use kube::api::{ListParams, WatchEvent, WatchParams};
-    use kube::core::ObjectList;
 
-    let list_page = {
+    let list_error = |e: streamed_list::ListError| match e {
+        streamed_list::ListError::Request(e) => e,
+        streamed_list::ListError::Decode(e) => kube::Error::SerdeError(e),
+        other => kube::Error::SerdeError(serde::de::Error::custom(other)),
+    };
+    let open_page = {
         let api = api.clone();
-        let config = config.clone();
         move |continue_token: Option<String>| {
             let api = api.clone();
             let params = ListParams {
@@ -424,58 +430,56 @@ where
                 } else {
                     request
                 };
-                api.clone()
-                    .into_client()
-                    .request::<ObjectList<K>>(request)
+                let client = api.into_client();
+                streamed_list::open::<K>(&client, request)
                     .await
+                    .map_err(list_error)
             }
         }
     };
     futures_util::stream::unfold(Phase::Start, move |phase| {
-        let list_page = list_page.clone();
+        let open_page = open_page.clone();
         let api = api.clone();
         async move {
             let mut phase = phase;
             loop {
                 phase = match phase {
                     Phase::Done => return None,
-                    Phase::Start | Phase::Page { .. } => {
-                        let first = matches!(phase, Phase::Start);
-                        let token = match phase {
-                            Phase::Page { continue_token } => Some(continue_token),
-                            _ => None,
-                        };
-                        let page = match list_page(token).await {
-                            Ok(page) => page,
-                            Err(e) => {
-                                tracing::debug!(kind = %K::kind(&()), error = %e, "list from the watch cache failed; listing from etcd instead");
-                                return if first {
-                                    None
-                                } else {
-                                    // Items of the partial list are dropped
-                                    // by the next list's Init.
-                                    Some((Err(watcher::Error::InitialListFailed(e)), Phase::Done))
-                                };
+                    Phase::Start => match open_page(None).await {
+                        Ok(items) => return Some((Ok(Event::Init), Phase::Listing(items))),
+                        Err(e) => {
+                            tracing::debug!(kind = %K::kind(&()), error = %e, "list from the watch cache failed; listing from etcd instead");
+                            return None;
+                        }
+                    },
+                    Phase::Page(continue_token) => match open_page(Some(continue_token)).await {
+                        Ok(items) => Phase::Listing(items),
+                        // The next list's Init drops the partial one.
+                        Err(e) => {
+                            return Some((Err(watcher::Error::InitialListFailed(e)), Phase::Done));
+                        }
+                    },
+                    Phase::Listing(mut items) => match items.recv().await {
+                        Some(Ok(streamed_list::Item::Object(obj))) => {
+                            return Some((Ok(Event::InitApply(obj)), Phase::Listing(items)));
+                        }
+                        Some(Ok(streamed_list::Item::End {
+                            resource_version,
+                            continue_token,
+                        })) => match continue_token {
+                            Some(token) => Phase::Page(token),
+                            None if resource_version.is_empty() => return None,
+                            None => {
+                                return Some((Ok(Event::InitDone), Phase::Watch(resource_version)));
                             }
-                        };
-                        let mut events: std::collections::VecDeque<Event<K>> =
-                            page.items.into_iter().map(Event::InitApply).collect();
-                        if first {
-                            events.push_front(Event::Init);
-                        }
-                        let next = page.metadata.continue_.filter(|t| !t.is_empty());
-                        let version = page.metadata.resource_version.unwrap_or_default();
-                        Phase::Listed(events, next, version)
-                    }
-                    Phase::Listed(mut events, next, version) => match events.pop_front() {
-                        Some(event) => {
-                            return Some((Ok(event), Phase::Listed(events, next, version)));
-                        }
-                        None => match next {
-                            Some(continue_token) => Phase::Page { continue_token },
-                            None if version.is_empty() => return None,
-                            None => return Some((Ok(Event::InitDone), Phase::Watch(version))),
                         },
+                        Some(Err(e)) => {
+                            return Some((
+                                Err(watcher::Error::InitialListFailed(list_error(e))),
+                                Phase::Done,
+                            ));
+                        }
+                        None => return None,
                     },
                     Phase::Watch(version) => {
                         let params = WatchParams::default().timeout(290);

@@ -30,6 +30,7 @@ pub mod retention;
 pub mod shared;
 pub mod snapshot_sweep;
 pub mod startup;
+pub mod streamed_list;
 
 pub mod wellknown;
 pub mod writes;
