@@ -122,6 +122,28 @@ async fn provisions_and_deletes_filesystem_and_block_volumes(backend: Backend) {
         (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
     })
     .await;
+    // Our finalizer is removed once: no patch follows the one that
+    // succeeded (the update events that arrive before the cache has seen
+    // the removal once made a second, refused with 422). A patch refused
+    // before it is a real race: the cache was stale (e.g. the pv-protection
+    // controller had just removed its own finalizer).
+    let log = env.sidecar_request_log();
+    for pv in [&fs, &raw] {
+        let name = pv.metadata.name.clone().expect("name");
+        let patches: Vec<u16> = log
+            .iter()
+            .filter(|(verb, resource, n, _)| {
+                verb == "patch" && resource == "persistentvolumes" && *n == name
+            })
+            .map(|(_, _, _, code)| *code)
+            .collect();
+        let succeeded = patches.iter().position(|code| *code < 300);
+        assert_eq!(
+            succeeded.map(|i| i + 1),
+            Some(patches.len()),
+            "patches of {name}, by status: {patches:?}"
+        );
+    }
     assert_eq!(
         env.stop_sidecar(),
         Some(0),

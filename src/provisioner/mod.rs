@@ -37,7 +37,7 @@ pub mod journal;
 mod owner;
 pub mod volumes;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -120,6 +120,14 @@ pub struct InFlight {
     pub plan: Option<Arc<crate::provision::ProvisionPlan>>,
 }
 
+/// What is done of a PV whose backend volume is deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeletedVolume {
+    /// Our finalizer was removed (the update events that come before the
+    /// cache sees it would otherwise repeat the removal, answered 422).
+    pub finalizer_removed: bool,
+}
+
 /// Everything a worker needs.
 pub struct Context {
     pub client: Client,
@@ -133,8 +141,9 @@ pub struct Context {
     /// Claim uid → operation whose volume may exist without a PV.
     pub in_flight: Mutex<HashMap<String, InFlight>>,
     /// PV uids whose backend volume is known deleted, so the update events
-    /// that follow do not call `DeleteVolume` again (upstream #1235).
-    pub deleted_volumes: Arc<Mutex<HashSet<String>>>,
+    /// that follow do not call `DeleteVolume` again (upstream #1235), nor
+    /// send the finalizer removal again from a cache that has not seen it.
+    pub deleted_volumes: Arc<Mutex<HashMap<String, DeletedVolume>>>,
     /// Told of each volume provisioned or deleted (capacity refresh).
     pub volume_events: Arc<crate::shared::VolumeEvents>,
     /// Node deployment: this node's Node and CSINode, planned with instead
@@ -385,7 +394,7 @@ pub async fn new(
     // PV uids whose backend volume is known deleted; a PV that is gone is
     // forgotten here and in the event filter, so neither grows with the
     // number of PVs ever deleted (docs/design.md, hazard 12).
-    let deleted_volumes: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let deleted_volumes: Arc<Mutex<HashMap<String, DeletedVolume>>> = Arc::default();
     {
         let queue = volumes.clone();
         let config = config.clone();

@@ -19,7 +19,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 
-use super::Context;
+use super::{Context, DeletedVolume};
 use crate::provision::events as notes;
 use crate::provision::{
     DeleteDecision, FinalizerChange, add_finalizer_patch, attached_node, plan_delete,
@@ -80,12 +80,13 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         .deleted_volumes
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .contains(&uid);
-    if !already_deleted && !still_cached(ctx, name, &uid) {
+        .get(&uid)
+        .copied();
+    if already_deleted.is_none() && !still_cached(ctx, name, &uid) {
         // Gone since this worker read it: its deletion is complete.
         return Ok(());
     }
-    if !already_deleted {
+    if already_deleted.is_none() {
         let class_name = pv
             .spec
             .as_ref()
@@ -166,7 +167,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             // would never be forgotten. The deletion handler takes this lock
             // after the store dropped the PV, so checking under it is exact.
             if still_cached(ctx, name, &uid) {
-                deleted.insert(uid.clone());
+                deleted.insert(uid.clone(), DeletedVolume::default());
             }
             crate::metrics::set_remembered("deleted_volumes", deleted.len());
         }
@@ -213,8 +214,20 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             }
         }
     }
+    if already_deleted.is_some_and(|d| d.finalizer_removed) {
+        tracing::debug!(volume = %name, "finalizer already removed; the cache has not seen it yet");
+        return Ok(());
+    }
     if let Some(patch) = finalizer_removal_patch(pv.finalizers(), &uid) {
         apply_json_patch(&api, name, patch, "remove finalizer").await?;
+        if let Some(deleted) = ctx
+            .deleted_volumes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&uid)
+        {
+            deleted.finalizer_removed = true;
+        }
     }
     Ok(())
 }

@@ -116,7 +116,7 @@ pub async fn wait_watching(env: &Env, resource: &str) {
 pub fn changes_to(env: &Env, resource: &str, name: &str) -> usize {
     env.sidecar_request_log()
         .into_iter()
-        .filter(|(verb, res, obj)| {
+        .filter(|(verb, res, obj, _)| {
             (verb == "patch" || verb == "update")
                 && res.split('/').next() == Some(resource)
                 && obj == name

@@ -741,15 +741,15 @@ impl Env {
     }
 
     /// The sidecar's requests since the last [`Env::reset_counters`], one
-    /// (verb, resource, name) per request, in order.
-    pub fn sidecar_request_log(&self) -> Vec<(String, String, String)> {
+    /// (verb, resource, name, HTTP status) per request, in order.
+    pub fn sidecar_request_log(&self) -> Vec<(String, String, String, u16)> {
         match &self.server {
             Server::Test { api, http } => {
                 let sidecar = kube_testserver::Origin::Http(http.port());
                 api.requests()
                     .into_iter()
                     .filter(|r| r.origin == sidecar)
-                    .map(|r| (r.verb.as_str().to_owned(), r.resource, r.name))
+                    .map(|r| (r.verb.as_str().to_owned(), r.resource, r.name, r.status))
                     .collect()
             }
             Server::Real(plane) => {
@@ -765,7 +765,7 @@ impl Env {
                             .as_ref()
                             .map(|o| o.name.clone())
                             .unwrap_or_default();
-                        (r.verb.clone(), r.resource(), name)
+                        (r.verb.clone(), r.resource(), name, r.code())
                     })
                     .collect()
             }
