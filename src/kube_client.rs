@@ -223,6 +223,7 @@ pub fn check_client_certificate(config: &kube::Config) -> Result<(), ClientConfi
 pub fn build_client(
     mut config: kube::Config,
     limits: crate::ratelimit::Limits,
+    fence: crate::fence::Fence,
 ) -> Result<kube::Client, ClientConfigError> {
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let agent = user_agent(
@@ -239,6 +240,7 @@ pub fn build_client(
     let builder = kube::client::ClientBuilder::try_from(config)?;
     Ok(builder
         .with_layer(&crate::ratelimit::RateLimitLayer::new(limits))
+        .with_layer(&crate::fence::FenceLayer(fence))
         .build())
 }
 
@@ -411,7 +413,8 @@ users:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data
         let v1 = from_kubeconfig(kubeconfig_with(V1), "test")
             .await
             .expect("config");
-        let Err(unchecked) = build_client(v1.clone(), LIMITS) else {
+        let Err(unchecked) = build_client(v1.clone(), LIMITS, crate::fence::Fence::disabled())
+        else {
             panic!("rustls accepted a v1 certificate: the check is no longer needed");
         };
         assert!(
@@ -434,7 +437,7 @@ users:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data
             .await
             .expect("config");
         check_client_certificate(&v3).expect("v3 accepted");
-        if let Err(e) = build_client(v3, LIMITS) {
+        if let Err(e) = build_client(v3, LIMITS, crate::fence::Fence::disabled()) {
             panic!("rustls refuses v3: {e}");
         }
 

@@ -290,6 +290,8 @@ pub struct Elector {
     api: Api<Lease>,
     config: Config,
     health: Health,
+    /// Opened while we lead, for as long as the last renewal allows.
+    fence: crate::fence::Fence,
     /// The last record seen and when it was first seen unchanged.
     observed: Mutex<Option<(Record, Instant)>>,
 }
@@ -308,6 +310,16 @@ enum Round {
 
 impl Elector {
     pub fn new(client: kube::Client, config: Config) -> Arc<Elector> {
+        Self::fencing(client, config, crate::fence::Fence::closed())
+    }
+
+    /// An elector that keeps `fence` open exactly while it leads (the
+    /// process's client refuses writes otherwise: src/fence.rs).
+    pub fn fencing(
+        client: kube::Client,
+        config: Config,
+        fence: crate::fence::Fence,
+    ) -> Arc<Elector> {
         crate::metrics::set_leader(LEADER_METRIC_NAME, false);
         let health = Health {
             state: Arc::new(Mutex::new(State::Candidate)),
@@ -317,6 +329,7 @@ impl Elector {
             api: Api::namespaced(client, &config.namespace),
             config,
             health,
+            fence,
             observed: Mutex::new(None),
         })
     }
@@ -454,6 +467,7 @@ impl Elector {
 
     fn lead(self: &Arc<Self>, renewed: Instant) -> Leadership {
         crate::metrics::set_leader(LEADER_METRIC_NAME, true);
+        self.fence.lead_until(renewed + self.config.renew_deadline);
         self.health.set(State::Leading {
             last_renew: renewed,
         });
@@ -470,6 +484,7 @@ impl Elector {
                 loop {
                     let attempt = Instant::now();
                     if attempt >= deadline {
+                        elector.fence.close();
                         crate::metrics::set_leader(LEADER_METRIC_NAME, false);
                         elector.health.set(State::Lost);
                         tracing::error!(lease = %elector.config.name, "failed to renew the leader lease within the renew deadline; stopping");
@@ -479,6 +494,9 @@ impl Elector {
                     match tokio::time::timeout_at(deadline, elector.try_acquire_or_renew()).await {
                         Ok(Ok(Round::Holding)) => {
                             last_renew = attempt;
+                            elector
+                                .fence
+                                .lead_until(attempt + elector.config.renew_deadline);
                             elector.health.set(State::Leading {
                                 last_renew: attempt,
                             });
@@ -487,6 +505,7 @@ impl Elector {
                         Ok(Ok(Round::Waiting { holder })) => {
                             // Someone else took the Lease: we are no longer
                             // leader, whatever the deadline says.
+                            elector.fence.close();
                             crate::metrics::set_leader(LEADER_METRIC_NAME, false);
                             elector.health.set(State::Lost);
                             tracing::error!(lease = %elector.config.name, %holder, "the leader lease was taken by another instance; stopping");

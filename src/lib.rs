@@ -9,6 +9,7 @@ pub mod csi;
 pub mod duration;
 pub mod events;
 pub mod features;
+pub mod fence;
 pub mod http;
 pub mod informer;
 pub mod kube_client;

@@ -130,7 +130,14 @@ pub async fn run(
     // credential is reported at once, not after the driver came up.
     let kube_config = load_config(&options.kubeconfig, &options.master).await?;
     let namespace = own_namespace(&options, &kube_config.default_namespace);
-    let client = build_client(kube_config, options.rate_limits())?;
+    // With leader election, nothing is written until the Lease is ours,
+    // and nothing once it may not be (src/fence.rs).
+    let fence = if options.leader_election {
+        crate::fence::Fence::closed()
+    } else {
+        crate::fence::Fence::disabled()
+    };
+    let client = build_client(kube_config, options.rate_limits(), fence.clone())?;
     let Some(driver) = connect_driver(&options, shutdown.clone()).await? else {
         tracing::info!("termination signal received before the driver was ready, exiting");
         return Ok(Stopped::Signal);
@@ -219,9 +226,10 @@ pub async fn run(
         volume_events: Default::default(),
     };
     let elector = options.leader_election.then(|| {
-        leader::Elector::new(
+        leader::Elector::fencing(
             client.clone(),
             leader_config(&options, &config.driver_name, &namespace, &host),
+            fence.clone(),
         )
     });
     let health = elector

@@ -1,0 +1,188 @@
+//! Fencing: with leader election, no API write leaves this process unless
+//! it holds the Lease by its own clock.
+//!
+//! Losing the Lease is noticed by the renewer ([`crate::leader`]), which
+//! then stops every loop and the process exits. That is not enough on its
+//! own: a process that was frozen (SIGSTOP, a stalled VM, a long GC-like
+//! pause of the node) wakes up with work in hand, say a `CreateVolume`
+//! answer that arrived meanwhile, and a worker may run before the renewer
+//! does, writing although another replica leads by now. So every mutating
+//! request is checked here, at the client, against the time until which
+//! the last renewal makes us leader (`renew deadline` after its start: the
+//! renewer gives up then, before any follower can take over); past it, the
+//! request fails without being sent. The Lease's own requests pass: they
+//! are how the Lease is held.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use crate::ratelimit::{Budget, budget_of};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Until when this process may write. Shared by the elector, which moves it
+/// on with each renewal, and the client layer, which reads it.
+#[derive(Debug, Clone, Default)]
+pub struct Fence {
+    /// `None`: not leading (a candidate, or the Lease is lost).
+    until: Arc<Mutex<Option<Instant>>>,
+    /// Without leader election: every write passes.
+    disabled: bool,
+}
+
+/// The error of a write refused by the fence.
+#[derive(Debug, thiserror::Error)]
+#[error("not sent: this replica does not hold the leader Lease (it was lost or not yet acquired)")]
+pub struct Fenced;
+
+impl Fence {
+    /// A fence that lets no write through until [`Fence::lead_until`].
+    pub fn closed() -> Fence {
+        Fence::default()
+    }
+
+    /// For a process without leader election: lets every write through.
+    pub fn disabled() -> Fence {
+        Fence {
+            disabled: true,
+            ..Fence::default()
+        }
+    }
+
+    /// Leading until `until` (a renewal's start plus the renew deadline).
+    pub fn lead_until(&self, until: Instant) {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+    }
+
+    /// Not leading any more.
+    pub fn close(&self) {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Whether a write may be sent now.
+    pub fn allows_writes(&self) -> bool {
+        self.disabled
+            || self
+                .until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|until| Instant::now() < until)
+    }
+}
+
+/// Whether a request changes something on the API server.
+fn is_write(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
+    )
+}
+
+/// Whether the fence lets `request` through now.
+pub fn admits<B>(fence: &Fence, request: &http::Request<B>) -> bool {
+    !is_write(request.method())
+        || budget_of(request.uri()) == Budget::Election
+        || fence.allows_writes()
+}
+
+/// The client layer ([`crate::kube_client::build_client`]).
+#[derive(Debug, Clone)]
+pub struct FenceLayer(pub Fence);
+
+impl<S> Layer<S> for FenceLayer {
+    type Service = FencedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FencedService {
+            inner,
+            fence: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`FenceLayer`].
+#[derive(Debug, Clone)]
+pub struct FencedService<S> {
+    inner: S,
+    fence: Fence,
+}
+
+impl<S, B> Service<http::Request<B>> for FencedService<S>
+where
+    S: Service<http::Request<B>>,
+    S::Error: Into<BoxError>,
+    S::Response: Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if !admits(&self.fence, &request) {
+            tracing::warn!(method = %request.method(), path = %request.uri().path(), "write refused: this replica no longer holds the leader Lease");
+            return Box::pin(std::future::ready(Err(Box::new(Fenced) as BoxError)));
+        }
+        let call = self.inner.call(request);
+        Box::pin(async move { call.await.map_err(Into::into) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn request(method: http::Method, path: &str) -> http::Request<()> {
+        http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(())
+            .expect("request")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_pass_only_while_the_last_renewal_holds() {
+        let fence = Fence::closed();
+        let pv = "/api/v1/persistentvolumes/pv-1";
+        let lease = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/x";
+        let cases = |fence: &Fence| {
+            [
+                admits(fence, &request(http::Method::GET, pv)),
+                admits(fence, &request(http::Method::PATCH, pv)),
+                admits(
+                    fence,
+                    &request(http::Method::POST, "/api/v1/persistentvolumes"),
+                ),
+                admits(fence, &request(http::Method::DELETE, pv)),
+                admits(fence, &request(http::Method::PUT, lease)),
+                admits(
+                    fence,
+                    &request(http::Method::GET, &format!("{pv}?watch=true")),
+                ),
+            ]
+        };
+        // A candidate: reads and the Lease only.
+        assert_eq!(cases(&fence), [true, false, false, false, true, true]);
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        assert_eq!(cases(&fence), [true; 6]);
+        // Frozen past the renew deadline: the clock moved on, no renewal.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(cases(&fence), [true, false, false, false, true, true]);
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        assert!(fence.allows_writes());
+        fence.close();
+        assert_eq!(cases(&fence), [true, false, false, false, true, true]);
+        assert_eq!(cases(&Fence::disabled()), [true; 6]);
+    }
+}
