@@ -255,16 +255,42 @@ where
         F: Fn(K) -> Fut + Clone + Send + Sync + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        for _ in 0..workers {
-            let queue = self.clone();
-            let work = work.clone();
-            tokio::spawn(async move {
-                while let Some(key) = queue.get().await {
-                    work(key.clone()).await;
-                    queue.done(&key);
-                }
-            });
-        }
+        self.run_workers_until(workers, || false, work);
+    }
+
+    /// [`run_workers`](Self::run_workers) for a loop that stops at once
+    /// instead of draining the queue: a worker that takes a key once
+    /// `stopped()` holds marks it done without working on it and ends.
+    /// Returns the workers' tasks, to wait for them.
+    pub fn run_workers_until<S, F, Fut>(
+        &self,
+        workers: usize,
+        stopped: S,
+        work: F,
+    ) -> Vec<tokio::task::JoinHandle<()>>
+    where
+        K: Sync,
+        S: Fn() -> bool + Clone + Send + Sync + 'static,
+        F: Fn(K) -> Fut + Clone + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        (0..workers)
+            .map(|_| {
+                let queue = self.clone();
+                let stopped = stopped.clone();
+                let work = work.clone();
+                tokio::spawn(async move {
+                    while let Some(key) = queue.get().await {
+                        if stopped() {
+                            queue.done(&key);
+                            break;
+                        }
+                        work(key.clone()).await;
+                        queue.done(&key);
+                    }
+                })
+            })
+            .collect()
     }
 
     /// Marks `key` as processed; queues it again if it was added meanwhile.
@@ -356,6 +382,56 @@ mod tests {
             (0..20).collect::<Vec<_>>(),
             "once each, nothing after shutdown"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stopped_workers_end_without_working_or_draining() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let queue: WorkQueue<u32> = WorkQueue::new(
+            "run-workers-until-test",
+            Backoff {
+                start: Duration::from_millis(1),
+                max: Duration::from_millis(10),
+            },
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let tasks = {
+            let stop = Arc::clone(&stop);
+            let seen = Arc::clone(&seen);
+            queue.run_workers_until(
+                2,
+                move || stop.load(Ordering::SeqCst),
+                move |key| {
+                    let seen = Arc::clone(&seen);
+                    async move {
+                        seen.lock().unwrap_or_else(|p| p.into_inner()).push(key);
+                    }
+                },
+            )
+        };
+        queue.add(1);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while seen.lock().unwrap_or_else(|p| p.into_inner()).is_empty() || queue.in_flight() > 0
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("key processed");
+        stop.store(true, Ordering::SeqCst);
+        for key in 2..10 {
+            queue.add(key);
+        }
+        queue.shut_down();
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .expect("worker ends")
+                .expect("worker does not panic");
+        }
+        assert_eq!(*seen.lock().unwrap_or_else(|p| p.into_inner()), vec![1]);
+        assert!(queue.len() >= 6, "at most one key per worker taken");
     }
 
     /// The queue's metrics, from the encoded registry.

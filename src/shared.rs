@@ -1,8 +1,10 @@
 //! What every loop gets: the API client, the shared caches, the event
 //! recorder and the retry settings. Each loop lives in its own folder and
 //! follows the same shape: `new(&Shared, ...)` registers its cache handlers
-//! and asks for the kinds it reads; after the caches are filled, `run()`
-//! starts its workers; `shut_down()` stops taking work.
+//! and asks for the kinds it reads; once this replica leads, `start()`
+//! starts its workers ([`crate::queue::WorkQueue::run_workers`]);
+//! `shut_down()` stops taking work. The embedded loops say so through
+//! [`EmbeddedLoop`], so start-up holds them as one list.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,6 +14,18 @@ use kube::Client;
 use crate::caches::Caches;
 use crate::events::Recorder;
 use crate::queue::Backoff;
+
+/// A loop beside provisioning (protection, retention, releaser, pod/Job
+/// PVCs, capacity, snapshot sweep), started and stopped with it.
+pub trait EmbeddedLoop: Send + Sync {
+    /// Starts the workers: call once, when this replica may write. A loop
+    /// that must not decide from partial caches waits for them itself,
+    /// unless its doc says the caller must.
+    fn start(self: Arc<Self>);
+
+    /// Stops taking work; what is under way finishes.
+    fn shut_down(&self);
+}
 
 #[derive(Clone)]
 pub struct Shared {

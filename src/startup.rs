@@ -24,7 +24,7 @@ use crate::provision::node_deployment::{
 use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
 use crate::provisioner;
 use crate::queue::Backoff;
-use crate::shared::Shared;
+use crate::shared::{EmbeddedLoop, Shared};
 
 /// Why the process stops with a non-zero exit code.
 #[derive(Debug, thiserror::Error)]
@@ -249,16 +249,20 @@ pub async fn run(
         // kinds now; they start working only with the provisioning loop,
         // after the lease is ours.
         let mut embedded = EmbeddedLoops::new(&shared, &options);
-        if !options.snapshot_orphan_sweep_interval.is_zero() && restores_snapshots {
-            embedded.snapshot_sweep = Some(crate::snapshot_sweep::Sweep::new(
-                shared.client.clone(),
-                Arc::clone(&shared.caches),
-                options.snapshot_orphan_sweep_interval,
-            ));
-        }
+        // Made in this order, started and stopped capacity first.
+        let sweep =
+            (!options.snapshot_orphan_sweep_interval.is_zero() && restores_snapshots).then(|| {
+                crate::snapshot_sweep::Sweep::new(
+                    shared.client.clone(),
+                    Arc::clone(&shared.caches),
+                    options.snapshot_orphan_sweep_interval,
+                )
+            });
         if let Some(settings) = capacity_settings {
-            embedded.capacity =
-                Some(crate::capacity::new(&shared, capacity_driver, settings).await?);
+            embedded.push(crate::capacity::new(&shared, capacity_driver, settings).await?);
+        }
+        if let Some(sweep) = sweep {
+            embedded.push(sweep);
         }
         shared.caches.start(&shared.client);
         let mut leadership = match &elector {
@@ -495,100 +499,63 @@ fn caches_ready(caches: &Arc<Caches>) -> http::ReadyFn {
     })
 }
 
-/// The loops behind feature gates, each present only when its gate is on.
-struct EmbeddedLoops {
-    protection: Option<Arc<crate::protection::Protection>>,
-    releaser: Option<Arc<crate::releaser::Releaser>>,
-    retention: Option<Arc<crate::retention::Context>>,
-    pod_pvc: Option<Arc<crate::pod_pvc::PodPvcProvisioner>>,
-    /// `--enable-capacity` (not a gate; set up by `run`, which needs the
-    /// driver and may fail).
-    capacity: Option<Arc<crate::capacity::Capacity>>,
-    /// `--snapshot-orphan-sweep-interval` (on by default, as upstream),
-    /// for drivers that restore snapshots.
-    snapshot_sweep: Option<Arc<crate::snapshot_sweep::Sweep>>,
-}
+/// The loops behind feature gates (each present only when its gate is on),
+/// `--enable-capacity` and the snapshot sweep, in the order they start and
+/// stop.
+struct EmbeddedLoops(Vec<Arc<dyn EmbeddedLoop>>);
 
 impl EmbeddedLoops {
-    /// Registers the enabled loops' cache handlers; call before the caches
-    /// start.
+    /// Registers the gated loops' cache handlers; call before the caches
+    /// start. Capacity and the sweep are added by `run`, which needs the
+    /// driver for them.
     fn new(shared: &Shared, options: &Options) -> Self {
         let gates = options.gates();
-        let protection = gates
-            .enabled(Feature::PVCProtection)
-            .then(|| crate::protection::new(shared));
-        let releaser = gates.enabled(Feature::PVReleaser).then(|| {
-            crate::releaser::new(
+        let mut loops: Vec<Arc<dyn EmbeddedLoop>> = Vec::new();
+        if gates.enabled(Feature::PVCProtection) {
+            loops.push(crate::protection::new(shared));
+        }
+        if gates.enabled(Feature::PVReleaser) {
+            loops.push(crate::releaser::new(
                 shared,
                 crate::releaser::Settings {
                     controller_id: options.controller_id.clone(),
                     disable_automatic_association: options.disable_automatic_association,
                     resync_period: options.releaser_resync_period,
                 },
-            )
-        });
-        let retention = gates
-            .enabled(Feature::StatefulSetAutoDeletePVC)
-            .then(|| crate::retention::new(shared, crate::retention::Config::default()));
-        let pod_pvc = gates.enabled(Feature::PodPVCProvisioner).then(|| {
-            crate::pod_pvc::new(
+            ));
+        }
+        if gates.enabled(Feature::StatefulSetAutoDeletePVC) {
+            loops.push(crate::retention::new(
+                shared,
+                crate::retention::Config::default(),
+            ));
+        }
+        if gates.enabled(Feature::PodPVCProvisioner) {
+            loops.push(crate::pod_pvc::new(
                 shared,
                 crate::pod_pvc::Settings {
                     controller_id: options.controller_id.clone(),
                     resync_period: options.pvc_provisioner_resync_period,
                 },
-            )
-        });
-        Self {
-            protection,
-            releaser,
-            retention,
-            pod_pvc,
-            capacity: None,
-            snapshot_sweep: None,
+            ));
         }
+        Self(loops)
+    }
+
+    fn push(&mut self, embedded: Arc<dyn EmbeddedLoop>) {
+        self.0.push(embedded);
     }
 
     /// Starts the workers: only once this replica may write.
     fn start(&self) {
-        if let Some(protection) = &self.protection {
-            protection.start();
-        }
-        if let Some(releaser) = &self.releaser {
-            releaser.start();
-        }
-        if let Some(retention) = &self.retention {
-            retention.run();
-        }
-        if let Some(pod_pvc) = &self.pod_pvc {
-            pod_pvc.start();
-        }
-        if let Some(capacity) = &self.capacity {
-            capacity.start();
-        }
-        if let Some(sweep) = &self.snapshot_sweep {
-            sweep.start();
+        for embedded in &self.0 {
+            Arc::clone(embedded).start();
         }
     }
 
     fn shut_down(&self) {
-        if let Some(protection) = &self.protection {
-            protection.shut_down();
-        }
-        if let Some(releaser) = &self.releaser {
-            releaser.shut_down();
-        }
-        if let Some(retention) = &self.retention {
-            retention.shut_down();
-        }
-        if let Some(pod_pvc) = &self.pod_pvc {
-            pod_pvc.shut_down();
-        }
-        if let Some(capacity) = &self.capacity {
-            capacity.shut_down();
-        }
-        if let Some(sweep) = &self.snapshot_sweep {
-            sweep.shut_down();
+        for embedded in &self.0 {
+            embedded.shut_down();
         }
     }
 }

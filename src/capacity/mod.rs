@@ -81,7 +81,7 @@ use crate::cli::Options;
 use crate::csi::{Driver, DriverInfo};
 use crate::informer::{Change, Informer};
 use crate::queue::WorkQueue;
-use crate::shared::Shared;
+use crate::shared::{EmbeddedLoop, Shared};
 
 use decide::{Action, Pair, Publisher, Reported};
 
@@ -345,11 +345,11 @@ pub async fn new(
     Ok(capacity)
 }
 
-impl Capacity {
+impl EmbeddedLoop for Capacity {
     /// Starts the workers and the poll, once our objects are listed. Call
     /// once this replica leads and the shared caches are filled.
-    pub fn start(self: &Arc<Self>) {
-        let this = Arc::clone(self);
+    fn start(self: Arc<Self>) {
+        let this = Arc::clone(&self);
         tokio::spawn(async move {
             this.informer.wait_until_ready().await;
             if this.stopped.load(Ordering::Relaxed) {
@@ -381,11 +381,13 @@ impl Capacity {
     }
 
     /// Stops taking work; a key being handled finishes.
-    pub fn shut_down(&self) {
+    fn shut_down(&self) {
         self.stopped.store(true, Ordering::Relaxed);
         self.queue.shut_down();
     }
+}
 
+impl Capacity {
     /// A volume was provisioned or deleted: refresh the capacities it
     /// probably changed now rather than at the next poll (upstream's
     /// provision wrapper).

@@ -43,7 +43,7 @@ use crate::caches::{Caches, Kind};
 use crate::events::{EventType, Recorder};
 use crate::informer::Change;
 use crate::queue::WorkQueue;
-use crate::shared::Shared;
+use crate::shared::{EmbeddedLoop, Shared};
 use decide::{Claimant, ClaimedBy, OwnerKind, Step};
 
 /// The loop's flags.
@@ -173,10 +173,10 @@ enum PodPvcError {
     },
 }
 
-impl PodPvcProvisioner {
+impl EmbeddedLoop for PodPvcProvisioner {
     /// Starts the workers and the resync once the caches are filled.
-    pub fn start(self: &Arc<Self>) {
-        let this = Arc::clone(self);
+    fn start(self: Arc<Self>) {
+        let this = Arc::clone(&self);
         tokio::spawn(async move {
             this.caches.wait_until_ready().await;
             tracing::info!(
@@ -197,11 +197,13 @@ impl PodPvcProvisioner {
     }
 
     /// Stops taking work; writes under way finish.
-    pub fn shut_down(&self) {
+    fn shut_down(&self) {
         self.stopped.store(true, Ordering::Relaxed);
         self.queue.shut_down();
     }
+}
 
+impl PodPvcProvisioner {
     /// Every period: every managed claim (its claimant may be gone without
     /// an event we saw) and every annotated pod and Job.
     async fn resync(&self) {

@@ -38,7 +38,7 @@ use crate::caches::{Caches, Kind};
 use crate::informer::Change;
 use crate::provision::{ProvisionerConfig, claim_class_name};
 use crate::queue::WorkQueue;
-use crate::shared::Shared;
+use crate::shared::{EmbeddedLoop, Shared};
 
 pub use verdict::{Confirmation, Verdict};
 
@@ -170,11 +170,11 @@ pub fn new(shared: &Shared) -> Arc<Protection> {
     })
 }
 
-impl Protection {
+impl EmbeddedLoop for Protection {
     /// Starts the workers (`--worker-threads`) once the caches are filled,
     /// so that no decision is made from a partial view.
-    pub fn start(self: &Arc<Self>) {
-        let this = Arc::clone(self);
+    fn start(self: Arc<Self>) {
+        let this = Arc::clone(&self);
         tokio::spawn(async move {
             this.caches.wait_until_ready().await;
             tracing::info!(workers = this.workers, "PVC protection loop running");
@@ -187,7 +187,7 @@ impl Protection {
     }
 
     /// Stops taking work; writes under way finish.
-    pub fn shut_down(&self) {
+    fn shut_down(&self) {
         self.queue.shut_down();
     }
 }

@@ -21,6 +21,35 @@ pub const DRIVER: &str = "hostpath.csi.k8s.io";
 pub const CLAIM_UID: &str = "0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d";
 pub const VOLUME: &str = "pvc-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d";
 
+/// The inputs of a plan of `claim` with `class` alone: no nodes, no data
+/// source, no VolumeAttributesClass.
+pub fn inputs<'a>(
+    claim: &'a PersistentVolumeClaim,
+    class: &'a StorageClass,
+) -> super::ProvisionInputs<'a> {
+    super::ProvisionInputs {
+        claim,
+        class,
+        selected_node: None,
+        selected_csi_node: None,
+        nodes: &[],
+        csi_nodes: &[],
+        data_source: None,
+        data_source_granted: false,
+        volume_attributes_class: None,
+    }
+}
+
+/// The plan of `claim` with `class` alone ([`inputs`]); panics when the
+/// decision refuses it.
+pub fn planned(
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    config: &ProvisionerConfig,
+) -> super::ProvisionPlan {
+    super::plan_provision(&inputs(claim, class), config).expect("plan")
+}
+
 pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()

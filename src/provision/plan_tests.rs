@@ -10,25 +10,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::provision::claim_metadata::CopiedMetadata;
 use crate::provision::content_source::DataSourceObjects;
 use crate::provision::fixtures::{
-    CLAIM_UID, DRIVER, VOLUME, annotate, claim, claim_spec, class, config, map, source_claim,
-    source_volume,
+    CLAIM_UID, DRIVER, VOLUME, annotate, claim, claim_spec, class, config, inputs, map,
+    source_claim, source_volume,
 };
 use crate::provision::secrets::SecretError;
 use crate::provision::topology::TopologyError;
-
-fn inputs<'a>(claim: &'a PersistentVolumeClaim, class: &'a StorageClass) -> ProvisionInputs<'a> {
-    ProvisionInputs {
-        claim,
-        class,
-        selected_node: None,
-        selected_csi_node: None,
-        nodes: &[],
-        csi_nodes: &[],
-        data_source: None,
-        data_source_granted: false,
-        volume_attributes_class: None,
-    }
-}
 
 fn plan(
     claim: &PersistentVolumeClaim,

@@ -8,31 +8,15 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::provision::fixtures::{
-    CLAIM_UID, DRIVER, VOLUME, claim, claim_spec, class, config, map,
+    CLAIM_UID, DRIVER, VOLUME, claim, claim_spec, class, config, map, planned,
 };
-use crate::provision::plan::{ProvisionInputs, plan_provision};
 use crate::provision::secrets::SecretRef;
 
 fn plan_for(
     claim: &crate::projection::PersistentVolumeClaim,
     config: &ProvisionerConfig,
 ) -> ProvisionPlan {
-    let class = class();
-    plan_provision(
-        &ProvisionInputs {
-            claim,
-            class: &class,
-            selected_node: None,
-            selected_csi_node: None,
-            nodes: &[],
-            csi_nodes: &[],
-            data_source: None,
-            data_source_granted: false,
-            volume_attributes_class: None,
-        },
-        config,
-    )
-    .expect("plan")
+    planned(claim, &class(), config)
 }
 
 fn response(volume_id: &str, capacity_bytes: i64) -> CreateVolumeResponse {
@@ -298,22 +282,7 @@ fn filesystem_volumes_record_the_fstype() {
 }
 
 fn gp2_plan(config: &ProvisionerConfig, class: &crate::projection::StorageClass) -> ProvisionPlan {
-    let claim = crate::provision::fixtures::gp2_claim();
-    plan_provision(
-        &ProvisionInputs {
-            claim: &claim,
-            class,
-            selected_node: None,
-            selected_csi_node: None,
-            nodes: &[],
-            csi_nodes: &[],
-            data_source: None,
-            data_source_granted: false,
-            volume_attributes_class: None,
-        },
-        config,
-    )
-    .expect("plan")
+    planned(&crate::provision::fixtures::gp2_claim(), class, config)
 }
 
 /// CSI migration: what the Go sidecar saved for EKS's gp2 class —

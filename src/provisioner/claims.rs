@@ -20,31 +20,28 @@
 //!    deleted (a Retain class's recorded in a Released PV), nothing leaks.
 //!
 //! The same holds without a crash: an operation with a non-final error
-//! stays in `Context::in_flight` and is retried with its frozen request
+//! stays in flight ([`super::operations`]) and is retried with its frozen request
 //! until its outcome is known, whatever happens to the claim.
 
 use std::sync::Arc;
 
-use crate::projection::Node;
 use k8s_openapi::api::core::v1::PersistentVolume;
-
-use crate::projection::{CSINode, StorageClass};
-use crate::projection::{PersistentVolumeClaim, Projection};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::journal::JournalEntry;
-use super::{ClaimKey, Context, InFlight};
-use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
+use super::inputs::{self, PlanError};
+use super::operations::InFlight;
+use super::{ClaimKey, Context, Next};
+use crate::api::snapshot::VolumeSnapshot;
 use crate::csi::{CsiError, grpc_error_text};
+use crate::projection::{PersistentVolumeClaim, Projection, StorageClass};
 use crate::provision::events::{self as notes, EventNote};
 use crate::provision::{
     CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
-    DataSourceObjects, ProvisionDecision, ProvisionInputs, ProvisionPlan, SourceFinalizer,
-    build_pv, classify_create_volume_error, cleanup_after_error, data_source_ref, may_reschedule,
-    plan_provision, records_same_volume, retained_volume_pv, selected_node_name, should_provision,
-    volume_attributes_class_name, volume_name,
+    ProvisionDecision, ProvisionPlan, SourceFinalizer, build_pv, classify_create_volume_error,
+    cleanup_after_error, may_reschedule, records_same_volume, retained_volume_pv, should_provision,
+    volume_name,
 };
 use crate::wellknown as wk;
 
@@ -68,13 +65,6 @@ pub async fn process(ctx: &Arc<Context>, key: &ClaimKey) {
             tracing::debug!(claim = %key, ?delay, "retrying claim");
         }
     }
-}
-
-pub(super) enum Next {
-    Done,
-    Retry,
-    /// Retry after exactly this delay, outside the backoff (infeasible).
-    RetryAfter(std::time::Duration),
 }
 
 fn cached_claim(ctx: &Context, key: &ClaimKey) -> Option<Arc<PersistentVolumeClaim>> {
@@ -110,7 +100,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     match should_provision(&claim, class.as_deref(), &ctx.config) {
         ProvisionDecision::Provision => {}
         ProvisionDecision::BecomeOwner => {
-            if ctx.in_flight(&key.uid).is_some() {
+            if ctx.operations.get(&key.uid).is_some() {
                 // This node started a volume and lost the selected-node
                 // annotation meanwhile: clean that volume up before
                 // competing for the claim again.
@@ -126,7 +116,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
             return Next::Retry;
         }
         ProvisionDecision::Skip(reason) => {
-            if ctx.in_flight(&key.uid).is_some() {
+            if ctx.operations.get(&key.uid).is_some() {
                 // It stopped being ours (bound elsewhere, annotation changed)
                 // while a volume may exist: finish it like a deleted claim.
                 tracing::info!(claim = %key, %reason, "claim no longer ours while provisioning was in flight; cleaning up");
@@ -150,6 +140,49 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         return Next::RetryAfter(wait);
     }
 
+    let attempt = attempt(ctx, key, &claim, &class, &class_name, started).await;
+    // Counted here, once per pass, from how it ended (upstream counts each
+    // attempt that failed, and each success with its duration).
+    match &attempt {
+        Attempt::Provisioned { took } => {
+            crate::metrics::provision_succeeded(&class_name, source_kind(&claim), *took);
+        }
+        Attempt::Failed(_) => crate::metrics::provision_failed(&class_name, source_kind(&claim)),
+        Attempt::Uncounted(_) => {}
+    }
+    attempt.next()
+}
+
+/// How a pass that got as far as the volume's name ended, as the
+/// provisioning metrics count it.
+enum Attempt {
+    /// The PV is saved; `took` since the pass began.
+    Provisioned { took: std::time::Duration },
+    /// Planning, `CreateVolume` or the PV failed.
+    Failed(Next),
+    /// Nothing the metrics count: done already, or waiting for an input,
+    /// the journal, a Secret or the source's finalizer.
+    Uncounted(Next),
+}
+
+impl Attempt {
+    fn next(self) -> Next {
+        match self {
+            Attempt::Provisioned { .. } => Next::Done,
+            Attempt::Failed(next) | Attempt::Uncounted(next) => next,
+        }
+    }
+}
+
+/// Plan (once per operation), journal, `CreateVolume`, PV.
+async fn attempt(
+    ctx: &Arc<Context>,
+    key: &ClaimKey,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    class_name: &str,
+    started: std::time::Instant,
+) -> Attempt {
     // Already provisioned (the PV cache uses the real naming scheme).
     let pv_name = match volume_name(
         &ctx.config.volume_name_prefix,
@@ -159,34 +192,35 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         Ok(name) => name,
         Err(e) => {
             tracing::warn!(claim = %key, error = %e, "cannot name the volume");
-            note(ctx, &claim, notes::provisioning_failed(&e.to_string())).await;
-            return Next::Retry;
+            note(ctx, claim, notes::provisioning_failed(&e.to_string())).await;
+            return Attempt::Uncounted(Next::Retry);
         }
     };
     if let Some(pv) = ctx.caches.volumes.store().get(&ObjectRef::new(&pv_name))
         && claim_uid_of(&pv) == Some(key.uid.as_str())
     {
         tracing::debug!(claim = %key, volume = %pv_name, "PV already exists");
-        ctx.finish(&key.uid);
-        return Next::Done;
+        ctx.operations.finish(&key.uid);
+        return Attempt::Uncounted(Next::Done);
     }
 
     // A retry in this process reuses the first attempt's plan, whose
     // request is the frozen one.
     let planned = ctx
-        .in_flight(&key.uid)
+        .operations
+        .get(&key.uid)
         .and_then(|op| op.plan.clone().map(|plan| (plan, op)));
     let (plan, in_flight) = match planned {
         Some(planned) => planned,
-        None => match plan_and_record(ctx, key, &claim, &class, &class_name).await {
+        None => match plan_and_record(ctx, key, claim, class).await {
             Ok(planned) => planned,
-            Err(next) => return next,
+            Err(attempt) => return attempt,
         },
     };
 
     note(
         ctx,
-        &claim,
+        claim,
         notes::provisioning_started(&key.namespace, &key.name),
     )
     .await;
@@ -195,11 +229,11 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         && let Err(e) = add_source_finalizer(ctx, finalizer).await
     {
         tracing::warn!(claim = %key, error = %e, "cannot protect the data source");
-        return Next::Retry;
+        return Attempt::Uncounted(Next::Retry);
     }
 
-    let mut request = in_flight.request.clone();
-    if let Some(secret) = &in_flight.secret {
+    let mut request = in_flight.frozen.request.clone();
+    if let Some(secret) = &in_flight.frozen.secret {
         match ctx.secret_data(secret).await {
             Ok(data) => request.secrets = data,
             Err(e) => {
@@ -208,20 +242,14 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                     &secret.name,
                     &notes::kube_error_text(&e),
                 );
-                note(ctx, &claim, notes::provisioning_failed(&message)).await;
-                return Next::Retry;
+                note(ctx, claim, notes::provisioning_failed(&message)).await;
+                return Attempt::Uncounted(Next::Retry);
             }
         }
     }
 
     if !in_flight.create_sent {
-        ctx.set_in_flight(
-            &key.uid,
-            InFlight {
-                create_sent: true,
-                ..in_flight.clone()
-            },
-        );
+        ctx.operations.update(&key.uid, |op| op.create_sent = true);
     }
     tracing::info!(claim = %key, volume = %plan.volume_name, "calling CreateVolume");
     let response = match ctx
@@ -230,16 +258,15 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         .await
     {
         Ok(response) => response,
-        Err(e) => return create_failed(ctx, &claim, &class_name, &plan, e).await,
+        Err(e) => return Attempt::Failed(create_failed(ctx, claim, class_name, &plan, e).await),
     };
 
     let pv = match build_pv(&plan, &response, &ctx.config) {
         Ok(pv) => pv,
         Err(e) => {
-            crate::metrics::provision_failed(&class_name, source_kind(&claim));
             // The driver answered with something we cannot record: delete
             // what it created, then try again from scratch.
-            note(ctx, &claim, notes::provisioning_failed(&e.to_string())).await;
+            note(ctx, claim, notes::provisioning_failed(&e.to_string())).await;
             if let Some(id) = e.volume_to_delete(&response)
                 && let Err(del) = ctx
                     .driver
@@ -247,61 +274,52 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                     .await
             {
                 tracing::error!(claim = %key, volume_id = id, error = %del, "cannot delete an unusable volume; will retry");
-                return Next::Retry;
+                return Attempt::Failed(Next::Retry);
             }
-            ctx.finish(&key.uid);
-            return Next::Retry;
+            ctx.operations.finish(&key.uid);
+            return Attempt::Failed(Next::Retry);
         }
     };
 
-    match save_pv(ctx, &claim, &pv).await {
+    match save_pv(ctx, claim, &pv).await {
         SaveOutcome::Saved => {
-            crate::metrics::provision_succeeded(
-                &class_name,
-                source_kind(&claim),
-                started.elapsed(),
-            );
+            let took = started.elapsed();
             tracing::info!(claim = %key, volume = %plan.volume_name, "provisioned");
             ctx.volume_events
                 .changed(&crate::projection::PersistentVolume::project(&pv));
-            note(
-                ctx,
-                &claim,
-                notes::provisioning_succeeded(&plan.volume_name),
-            )
-            .await;
-            ctx.finish(&key.uid);
+            note(ctx, claim, notes::provisioning_succeeded(&plan.volume_name)).await;
+            ctx.operations.finish(&key.uid);
             // Another clone of the same source still in flight keeps the
             // source protected; its own success removes the finalizer.
             if let Some(finalizer) = plan
                 .source_finalizer
                 .as_ref()
                 .filter(|f| f.remove_after_provisioning)
-                && !ctx.content_source_in_use(&plan.request.volume_content_source)
+                && !ctx
+                    .operations
+                    .source_in_use(&plan.request.volume_content_source)
                 && let Err(e) = remove_source_finalizer(ctx, finalizer).await
             {
                 tracing::warn!(claim = %key, error = %e, "cannot remove the data source finalizer");
             }
-            requeue_clone_source(ctx, &claim);
-            Next::Done
+            requeue_clone_source(ctx, claim);
+            Attempt::Provisioned { took }
         }
         SaveOutcome::Failed(reason) => {
             // The PV may exist after all (created, answer lost): the volume
             // must not be deleted (docs/design.md, hazard 2). The operation stays in
             // flight and journalled; the retry repeats the same CreateVolume
             // (same volume) and the save, for ever, as upstream does.
-            crate::metrics::provision_failed(&class_name, source_kind(&claim));
             tracing::warn!(claim = %key, volume = %plan.volume_name, error = %reason, "saving the PV failed; will retry (the volume is kept)");
             note(
                 ctx,
-                &claim,
+                claim,
                 notes::pv_save_failed(&key.namespace, &key.name, &reason),
             )
             .await;
-            Next::Retry
+            Attempt::Failed(Next::Retry)
         }
         SaveOutcome::Orphan(reason) => {
-            crate::metrics::provision_failed(&class_name, source_kind(&claim));
             // A PV of that name records another claim or volume: ours can
             // never be recorded under it, so delete it (upstream #1469).
             let volume_id = response
@@ -311,7 +329,7 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 .unwrap_or_default();
             note(
                 ctx,
-                &claim,
+                claim,
                 notes::pv_save_failed(&key.namespace, &key.name, &reason),
             )
             .await;
@@ -320,199 +338,66 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
                 .delete_volume(&volume_id, request.secrets, plan.is_migrated())
                 .await
             {
-                Ok(()) => ctx.finish(&key.uid),
+                Ok(()) => ctx.operations.finish(&key.uid),
                 Err(e) => {
                     note(
                         ctx,
-                        &claim,
+                        claim,
                         notes::pv_save_cleanup_failed(&plan.volume_name, &e.to_string()),
                     )
                     .await;
                 }
             }
-            Next::Retry
+            Attempt::Failed(Next::Retry)
         }
     }
 }
 
-/// Gathers a plan's inputs (the caches, and the API for snapshots), plans,
-/// and records a new operation in the journal before any `CreateVolume`; an
-/// operation read back from the journal keeps its recorded request. The plan
-/// stays with the operation for this process's retries.
+/// Plans from the inputs ([`inputs::plan`]) and records a new operation
+/// before any `CreateVolume`; an operation read back from the journal keeps
+/// its recorded request. The plan stays with the operation for this
+/// process's retries.
 async fn plan_and_record(
     ctx: &Arc<Context>,
     key: &ClaimKey,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
-    class_name: &str,
-) -> Result<(Arc<ProvisionPlan>, InFlight), Next> {
-    // Gather the inputs from the caches (and the API for snapshots).
-    let source = match data_source_ref(claim, &ctx.config) {
-        Ok(source) => source,
-        Err(e) => return Err(plan_failed(ctx, claim, class_name, &e).await),
-    };
-    let fetched = match fetch_source(ctx, source.as_ref()).await {
-        Ok(fetched) => fetched,
-        Err(e) => {
+) -> Result<(Arc<ProvisionPlan>, InFlight), Attempt> {
+    let mut plan = match inputs::plan(ctx, claim, class).await {
+        Ok(plan) => plan,
+        Err(PlanError::Refused(e)) => return Err(plan_failed(ctx, claim, &e).await),
+        Err(PlanError::Source(e)) => {
             tracing::warn!(claim = %key, error = %e, "cannot read the data source");
-            return Err(Next::Retry);
+            return Err(Attempt::Uncounted(Next::Retry));
         }
-    };
-    let selected = selected_node_name(claim);
-    let topology = match TopologyObjects::read(ctx, selected)
-        .with_unwatched_selected_node(ctx, selected)
-        .await
-    {
-        Ok(topology) => topology,
-        Err(e) => {
+        Err(PlanError::SelectedNode(e)) => {
             tracing::warn!(claim = %key, error = %e, "cannot read the selected node");
             let message = format!("failed to get target node: {}", notes::kube_error_text(&e));
             note(ctx, claim, notes::provisioning_failed(&message)).await;
-            return Err(Next::Retry);
+            return Err(Attempt::Uncounted(Next::Retry));
         }
     };
-    let node_refs = topology.nodes();
-    let csi_node_refs = topology.csi_nodes();
-    let vac = volume_attributes_class_name(claim, &ctx.config).and_then(|n| {
-        ctx.caches
-            .attributes_classes
-            .store()
-            .get(&ObjectRef::new(n))
-    });
-    let inputs = ProvisionInputs {
-        claim,
-        class,
-        selected_node: topology.selected_node(),
-        selected_csi_node: topology.selected_csi_node(),
-        nodes: &node_refs,
-        csi_nodes: &csi_node_refs,
-        data_source: fetched.objects(),
-        data_source_granted: ctx.data_source_granted(claim, source.as_ref()),
-        volume_attributes_class: vac.as_deref(),
-    };
-    let mut plan = match plan_provision(&inputs, &ctx.config) {
-        Ok(plan) => plan,
-        Err(e) => return Err(plan_failed(ctx, claim, class_name, &e).await),
-    };
-    // A retry sends exactly the request of the first attempt: topology or
-    // parameters recomputed on retries could create a second, different
-    // volume (upstream lib #152, #1465).
-    let in_flight = match ctx.in_flight(&key.uid) {
-        Some(op) => {
-            plan.request = op.request.clone();
-            op
-        }
-        None => {
-            let op = InFlight {
-                request: plan.request.clone(),
-                secret: plan.provisioner_secret.clone(),
-                retain: plan.reclaim_policy == "Retain",
-                migrated: plan.is_migrated(),
-                final_cleanup_answers: 0,
-                create_sent: false,
-                plan: None,
-            };
-            let entry =
-                JournalEntry::new(&key.namespace, &key.name, &op.request, op.secret.as_ref())
-                    .retained(op.retain)
-                    .migrated(op.migrated);
-            if let Err(e) = ctx.journal.record(&key.uid, entry).await {
-                tracing::warn!(claim = %key, error = %e, "cannot record the operation in the journal; not calling CreateVolume yet");
-                if let super::journal::JournalError::Rejected { rejection, .. } = &e {
-                    note(ctx, claim, notes::journal_refused(&rejection.to_string())).await;
-                }
-                return Err(Next::Retry);
-            }
-            ctx.set_in_flight(&key.uid, op.clone());
-            op
-        }
-    };
+    // Read back from the journal: a retry sends exactly the request of the
+    // first attempt, so the plan takes the recorded one.
+    if let Some(op) = ctx.operations.get(&key.uid) {
+        plan.request = op.frozen.request.clone();
+        let plan = Arc::new(plan);
+        return ctx
+            .operations
+            .update(&key.uid, |op| op.plan = Some(Arc::clone(&plan)))
+            .map(|op| (plan, op))
+            .ok_or(Attempt::Uncounted(Next::Retry));
+    }
     let plan = Arc::new(plan);
-    let op = InFlight {
-        plan: Some(Arc::clone(&plan)),
-        ..in_flight
-    };
-    ctx.set_in_flight(&key.uid, op.clone());
-    Ok((plan, op))
-}
-
-/// The Nodes and CSINodes a plan is made with: the caches' (the selected
-/// node's and, with topology on, all of them), or in node mode only this
-/// node's static objects.
-pub(super) struct TopologyObjects {
-    selected_node: Option<Arc<Node>>,
-    selected_csi_node: Option<Arc<CSINode>>,
-    nodes: Vec<Arc<Node>>,
-    csi_nodes: Vec<Arc<CSINode>>,
-}
-
-impl TopologyObjects {
-    pub(super) fn read(ctx: &Context, selected: Option<&str>) -> Self {
-        if let Some(local) = &ctx.local_topology {
-            let node = Arc::new(local.node.clone());
-            let csi_node = Arc::new(local.csi_node.clone());
-            let is_local = selected == Some(local.name());
-            return TopologyObjects {
-                selected_node: is_local.then(|| Arc::clone(&node)),
-                selected_csi_node: is_local.then(|| Arc::clone(&csi_node)),
-                nodes: vec![node],
-                csi_nodes: vec![csi_node],
-            };
+    match ctx.operations.record(key, Arc::clone(&plan)).await {
+        Ok(op) => Ok((plan, op)),
+        Err(e) => {
+            tracing::warn!(claim = %key, error = %e, "cannot record the operation in the journal; not calling CreateVolume yet");
+            if let super::journal::JournalError::Rejected { rejection, .. } = &e {
+                note(ctx, claim, notes::journal_refused(&rejection.to_string())).await;
+            }
+            Err(Attempt::Uncounted(Next::Retry))
         }
-        let topology = ctx.config.topology_enabled;
-        TopologyObjects {
-            selected_node: selected.and_then(|n| ctx.caches.nodes.store().get(&ObjectRef::new(n))),
-            selected_csi_node: selected
-                .and_then(|n| ctx.caches.csi_nodes.store().get(&ObjectRef::new(n))),
-            nodes: if topology {
-                ctx.caches.nodes.store().state()
-            } else {
-                Vec::new()
-            },
-            csi_nodes: if topology {
-                ctx.caches.csi_nodes.store().state()
-            } else {
-                Vec::new()
-            },
-        }
-    }
-
-    /// Without CSI topology no Node is watched (upstream's library then
-    /// reads the selected node from the API server too): the node the
-    /// scheduler chose for a WaitForFirstConsumer claim is asked for live,
-    /// once per attempt. It must exist, or the claim is rescheduled.
-    pub(super) async fn with_unwatched_selected_node(
-        mut self,
-        ctx: &Context,
-        selected: Option<&str>,
-    ) -> Result<Self, kube::Error> {
-        if ctx.config.topology_enabled || ctx.local_topology.is_some() {
-            return Ok(self);
-        }
-        let Some(name) = selected.filter(|name| !name.is_empty()) else {
-            return Ok(self);
-        };
-        self.selected_node = Api::<Node>::all(ctx.client.clone())
-            .get_opt(name)
-            .await?
-            .map(Arc::new);
-        Ok(self)
-    }
-
-    pub(super) fn selected_node(&self) -> Option<&Node> {
-        self.selected_node.as_deref()
-    }
-
-    pub(super) fn selected_csi_node(&self) -> Option<&CSINode> {
-        self.selected_csi_node.as_deref()
-    }
-
-    pub(super) fn nodes(&self) -> Vec<&Node> {
-        self.nodes.iter().map(AsRef::as_ref).collect()
-    }
-
-    pub(super) fn csi_nodes(&self) -> Vec<&CSINode> {
-        self.csi_nodes.iter().map(AsRef::as_ref).collect()
     }
 }
 
@@ -595,11 +480,12 @@ async fn release_clone_source(
                 .map(|c| c.volume_handle.clone())
         });
     let in_flight = source_volume.is_some_and(|id| {
-        ctx.content_source_in_use(&Some(csi_proto::v1::VolumeContentSource {
-            r#type: Some(csi_proto::v1::volume_content_source::Type::Volume(
-                csi_proto::v1::volume_content_source::VolumeSource { volume_id: id },
-            )),
-        }))
+        ctx.operations
+            .source_in_use(&Some(csi_proto::v1::VolumeContentSource {
+                r#type: Some(csi_proto::v1::volume_content_source::Type::Volume(
+                    csi_proto::v1::volume_content_source::VolumeSource { volume_id: id },
+                )),
+            }))
     });
     let claim_name = format!("{namespace}/{name}");
     if pending_clone || in_flight {
@@ -627,9 +513,8 @@ pub(super) fn claim_uid_of(pv: &crate::projection::PersistentVolume) -> Option<&
 async fn plan_failed(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
-    class_name: &str,
     error: &crate::provision::ProvisionError,
-) -> Next {
+) -> Attempt {
     let claim_name = format!(
         "{}/{}",
         claim.namespace().unwrap_or_default(),
@@ -638,18 +523,17 @@ async fn plan_failed(
     if error.is_ignored() {
         tracing::info!(claim = %claim_name, "{error}");
         note(ctx, claim, notes::external_populator()).await;
-        return Next::Done;
+        return Attempt::Uncounted(Next::Done);
     }
-    crate::metrics::provision_failed(class_name, source_kind(claim));
     tracing::warn!(claim = %claim_name, error = %error, reschedule = error.wants_reschedule(), "cannot provision");
     note(ctx, claim, notes::provisioning_failed(&error.to_string())).await;
     if error.wants_reschedule() {
-        return match reschedule(ctx, claim).await {
+        return Attempt::Failed(match reschedule(ctx, claim).await {
             Ok(()) => Next::Done,
             Err(()) => Next::Retry,
-        };
+        });
     }
-    Next::Retry
+    Attempt::Failed(Next::Retry)
 }
 
 async fn create_failed(
@@ -665,7 +549,6 @@ async fn create_failed(
         error.code(),
         may_reschedule(ctx.config.topology_enabled, plan.selected_node.as_deref()),
     );
-    crate::metrics::provision_failed(class_name, source_kind(claim));
     tracing::warn!(claim = %format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any()), ?outcome, error = %text, "CreateVolume failed");
     match outcome {
         CreateVolumeOutcome::InBackground => {
@@ -674,12 +557,12 @@ async fn create_failed(
         }
         CreateVolumeOutcome::Final => {
             note(ctx, claim, notes::provisioning_failed(&text)).await;
-            ctx.finish(&uid);
+            ctx.operations.finish(&uid);
             requeue_clone_source(ctx, claim);
         }
         CreateVolumeOutcome::Infeasible => {
             note(ctx, claim, notes::provisioning_infeasible(&text)).await;
-            ctx.finish(&uid);
+            ctx.operations.finish(&uid);
             let class = ctx.caches.classes.store().get(&ObjectRef::new(class_name));
             ctx.infeasible.mark(&uid, class.as_deref(), claim);
             if class.is_some() {
@@ -688,7 +571,7 @@ async fn create_failed(
         }
         CreateVolumeOutcome::Reschedule => {
             note(ctx, claim, notes::provisioning_failed(&text)).await;
-            ctx.finish(&uid);
+            ctx.operations.finish(&uid);
             // Until the annotation is gone the scheduler cannot pick another
             // node: a failed patch is retried (docs/design.md, hazard 7).
             return match reschedule(ctx, claim).await {
@@ -722,23 +605,23 @@ async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), 
 pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next {
     ctx.recorder.forget(&key.uid);
     ctx.forget_owner_attempts(&key.uid);
-    let Some(op) = ctx.in_flight(&key.uid) else {
+    let Some(op) = ctx.operations.get(&key.uid) else {
         return Next::Done;
     };
     if !op.create_sent {
-        tracing::info!(claim = %key, volume = %op.request.name, "no CreateVolume was sent for the claim; nothing to clean up");
-        ctx.finish(&key.uid);
+        tracing::info!(claim = %key, volume = %op.frozen.request.name, "no CreateVolume was sent for the claim; nothing to clean up");
+        ctx.operations.finish(&key.uid);
         return Next::Done;
     }
     // Saved as a PV after all: the PV owns the volume now. Asked live: the
     // cache may not have seen a PV whose create just committed.
     match Api::<crate::projection::PersistentVolume>::all(ctx.client.clone())
-        .get_opt(&op.request.name)
+        .get_opt(&op.frozen.request.name)
         .await
     {
         Ok(Some(pv)) if claim_uid_of(&pv) == Some(key.uid.as_str()) => {
             tracing::info!(claim = %key, volume = %pv.name_any(), "the claim's PV was saved after all; it owns the volume");
-            ctx.finish(&key.uid);
+            ctx.operations.finish(&key.uid);
             return Next::Done;
         }
         Ok(_) => {}
@@ -752,13 +635,13 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     // a Released PV instead (below), so it is neither lost nor leaked; an
     // in-tree (migrated) one has no CSI form to record it in and is only
     // kept, and said so.
-    if op.retain && op.migrated {
-        tracing::warn!(claim = %key, volume = %op.request.name, "the claim is gone and its class retains volumes: the volume, if it was created, is kept on the backend");
-        ctx.finish(&key.uid);
+    if op.frozen.retain && op.frozen.migrated {
+        tracing::warn!(claim = %key, volume = %op.frozen.request.name, "the claim is gone and its class retains volumes: the volume, if it was created, is kept on the backend");
+        ctx.operations.finish(&key.uid);
         return Next::Done;
     }
-    let mut request = op.request.clone();
-    if let Some(secret) = &op.secret {
+    let mut request = op.frozen.request.clone();
+    if let Some(secret) = &op.frozen.secret {
         match ctx.secret_data(secret).await {
             Ok(data) => request.secrets = data,
             // Gone with the claim's namespace, or not readable: clean up
@@ -774,7 +657,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
         }
     }
     let secrets = request.secrets.clone();
-    match ctx.driver.create_volume(request, op.migrated).await {
+    match ctx.driver.create_volume(request, op.frozen.migrated).await {
         Ok(response) => {
             let Some(id) = response
                 .volume
@@ -782,17 +665,21 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
                 .map(|v| v.volume_id.clone())
                 .filter(|id| !id.is_empty())
             else {
-                tracing::warn!(claim = %key, volume = %op.request.name, "cleanup CreateVolume answered without a volume id; nothing to clean up");
-                ctx.finish(&key.uid);
+                tracing::warn!(claim = %key, volume = %op.frozen.request.name, "cleanup CreateVolume answered without a volume id; nothing to clean up");
+                ctx.operations.finish(&key.uid);
                 return Next::Done;
             };
-            if op.retain {
+            if op.frozen.retain {
                 return record_retained_volume(ctx, key, &op, &response).await;
             }
-            match ctx.driver.delete_volume(&id, secrets, op.migrated).await {
+            match ctx
+                .driver
+                .delete_volume(&id, secrets, op.frozen.migrated)
+                .await
+            {
                 Ok(()) => {
                     tracing::info!(claim = %key, volume_id = %id, "deleted the volume of a claim deleted during provisioning");
-                    ctx.finish(&key.uid);
+                    ctx.operations.finish(&key.uid);
                     Next::Done
                 }
                 Err(e) => {
@@ -805,23 +692,18 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
             CleanupAfterError::AskAgain { final_answers }
                 if final_answers > op.final_cleanup_answers =>
             {
-                tracing::warn!(claim = %key, volume = %op.request.name, error = %e, answers = final_answers, "cleanup CreateVolume failed; asking again before taking it for no volume");
-                ctx.set_in_flight(
-                    &key.uid,
-                    InFlight {
-                        final_cleanup_answers: final_answers,
-                        ..op
-                    },
-                );
+                tracing::warn!(claim = %key, volume = %op.frozen.request.name, error = %e, answers = final_answers, "cleanup CreateVolume failed; asking again before taking it for no volume");
+                ctx.operations
+                    .update(&key.uid, |op| op.final_cleanup_answers = final_answers);
                 Next::Retry
             }
             CleanupAfterError::AskAgain { .. } => {
-                tracing::warn!(claim = %key, volume = %op.request.name, error = %e, "cleanup CreateVolume failed; will retry");
+                tracing::warn!(claim = %key, volume = %op.frozen.request.name, error = %e, "cleanup CreateVolume failed; will retry");
                 Next::Retry
             }
             CleanupAfterError::NoVolume => {
-                tracing::info!(claim = %key, volume = %op.request.name, error = %e, answers = CLEANUP_FINAL_ANSWERS, "cleanup CreateVolume failed for good: no volume to clean up");
-                ctx.finish(&key.uid);
+                tracing::info!(claim = %key, volume = %op.frozen.request.name, error = %e, answers = CLEANUP_FINAL_ANSWERS, "cleanup CreateVolume failed for good: no volume to clean up");
+                ctx.operations.finish(&key.uid);
                 Next::Done
             }
         },
@@ -837,7 +719,7 @@ async fn record_retained_volume(
     response: &csi_proto::v1::CreateVolumeResponse,
 ) -> Next {
     let Some(volume) = response.volume.as_ref() else {
-        ctx.finish(&key.uid);
+        ctx.operations.finish(&key.uid);
         return Next::Done;
     };
     let claim = ClaimIdentity {
@@ -846,7 +728,7 @@ async fn record_retained_volume(
         uid: key.uid.clone(),
         resource_version: None,
     };
-    let pv = retained_volume_pv(&claim, &op.request, volume, &ctx.config);
+    let pv = retained_volume_pv(&claim, &op.frozen.request, volume, &ctx.config);
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let saved = match api.create(&PostParams::default(), &pv).await {
         Ok(_) => true,
@@ -873,7 +755,7 @@ async fn record_retained_volume(
     tracing::info!(claim = %key, volume = %pv.name_any(), volume_id = %volume.volume_id, "the claim went away during provisioning and its class retains volumes: the volume is recorded in a Released PV");
     ctx.volume_events
         .changed(&crate::projection::PersistentVolume::project(&pv));
-    ctx.finish(&key.uid);
+    ctx.operations.finish(&key.uid);
     Next::Done
 }
 
@@ -916,76 +798,6 @@ async fn save_pv(
         }
     }
     SaveOutcome::Failed(last_error)
-}
-
-/// The data source objects, fetched (claims from the cache, snapshots from
-/// the API: they are rare and their CRDs may not even be installed).
-pub(super) enum FetchedSource {
-    None,
-    Claim(
-        Option<Arc<PersistentVolumeClaim>>,
-        Option<Arc<crate::projection::PersistentVolume>>,
-    ),
-    Snapshot(Box<(Option<VolumeSnapshot>, Option<VolumeSnapshotContent>)>),
-}
-
-impl FetchedSource {
-    pub(super) fn objects(&self) -> Option<DataSourceObjects<'_>> {
-        match self {
-            FetchedSource::None => None,
-            FetchedSource::Claim(claim, volume) => Some(DataSourceObjects::Claim {
-                claim: claim.as_deref(),
-                volume: volume.as_deref(),
-            }),
-            FetchedSource::Snapshot(fetched) => Some(DataSourceObjects::Snapshot {
-                snapshot: fetched.0.as_ref(),
-                content: fetched.1.as_ref(),
-            }),
-        }
-    }
-}
-
-pub(super) async fn fetch_source(
-    ctx: &Context,
-    source: Option<&crate::provision::DataSourceRef>,
-) -> Result<FetchedSource, kube::Error> {
-    let Some(source) = source else {
-        return Ok(FetchedSource::None);
-    };
-    match source.kind {
-        DataSourceKind::Claim => {
-            let claim = ctx
-                .caches
-                .claims
-                .store()
-                .get(&ObjectRef::new(&source.name).within(&source.namespace));
-            let volume = claim
-                .as_ref()
-                .and_then(|c| c.spec.as_ref()?.volume_name.clone())
-                .and_then(|v| ctx.caches.volumes.store().get(&ObjectRef::new(&v)));
-            Ok(FetchedSource::Claim(claim, volume))
-        }
-        DataSourceKind::Snapshot => {
-            let snapshots: Api<VolumeSnapshot> =
-                Api::namespaced(ctx.client.clone(), &source.namespace);
-            let snapshot = snapshots.get_opt(&source.name).await?;
-            let content_name = snapshot.as_ref().and_then(|s| {
-                s.status
-                    .as_ref()?
-                    .bound_volume_snapshot_content_name
-                    .clone()
-            });
-            let content = match content_name {
-                Some(name) => {
-                    Api::<VolumeSnapshotContent>::all(ctx.client.clone())
-                        .get_opt(&name)
-                        .await?
-                }
-                None => None,
-            };
-            Ok(FetchedSource::Snapshot(Box::new((snapshot, content))))
-        }
-    }
 }
 
 fn finalizer_patch(finalizers: Vec<String>, resource_version: Option<String>) -> serde_json::Value {

@@ -24,6 +24,9 @@
 //! a jittered delay); topology comes from the driver's `NodeGetInfo`
 //! instead of the Node and CSINode objects, which are not watched.
 //!
+//! A plan's inputs are gathered in one place ([`inputs`]); the operations
+//! in flight and the journal behind them have one owner ([`operations`]).
+//!
 //! Claims whose `CreateVolume` was refused as infeasible wait for
 //! `--retry-interval-max` or a change ([`infeasible`]).
 //!
@@ -33,7 +36,9 @@
 
 pub mod claims;
 pub mod infeasible;
+mod inputs;
 pub mod journal;
+pub mod operations;
 mod owner;
 pub mod volumes;
 
@@ -43,7 +48,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::projection::PersistentVolumeClaim;
-use csi_proto::v1::CreateVolumeRequest;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -61,7 +65,8 @@ use crate::queue::{Backoff, WorkQueue};
 use crate::shared::Shared;
 
 use infeasible::InfeasibleClaims;
-use journal::{Journal, JournalInbox, JournalStore};
+use journal::{JournalInbox, JournalStore};
+use operations::Operations;
 
 /// A claim, identified by name and uid: a new claim with the same name is
 /// different work.
@@ -88,36 +93,12 @@ impl std::fmt::Display for ClaimKey {
     }
 }
 
-/// A `CreateVolume` that may have reached the backend and whose volume is
-/// not yet recorded in a PV.
-#[derive(Debug, Clone)]
-pub struct InFlight {
-    pub request: CreateVolumeRequest,
-    pub secret: Option<SecretRef>,
-    /// The class's reclaim policy is Retain: a volume of this operation
-    /// whose claim is gone is kept, never deleted (its PV, if one was
-    /// saved and then deleted, was meant to keep it: docs/design.md, hazard 10).
-    pub retain: bool,
-    /// The volume is an in-tree one served through CSI migration (the
-    /// `migrated` label of its CSI calls, after a restart too).
-    pub migrated: bool,
-    /// Final errors the cleanup's repeated `CreateVolume` has got so far
-    /// (see [`crate::provision::CLEANUP_FINAL_ANSWERS`]); kept in memory only, so a restart
-    /// asks again from zero.
-    pub final_cleanup_answers: u32,
-    /// A `CreateVolume` of this operation may have reached the driver: set
-    /// just before the first call. Until then (the provisioner secret or
-    /// the source's finalizer failed first) a claim deleted meanwhile has
-    /// no volume to clean up, and the cleanup must not create one to learn
-    /// its id. Entries read back from the journal count as sent.
-    pub create_sent: bool,
-    /// The plan of the first attempt in this process, whose request is
-    /// the frozen one: retries reuse it instead of gathering the inputs
-    /// again (live reads of snapshots and nodes) and planning anew, which
-    /// could fail on a claim or class changed meanwhile and leave the
-    /// operation unretried. `None` for an operation read back from the
-    /// journal: its first pass plans once and keeps the journal's request.
-    pub plan: Option<Arc<crate::provision::ProvisionPlan>>,
+/// What a worker tells its queue about the key it processed.
+pub(super) enum Next {
+    Done,
+    Retry,
+    /// Retry after exactly this delay, outside the backoff (infeasible).
+    RetryAfter(Duration),
 }
 
 /// What is done of a PV whose backend volume is deleted.
@@ -135,11 +116,10 @@ pub struct Context {
     pub config: ProvisionerConfig,
     pub caches: Arc<Caches>,
     pub recorder: Arc<Recorder>,
-    pub journal: Journal,
+    /// The operations in flight and their journal.
+    pub operations: Operations,
     pub claims: WorkQueue<ClaimKey>,
     pub volumes: WorkQueue<String>,
-    /// Claim uid → operation whose volume may exist without a PV.
-    pub in_flight: Mutex<HashMap<String, InFlight>>,
     /// PV uids whose backend volume is known deleted, so the update events
     /// that follow do not call `DeleteVolume` again (upstream #1235), nor
     /// send the finalizer removal again from a cache that has not seen it.
@@ -166,34 +146,6 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn in_flight(&self, uid: &str) -> Option<InFlight> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(uid)
-            .cloned()
-    }
-
-    pub fn set_in_flight(&self, uid: &str, op: InFlight) {
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        in_flight.insert(uid.to_owned(), op);
-        crate::metrics::set_remembered("in_flight", in_flight.len());
-    }
-
-    /// The operation is over (PV saved, or no volume exists): forget it here
-    /// and in the journal.
-    pub fn finish(&self, uid: &str) {
-        let removed = {
-            let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-            let removed = in_flight.remove(uid);
-            crate::metrics::set_remembered("in_flight", in_flight.len());
-            removed
-        };
-        if removed.is_some() {
-            self.journal.forget(uid);
-        }
-    }
-
     /// Counts an attempt to take claim `uid`; returns how many came before.
     pub fn next_owner_attempt(&self, uid: &str) -> u32 {
         let mut attempts = self
@@ -215,56 +167,7 @@ impl Context {
             .remove(uid);
     }
 
-    /// Whether an operation in flight clones or restores from `source`.
-    pub fn content_source_in_use(
-        &self,
-        source: &Option<csi_proto::v1::VolumeContentSource>,
-    ) -> bool {
-        source.is_some()
-            && self
-                .in_flight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .any(|op| &op.request.volume_content_source == source)
-    }
-
     /// Reads a Secret's data as strings (CSI secrets are string maps).
-    /// Whether a ReferenceGrant allows the claim's data source in another
-    /// namespace (false for a source in the claim's own namespace, which
-    /// needs none, and when ReferenceGrants cannot be read).
-    pub fn data_source_granted(
-        &self,
-        claim: &crate::projection::PersistentVolumeClaim,
-        source: Option<&crate::provision::DataSourceRef>,
-    ) -> bool {
-        use crate::api::reference_grant::ReferenceGrant;
-        use crate::provision::reference_grant::{CrossNamespaceSource, is_granted};
-        let Some(source) = source.filter(|s| s.cross_namespace) else {
-            return false;
-        };
-        if !self.config.reference_grants_readable {
-            return false;
-        }
-        let api_group = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.data_source_ref.as_ref())
-            .and_then(|r| r.api_group.as_deref());
-        let grants = self.caches.reference_grants.store().state();
-        let refs: Vec<&ReferenceGrant> = grants.iter().map(AsRef::as_ref).collect();
-        is_granted(
-            &CrossNamespaceSource {
-                claim_namespace: claim.metadata.namespace.as_deref().unwrap_or_default(),
-                api_group,
-                kind: source.kind.kind_name(),
-                name: &source.name,
-                namespace: &source.namespace,
-            },
-            &refs,
-        )
-    }
-
     pub async fn secret_data(
         &self,
         secret: &SecretRef,
@@ -426,10 +329,9 @@ pub async fn new(
         driver,
         config,
         caches,
-        journal,
+        operations: Operations::new(journal),
         claims: claims.clone(),
         volumes: volumes.clone(),
-        in_flight: Mutex::default(),
         deleted_volumes,
         volume_events: Arc::clone(&shared.volume_events),
         local_topology,
@@ -508,69 +410,45 @@ impl Context {
             }
             Err(e) => return Err(e),
         };
-        self.resume(recovered);
+        for claim in self.operations.resume(recovered) {
+            self.claims.add(claim);
+        }
         self.spawn_workers();
         Ok(())
-    }
-
-    fn resume(&self, recovered: std::collections::BTreeMap<String, journal::JournalEntry>) {
-        for (uid, entry) in recovered {
-            match entry.request() {
-                Ok(request) => {
-                    tracing::info!(claim = %format!("{}/{}", entry.namespace, entry.name), volume = %entry.volume_name, "resuming provisioning recorded in the journal");
-                    self.set_in_flight(
-                        &uid,
-                        InFlight {
-                            request,
-                            secret: entry.secret(),
-                            retain: entry.retain,
-                            migrated: entry.migrated,
-                            final_cleanup_answers: 0,
-                            create_sent: true,
-                            plan: None,
-                        },
-                    );
-                    self.claims.add(ClaimKey {
-                        namespace: entry.namespace,
-                        name: entry.name,
-                        uid,
-                    });
-                }
-                Err(e) => tracing::error!(%uid, "journal entry unusable: {e}"),
-            }
-        }
     }
 
     fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
 
+    /// Starts the workers. Unlike the embedded loops', they stop at the
+    /// first key they take after [`shut_down`](Self::shut_down) rather
+    /// than drain the queue: what is left is in the API server and the
+    /// journal.
     fn spawn_workers(self: &Arc<Self>) {
-        let mut tasks = self.worker_tasks.lock().unwrap_or_else(|p| p.into_inner());
-        for _ in 0..self.workers {
+        let stopped = {
             let ctx = Arc::clone(self);
-            tasks.push(tokio::spawn(async move {
-                while let Some(key) = ctx.claims.get().await {
-                    if ctx.stopping() {
-                        ctx.claims.done(&key);
-                        break;
-                    }
-                    claims::process(&ctx, &key).await;
-                    ctx.claims.done(&key);
-                }
-            }));
-            let ctx = Arc::clone(self);
-            tasks.push(tokio::spawn(async move {
-                while let Some(name) = ctx.volumes.get().await {
-                    if ctx.stopping() {
-                        ctx.volumes.done(&name);
-                        break;
-                    }
-                    volumes::process(&ctx, &name).await;
-                    ctx.volumes.done(&name);
-                }
-            }));
-        }
+            move || ctx.stopping()
+        };
+        let ctx = Arc::clone(self);
+        let mut tasks = self
+            .claims
+            .run_workers_until(self.workers, stopped.clone(), move |key| {
+                let ctx = Arc::clone(&ctx);
+                async move { claims::process(&ctx, &key).await }
+            });
+        let ctx = Arc::clone(self);
+        tasks.extend(
+            self.volumes
+                .run_workers_until(self.workers, stopped, move |name| {
+                    let ctx = Arc::clone(&ctx);
+                    async move { volumes::process(&ctx, &name).await }
+                }),
+        );
+        self.worker_tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(tasks);
     }
 
     /// Stops taking work: queued keys are left (their state is in the API
@@ -603,28 +481,21 @@ impl Context {
     /// are forgotten first.
     pub async fn flush_journal(&self) -> Result<(), journal::JournalError> {
         self.prune_saved();
-        self.journal.flush().await
+        self.operations.flush().await
     }
 
     /// Forgets every operation in flight whose PV (as the cache has it)
     /// records its claim: the PV owns the volume, the journal entry is
     /// done.
     fn prune_saved(&self) {
-        let ops: Vec<(String, String)> = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(uid, op)| (uid.clone(), op.request.name.clone()))
-            .collect();
         let volumes = self.caches.volumes.store();
-        for (uid, name) in ops {
+        for (uid, name) in self.operations.volume_names() {
             if volumes
                 .get(&ObjectRef::new(&name))
                 .is_some_and(|pv| claims::claim_uid_of(&pv) == Some(uid.as_str()))
             {
                 tracing::debug!(claim_uid = %uid, volume = %name, "operation done: its PV is saved");
-                self.finish(&uid);
+                self.operations.finish(&uid);
             }
         }
     }

@@ -23,17 +23,13 @@ use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
-use super::claims::{Next, TopologyObjects, fetch_source};
-use super::{ClaimKey, Context};
+use super::{ClaimKey, Context, Next, inputs};
 use crate::duration::format_go_duration;
 use crate::provision::node_deployment::{
     ClaimPoll, LocalTopology, TakeFailure, allowed_topologies_admit, become_owner_patch,
     claim_owned_by, has_capacity, owner_delay, owner_poll_interval, poll_claim, take_failure,
 };
-use crate::provision::{
-    NodeDeployment, ProvisionDecision, ProvisionInputs, data_source_ref, plan_provision,
-    should_provision, volume_attributes_class_name,
-};
+use crate::provision::{NodeDeployment, ProvisionDecision, should_provision};
 
 /// Tries to take the claim of `key` for this node. Returns `Done` when the claim is
 /// taken (by us or another node), gone, or not for this node; `Retry` when
@@ -189,35 +185,7 @@ async fn capacity(
         return Capacity::Unknown("the driver does not offer GetCapacity".to_owned());
     }
     let owned = claim_owned_by(claim, local.name());
-    let source = match data_source_ref(&owned, &ctx.config) {
-        Ok(source) => source,
-        Err(e) => return Capacity::Unknown(e.to_string()),
-    };
-    let fetched = match fetch_source(ctx, source.as_ref()).await {
-        Ok(fetched) => fetched,
-        Err(e) => return Capacity::Unknown(e.to_string()),
-    };
-    let topology = TopologyObjects::read(ctx, Some(local.name()));
-    let nodes = topology.nodes();
-    let csi_nodes = topology.csi_nodes();
-    let vac = volume_attributes_class_name(&owned, &ctx.config).and_then(|n| {
-        ctx.caches
-            .attributes_classes
-            .store()
-            .get(&ObjectRef::new(n))
-    });
-    let inputs = ProvisionInputs {
-        claim: &owned,
-        class,
-        selected_node: topology.selected_node(),
-        selected_csi_node: topology.selected_csi_node(),
-        nodes: &nodes,
-        csi_nodes: &csi_nodes,
-        data_source: fetched.objects(),
-        data_source_granted: ctx.data_source_granted(&owned, source.as_ref()),
-        volume_attributes_class: vac.as_deref(),
-    };
-    let plan = match plan_provision(&inputs, &ctx.config) {
+    let plan = match inputs::plan(ctx, &owned, class).await {
         Ok(plan) => plan,
         Err(e) => return Capacity::Unknown(e.to_string()),
     };

@@ -41,7 +41,7 @@ use crate::events::Recorder;
 use crate::informer::Change;
 use crate::provision::ProvisionerConfig;
 use crate::queue::WorkQueue;
-use crate::shared::Shared;
+use crate::shared::{EmbeddedLoop, Shared};
 
 pub use verdict::{Association, ReleaserConfig, Verdict};
 
@@ -175,11 +175,11 @@ pub fn new(shared: &Shared, settings: Settings) -> Arc<Releaser> {
     })
 }
 
-impl Releaser {
+impl EmbeddedLoop for Releaser {
     /// Starts the workers (`--worker-threads`) and the resync once the
     /// caches are filled, so that no decision is made from a partial view.
-    pub fn start(self: &Arc<Self>) {
-        let this = Arc::clone(self);
+    fn start(self: Arc<Self>) {
+        let this = Arc::clone(&self);
         tokio::spawn(async move {
             this.caches.wait_until_ready().await;
             tracing::info!(
@@ -201,6 +201,14 @@ impl Releaser {
         });
     }
 
+    /// Stops taking work; writes under way finish.
+    fn shut_down(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.queue.shut_down();
+    }
+}
+
+impl Releaser {
     /// Queues every cached PV each period until shut down.
     async fn resync(&self) {
         let mut timer = tokio::time::interval(self.resync_period);
@@ -227,12 +235,6 @@ impl Releaser {
                 self.queue.add(pv.name_any());
             }
         }
-    }
-
-    /// Stops taking work; writes under way finish.
-    pub fn shut_down(&self) {
-        self.stopped.store(true, Ordering::Relaxed);
-        self.queue.shut_down();
     }
 }
 
@@ -318,7 +320,7 @@ mod tests {
         .await
         .expect("the cache saw the deletion");
         // Only now does the releaser decide.
-        releaser.start();
+        Arc::clone(&releaser).start();
         let released = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
                 let pv = server.get_object("v1", "PersistentVolume", "", "pv-a");

@@ -16,8 +16,9 @@
 //!
 //! Life cycle, as every loop: [`new`] (before the caches start) registers
 //! the handlers and asks for StatefulSets, Pods, Claims and Classes;
-//! [`Context::run`] (once the caches are filled) starts the workers and
-//! the resync ([`Config::resync`]); [`Context::shut_down`] stops them.
+//! [`EmbeddedLoop::start`](crate::shared::EmbeddedLoop::start) (once the
+//! caches are filled) starts the workers and the resync
+//! ([`Config::resync`]); `shut_down` stops them.
 //! [`Context::process`] reconciles one set, for tests that drive it.
 //!
 //! Not done here, on purpose: no Events (owner-reference changes are
@@ -50,7 +51,7 @@ use kube::{Client, ResourceExt};
 use crate::caches::{Caches, Kind};
 use crate::informer::Change;
 use crate::queue::WorkQueue;
-use crate::shared::Shared;
+use crate::shared::{EmbeddedLoop, Shared};
 
 use decide::{ClaimPlan, Decision, SetSkip};
 
@@ -159,7 +160,8 @@ fn template_names(set: &StatefulSet) -> impl Iterator<Item = &str> {
 }
 
 /// Registers the loop's cache handlers and asks for the kinds it reads.
-/// Call before the caches start; then [`Context::run`].
+/// Call before the caches start; then
+/// [`EmbeddedLoop::start`](crate::shared::EmbeddedLoop::start).
 pub fn new(shared: &Shared, config: Config) -> Arc<Context> {
     let caches = Arc::clone(&shared.caches);
     caches.want(&[Kind::StatefulSets, Kind::Pods, Kind::Claims, Kind::Classes]);
@@ -248,7 +250,7 @@ pub fn new(shared: &Shared, config: Config) -> Arc<Context> {
     })
 }
 
-impl Context {
+impl EmbeddedLoop for Context {
     /// Starts the workers and the resync. Call once the caches are filled
     /// ([`Caches::wait_until_ready`]): deciding from a half-filled pod
     /// cache would take a living pod for a gone one.
@@ -257,14 +259,14 @@ impl Context {
     /// `Store::wait_until_ready` keeps a single waker, so a second task
     /// waiting on the same store at the same time as start-up can starve
     /// one of them forever.
-    pub fn run(self: &Arc<Self>) {
+    fn start(self: Arc<Self>) {
         tracing::info!(workers = self.workers, resync = ?self.resync, "StatefulSet PVC retention loop running");
-        let ctx = Arc::clone(self);
+        let ctx = Arc::clone(&self);
         self.queue.run_workers(self.workers, move |key| {
             let ctx = Arc::clone(&ctx);
             async move { ctx.process(&key).await }
         });
-        let ctx = Arc::clone(self);
+        let ctx = Arc::clone(&self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(ctx.resync);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -279,11 +281,13 @@ impl Context {
     }
 
     /// Stops taking work; a set being reconciled finishes.
-    pub fn shut_down(&self) {
+    fn shut_down(&self) {
         self.stopped.store(true, Ordering::Relaxed);
         self.queue.shut_down();
     }
+}
 
+impl Context {
     fn enqueue_all(&self) {
         for set in self.caches.stateful_sets.store().state() {
             if let Some(key) = key_of(&set) {

@@ -27,6 +27,7 @@ use kube::api::{Api, ListParams};
 
 use crate::api::snapshot::VolumeSnapshot;
 use crate::caches::Caches;
+use crate::shared::EmbeddedLoop;
 use crate::wellknown as wk;
 
 pub struct Sweep {
@@ -36,20 +37,11 @@ pub struct Sweep {
     stop: tokio::sync::watch::Sender<bool>,
 }
 
-impl Sweep {
-    pub fn new(client: Client, caches: Arc<Caches>, interval: Duration) -> Arc<Sweep> {
-        Arc::new(Sweep {
-            client,
-            caches,
-            interval,
-            stop: tokio::sync::watch::Sender::new(false),
-        })
-    }
-
+impl EmbeddedLoop for Sweep {
     /// Starts the periodic sweep (the first one after one interval, as
     /// upstream's `wait.Until` after the cache sync).
-    pub fn start(self: &Arc<Self>) {
-        let this = Arc::clone(self);
+    fn start(self: Arc<Self>) {
+        let this = Arc::clone(&self);
         tokio::spawn(async move {
             let mut stop = this.stop.subscribe();
             loop {
@@ -74,8 +66,19 @@ impl Sweep {
         });
     }
 
-    pub fn shut_down(&self) {
+    fn shut_down(&self) {
         self.stop.send_replace(true);
+    }
+}
+
+impl Sweep {
+    pub fn new(client: Client, caches: Arc<Caches>, interval: Duration) -> Arc<Sweep> {
+        Arc::new(Sweep {
+            client,
+            caches,
+            interval,
+            stop: tokio::sync::watch::Sender::new(false),
+        })
     }
 
     /// The snapshots that pending claims of any driver restore from, from a

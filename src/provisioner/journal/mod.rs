@@ -65,11 +65,13 @@ pub struct JournalEntry {
     pub secret_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_namespace: Option<String>,
-    /// The class's reclaim policy was Retain (see `InFlight::retain`).
+    /// The class's reclaim policy was Retain (see `Frozen::retain` in
+    /// `src/provisioner/operations.rs`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retain: bool,
-    /// CSI migration (see `InFlight::migrated`); absent in entries of
-    /// earlier versions, which read as false.
+    /// CSI migration (see `Frozen::migrated` in
+    /// `src/provisioner/operations.rs`); absent in entries of earlier
+    /// versions, which read as false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub migrated: bool,
 }

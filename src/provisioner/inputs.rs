@@ -1,0 +1,262 @@
+//! A plan's inputs, gathered once: the claim's data source (a source claim
+//! and its PV from the caches, a VolumeSnapshot and its content read live),
+//! the Nodes and CSINodes (the caches', or this node's own in node mode;
+//! the selected Node read live when no Node is watched), the
+//! VolumeAttributesClass and whether a ReferenceGrant allows a
+//! cross-namespace source; then [`plan_provision`] decides.
+//!
+//! Both the claim worker ([`super::claims`]) and the node-deployment owner
+//! check ([`super::owner`], which plans with this node selected to ask for
+//! capacity) plan through [`plan`], so they cannot drift apart.
+
+use std::sync::Arc;
+
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+
+use super::Context;
+use crate::api::reference_grant::ReferenceGrant;
+use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
+use crate::projection::{CSINode, Node, PersistentVolume, PersistentVolumeClaim, StorageClass};
+use crate::provision::reference_grant::{CrossNamespaceSource, is_granted};
+use crate::provision::{
+    DataSourceKind, DataSourceObjects, DataSourceRef, ProvisionError, ProvisionInputs,
+    ProvisionPlan, data_source_ref, plan_provision, selected_node_name,
+    volume_attributes_class_name,
+};
+
+/// Why no plan was made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The decision refused the claim (or its data source reference).
+    #[error(transparent)]
+    Refused(#[from] ProvisionError),
+    /// The data source could not be read from the API server.
+    #[error(transparent)]
+    Source(kube::Error),
+    /// The selected Node could not be read from the API server.
+    #[error(transparent)]
+    SelectedNode(kube::Error),
+}
+
+/// Gathers the inputs of `claim`'s plan (provisioned with `class`, on the
+/// node its selected-node annotation names) and plans.
+pub(super) async fn plan(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+) -> Result<ProvisionPlan, PlanError> {
+    let source = data_source_ref(claim, &ctx.config)?;
+    let fetched = fetch_source(ctx, source.as_ref())
+        .await
+        .map_err(PlanError::Source)?;
+    let selected = selected_node_name(claim);
+    let topology = TopologyObjects::read(ctx, selected)
+        .with_unwatched_selected_node(ctx, selected)
+        .await
+        .map_err(PlanError::SelectedNode)?;
+    let nodes = topology.nodes();
+    let csi_nodes = topology.csi_nodes();
+    let vac = volume_attributes_class_name(claim, &ctx.config).and_then(|n| {
+        ctx.caches
+            .attributes_classes
+            .store()
+            .get(&ObjectRef::new(n))
+    });
+    let inputs = ProvisionInputs {
+        claim,
+        class,
+        selected_node: topology.selected_node(),
+        selected_csi_node: topology.selected_csi_node(),
+        nodes: &nodes,
+        csi_nodes: &csi_nodes,
+        data_source: fetched.objects(),
+        data_source_granted: data_source_granted(ctx, claim, source.as_ref()),
+        volume_attributes_class: vac.as_deref(),
+    };
+    Ok(plan_provision(&inputs, &ctx.config)?)
+}
+
+/// Whether a ReferenceGrant allows the claim's data source in another
+/// namespace (false for a source in the claim's own namespace, which
+/// needs none, and when ReferenceGrants cannot be read).
+fn data_source_granted(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    source: Option<&DataSourceRef>,
+) -> bool {
+    let Some(source) = source.filter(|s| s.cross_namespace) else {
+        return false;
+    };
+    if !ctx.config.reference_grants_readable {
+        return false;
+    }
+    let api_group = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.data_source_ref.as_ref())
+        .and_then(|r| r.api_group.as_deref());
+    let grants = ctx.caches.reference_grants.store().state();
+    let refs: Vec<&ReferenceGrant> = grants.iter().map(AsRef::as_ref).collect();
+    is_granted(
+        &CrossNamespaceSource {
+            claim_namespace: claim.metadata.namespace.as_deref().unwrap_or_default(),
+            api_group,
+            kind: source.kind.kind_name(),
+            name: &source.name,
+            namespace: &source.namespace,
+        },
+        &refs,
+    )
+}
+
+/// The data source objects, fetched (claims from the cache, snapshots from
+/// the API: they are rare and their CRDs may not even be installed).
+enum FetchedSource {
+    None,
+    Claim(
+        Option<Arc<PersistentVolumeClaim>>,
+        Option<Arc<PersistentVolume>>,
+    ),
+    Snapshot(Box<(Option<VolumeSnapshot>, Option<VolumeSnapshotContent>)>),
+}
+
+impl FetchedSource {
+    fn objects(&self) -> Option<DataSourceObjects<'_>> {
+        match self {
+            FetchedSource::None => None,
+            FetchedSource::Claim(claim, volume) => Some(DataSourceObjects::Claim {
+                claim: claim.as_deref(),
+                volume: volume.as_deref(),
+            }),
+            FetchedSource::Snapshot(fetched) => Some(DataSourceObjects::Snapshot {
+                snapshot: fetched.0.as_ref(),
+                content: fetched.1.as_ref(),
+            }),
+        }
+    }
+}
+
+async fn fetch_source(
+    ctx: &Context,
+    source: Option<&DataSourceRef>,
+) -> Result<FetchedSource, kube::Error> {
+    let Some(source) = source else {
+        return Ok(FetchedSource::None);
+    };
+    match source.kind {
+        DataSourceKind::Claim => {
+            let claim = ctx
+                .caches
+                .claims
+                .store()
+                .get(&ObjectRef::new(&source.name).within(&source.namespace));
+            let volume = claim
+                .as_ref()
+                .and_then(|c| c.spec.as_ref()?.volume_name.clone())
+                .and_then(|v| ctx.caches.volumes.store().get(&ObjectRef::new(&v)));
+            Ok(FetchedSource::Claim(claim, volume))
+        }
+        DataSourceKind::Snapshot => {
+            let snapshots: Api<VolumeSnapshot> =
+                Api::namespaced(ctx.client.clone(), &source.namespace);
+            let snapshot = snapshots.get_opt(&source.name).await?;
+            let content_name = snapshot.as_ref().and_then(|s| {
+                s.status
+                    .as_ref()?
+                    .bound_volume_snapshot_content_name
+                    .clone()
+            });
+            let content = match content_name {
+                Some(name) => {
+                    Api::<VolumeSnapshotContent>::all(ctx.client.clone())
+                        .get_opt(&name)
+                        .await?
+                }
+                None => None,
+            };
+            Ok(FetchedSource::Snapshot(Box::new((snapshot, content))))
+        }
+    }
+}
+
+/// The Nodes and CSINodes a plan is made with: the caches' (the selected
+/// node's and, with topology on, all of them), or in node mode only this
+/// node's static objects.
+struct TopologyObjects {
+    selected_node: Option<Arc<Node>>,
+    selected_csi_node: Option<Arc<CSINode>>,
+    nodes: Vec<Arc<Node>>,
+    csi_nodes: Vec<Arc<CSINode>>,
+}
+
+impl TopologyObjects {
+    fn read(ctx: &Context, selected: Option<&str>) -> Self {
+        if let Some(local) = &ctx.local_topology {
+            let node = Arc::new(local.node.clone());
+            let csi_node = Arc::new(local.csi_node.clone());
+            let is_local = selected == Some(local.name());
+            return TopologyObjects {
+                selected_node: is_local.then(|| Arc::clone(&node)),
+                selected_csi_node: is_local.then(|| Arc::clone(&csi_node)),
+                nodes: vec![node],
+                csi_nodes: vec![csi_node],
+            };
+        }
+        let topology = ctx.config.topology_enabled;
+        TopologyObjects {
+            selected_node: selected.and_then(|n| ctx.caches.nodes.store().get(&ObjectRef::new(n))),
+            selected_csi_node: selected
+                .and_then(|n| ctx.caches.csi_nodes.store().get(&ObjectRef::new(n))),
+            nodes: if topology {
+                ctx.caches.nodes.store().state()
+            } else {
+                Vec::new()
+            },
+            csi_nodes: if topology {
+                ctx.caches.csi_nodes.store().state()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// Without CSI topology no Node is watched (upstream's library then
+    /// reads the selected node from the API server too): the node the
+    /// scheduler chose for a WaitForFirstConsumer claim is asked for live,
+    /// once per attempt. It must exist, or the claim is rescheduled. In
+    /// node mode the node is this one, whose objects are at hand.
+    async fn with_unwatched_selected_node(
+        mut self,
+        ctx: &Context,
+        selected: Option<&str>,
+    ) -> Result<Self, kube::Error> {
+        if ctx.config.topology_enabled || ctx.local_topology.is_some() {
+            return Ok(self);
+        }
+        let Some(name) = selected.filter(|name| !name.is_empty()) else {
+            return Ok(self);
+        };
+        self.selected_node = Api::<Node>::all(ctx.client.clone())
+            .get_opt(name)
+            .await?
+            .map(Arc::new);
+        Ok(self)
+    }
+
+    fn selected_node(&self) -> Option<&Node> {
+        self.selected_node.as_deref()
+    }
+
+    fn selected_csi_node(&self) -> Option<&CSINode> {
+        self.selected_csi_node.as_deref()
+    }
+
+    fn nodes(&self) -> Vec<&Node> {
+        self.nodes.iter().map(AsRef::as_ref).collect()
+    }
+
+    fn csi_nodes(&self) -> Vec<&CSINode> {
+        self.csi_nodes.iter().map(AsRef::as_ref).collect()
+    }
+}
