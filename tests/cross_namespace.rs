@@ -26,47 +26,9 @@ fn handle(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
 
 const GATE: &str = "--feature-gates=CrossNamespaceVolumeDataSource=true";
 
-/// The ReferenceGrant CRD, as little of it as the API server needs to
-/// serve the kind (the Gateway API's own CRD validates more).
-async fn install_reference_grant_crd(env: &Env) {
-    if !env.is_real() {
-        return; // served by the test server
-    }
-    let crd = json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        // The API server protects *.k8s.io groups; the Gateway API's CRDs
-        // carry this approval.
-        "metadata": {"name": "referencegrants.gateway.networking.k8s.io",
-                     "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/1538"}},
-        "spec": {
-            "group": "gateway.networking.k8s.io",
-            "names": {"kind": "ReferenceGrant", "listKind": "ReferenceGrantList",
-                      "plural": "referencegrants", "singular": "referencegrant",
-                      "shortNames": ["refgrant"]},
-            "scope": "Namespaced",
-            "versions": [{"name": "v1beta1", "served": true, "storage": true,
-                          "schema": {"openAPIV3Schema": {"type": "object",
-                              "x-kubernetes-preserve-unknown-fields": true}}}],
-        },
-    });
-    match env.try_create(crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("ReferenceGrant CRD: {e}"),
-    }
-    let grants: kube::Api<csi_provisioner::api::reference_grant::ReferenceGrant> =
-        kube::Api::all(env.client.clone());
-    env.wait_for(
-        "ReferenceGrants served",
-        Duration::from_secs(30),
-        || async { grants.list(&Default::default()).await.ok().map(|_| ()) },
-    )
-    .await;
-}
-
 async fn a_clone_from_another_namespace_waits_for_a_reference_grant(backend: Backend) {
     let mut env = Env::new(backend).await;
-    install_reference_grant_crd(&env).await;
+    env.install_reference_grant_crd().await;
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
     let source_ns = format!("src-{}", env.id);

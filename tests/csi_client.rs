@@ -18,8 +18,9 @@ use tokio::sync::oneshot;
 use tonic::{Code, Request, Response, Status};
 
 struct RunningDriver {
+    /// First: the driver is told to stop before its directory goes.
+    _served: csi_hostpath::InProcess,
     config: csi_hostpath::Config,
-    stop: Option<oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
 }
 
@@ -28,10 +29,9 @@ impl RunningDriver {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = csi_hostpath::Config::for_tests(dir.path());
         mutate(&mut config);
-        let stop = spawn_driver(config.clone());
         RunningDriver {
+            _served: csi_hostpath::InProcess::spawn(config.clone()),
             config,
-            stop: Some(stop),
             _dir: dir,
         }
     }
@@ -46,25 +46,6 @@ impl RunningDriver {
             .expect("connect");
         Driver::discover(channel, timeout).await.expect("discover")
     }
-}
-
-impl Drop for RunningDriver {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-fn spawn_driver(config: csi_hostpath::Config) -> oneshot::Sender<()> {
-    let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = csi_hostpath::serve(config, async {
-            let _ = rx.await;
-        })
-        .await;
-    });
-    tx
 }
 
 fn request(name: &str, bytes: i64) -> CreateVolumeRequest {
@@ -96,7 +77,7 @@ async fn waits_for_a_socket_that_appears_late() {
         tokio::spawn(async move { connect_and_probe(&socket, Duration::from_secs(2)).await });
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(!connecting.is_finished(), "nothing listens yet");
-    let _stop = spawn_driver(config);
+    let _served = csi_hostpath::InProcess::spawn(config);
     let channel = tokio::time::timeout(Duration::from_secs(10), connecting)
         .await
         .expect("connected in time")

@@ -7,19 +7,19 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
-use controlplane::GuardedChild;
 use serde_json::json;
+use support::sidecar::Sidecar;
 use support::{Backend, ClusterConfig, Env};
 
 e2e_real!(ClusterConfig::standard();
     a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease,
 );
 
-/// Short timings so each hand-over takes seconds.
+/// Short timings so each hand-over takes seconds (on top of the harness's
+/// flags, which both images take).
 fn election_flags(namespace: &str) -> Vec<String> {
     vec![
         "--leader-election".to_owned(),
@@ -27,9 +27,6 @@ fn election_flags(namespace: &str) -> Vec<String> {
         "--leader-election-lease-duration=2s".to_owned(),
         "--leader-election-renew-deadline=1s".to_owned(),
         "--leader-election-retry-period=500ms".to_owned(),
-        "--retry-interval-start=100ms".to_owned(),
-        "--retry-interval-max=1s".to_owned(),
-        "--timeout=5s".to_owned(),
         "--v=5".to_owned(),
     ]
 }
@@ -42,43 +39,26 @@ enum Image {
 
 struct Replica {
     image: Image,
-    child: Option<GuardedChild>,
-    log: PathBuf,
+    sidecar: Sidecar,
 }
 
 impl Replica {
     fn start(env: &Env, image: Image, run: u32, kubeconfig: &Path, bin: &Path) -> Replica {
         let log = env.dir.path().join(format!("{image:?}-{run}.log"));
-        let mut command = Command::new(bin);
-        command
-            .arg(format!("--csi-address={}", env.driver.endpoint.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        let sidecar = env
+            .launch(kubeconfig)
+            .binary(bin)
             .args(election_flags(&env.ns))
-            .env_remove("KUBECONFIG")
-            .env_remove("RUST_LOG")
-            .env("NAMESPACE", &env.ns);
-        let child = GuardedChild::spawn(&format!("{image:?}"), command, &log).expect("spawn");
-        Replica {
-            image,
-            child: Some(child),
-            log,
-        }
+            .start(&format!("{image:?}"), &log);
+        Replica { image, sidecar }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.sidecar.log()
     }
 
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill();
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
+        self.sidecar.kill();
     }
 }
 
@@ -170,7 +150,7 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
     let Some(go_bin) = env.upstream_binary("csi-provisioner") else {
         return;
     };
-    let rust_bin = PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner"));
+    let rust_bin = support::sidecar::sidecar_binary();
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
     // Each image as its own user, both bound to deploy/'s rules (leader

@@ -3,36 +3,49 @@
 //! on) and its own sidecar process (`NODE_NAME`), against one API test
 //! server holding both Nodes and CSINodes.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use controlplane::GuardedChild;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube_testserver::{HttpServer, TestServer};
 use serde_json::json;
-use tokio::sync::oneshot;
+use support::{Launch, SELECTED_NODE};
 
 const DRIVER: &str = csi_hostpath::DEFAULT_DRIVER_NAME;
 const NODES: [&str; 2] = ["node-a", "node-b"];
-const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 
 struct NodeSide {
     name: &'static str,
+    /// Killed when dropped.
+    sidecar: Option<GuardedChild>,
+    /// Told to stop when dropped.
+    _served: csi_hostpath::InProcess,
     driver: csi_hostpath::Config,
-    driver_stop: Option<oneshot::Sender<()>>,
-    sidecar: Option<Child>,
     log: PathBuf,
 }
 
+impl NodeSide {
+    /// Its sidecar in node deployment, in `default`.
+    fn launch(&self, kubeconfig: &Path) -> Launch {
+        Launch::new(&self.driver.endpoint, kubeconfig, "default").args(["--node-deployment"])
+    }
+}
+
 struct Cluster {
+    /// First: the sidecars and drivers go before the API server and
+    /// their directory.
+    nodes: Vec<NodeSide>,
     /// Holds the drivers' sockets and state directories and the logs.
     _dir: tempfile::TempDir,
     api: TestServer,
     http: HttpServer,
     client: kube::Client,
-    nodes: Vec<NodeSide>,
 }
 
 impl Cluster {
@@ -65,22 +78,11 @@ impl Cluster {
                 .filter(|(node, _, _)| *node == name)
                 .map(|(_, kind, bytes)| ((*kind).to_owned(), *bytes))
                 .collect::<BTreeMap<_, _>>();
-            let (tx, rx) = oneshot::channel::<()>();
-            let config = driver.clone();
-            tokio::spawn(async move {
-                if let Err(e) = csi_hostpath::serve(config, async {
-                    let _ = rx.await;
-                })
-                .await
-                {
-                    eprintln!("hostpath driver stopped: {e}");
-                }
-            });
             nodes.push(NodeSide {
                 name,
-                driver,
-                driver_stop: Some(tx),
                 sidecar: None,
+                _served: csi_hostpath::InProcess::spawn(driver.clone()),
+                driver,
                 log: node_dir.join("sidecar.log"),
             });
         }
@@ -99,29 +101,17 @@ impl Cluster {
     }
 
     fn start_sidecars_with_delays(&mut self, base: &str, max: &str, extra: &[&str]) {
-        let kubeconfig = self.http.kubeconfig_path().display().to_string();
+        let kubeconfig = self.http.kubeconfig_path().to_owned();
         for node in &mut self.nodes {
-            let log = std::fs::File::create(&node.log).expect("log file");
-            let child = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
-                .arg(format!("--csi-address={}", node.driver.endpoint.display()))
-                .arg(format!("--kubeconfig={kubeconfig}"))
-                .arg("--node-deployment")
-                .arg(format!("--node-deployment-base-delay={base}"))
-                .arg(format!("--node-deployment-max-delay={max}"))
-                .arg("--retry-interval-start=100ms")
-                .arg("--retry-interval-max=1s")
-                .arg("--timeout=5s")
-                .arg("--v=4")
+            let child = node
+                .launch(&kubeconfig)
+                .args([
+                    format!("--node-deployment-base-delay={base}"),
+                    format!("--node-deployment-max-delay={max}"),
+                ])
                 .args(extra)
-                .env_remove("KUBECONFIG")
-                .env_remove("RUST_LOG")
-                .env("NAMESPACE", "default")
                 .env("NODE_NAME", node.name)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(log))
-                .spawn()
-                .expect("spawn csi-provisioner");
+                .spawn("csi-provisioner", &node.log);
             node.sidecar = Some(child);
         }
     }
@@ -213,21 +203,13 @@ impl Cluster {
             .items
     }
 
-    async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, mut check: F) -> T
+    async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            if Instant::now() > deadline {
-                panic!("timed out waiting for {what}\n{}", self.logs());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let context = || format!("\n{}", self.logs());
+        support::poll(what, timeout, Duration::from_millis(50), check, context).await
     }
 
     /// The claim, once bound to its PV.
@@ -268,20 +250,6 @@ impl Cluster {
             },
         )
         .await;
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.sidecar.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            if let Some(tx) = node.driver_stop.take() {
-                let _ = tx.send(());
-            }
-        }
     }
 }
 
@@ -581,16 +549,10 @@ async fn without_immediate_binding_node_sidecars_leave_immediate_claims_alone() 
 async fn node_deployment_needs_node_name() {
     let cluster = Cluster::new(&[]).await;
     let node = cluster.node("node-a");
-    let output = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
-        .arg(format!("--csi-address={}", node.driver.endpoint.display()))
-        .arg(format!(
-            "--kubeconfig={}",
-            cluster.http.kubeconfig_path().display()
-        ))
-        .arg("--node-deployment")
+    let output = node
+        .launch(cluster.http.kubeconfig_path())
+        .command()
         .env_remove("NODE_NAME")
-        .env_remove("KUBECONFIG")
-        .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
         .expect("run csi-provisioner");

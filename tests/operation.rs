@@ -9,12 +9,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use controlplane::GuardedChild;
 use csi_hostpath::faults::Fault;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use serde_json::json;
+use support::sidecar::Sidecar;
 use support::{Backend, ClusterConfig, Env, free_port, http_get};
 
 e2e!(ClusterConfig::standard();
@@ -42,69 +42,10 @@ const WAITING: &str = "waiting to acquire the leader lease";
 const CALLING_CREATE: &str = "calling CreateVolume";
 
 /// A sidecar process of our own, beside (or instead of) the harness's one,
-/// with the harness's flags.
-struct Sidecar {
-    name: &'static str,
-    child: Option<GuardedChild>,
-    log: std::path::PathBuf,
-}
-
-impl Sidecar {
-    fn start(env: &Env, name: &'static str, kubeconfig: &Path, extra: &[&str]) -> Sidecar {
-        let log = env.dir.path().join(format!("{name}.log"));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
-        command
-            .arg(format!("--csi-address={}", env.driver.endpoint.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--retry-interval-start=100ms")
-            .arg("--retry-interval-max=1s")
-            .arg("--timeout=5s")
-            .arg("--v=4")
-            .args(extra)
-            .env_remove("KUBECONFIG")
-            .env_remove("RUST_LOG")
-            .env("NAMESPACE", &env.ns);
-        let child = GuardedChild::spawn(name, command, &log).expect("spawn csi-provisioner");
-        Sidecar {
-            name,
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn dump(&self) -> String {
-        format!("--- {} ---\n{}", self.name, self.log())
-    }
-
-    /// Whether one log line contains every needle.
-    fn logged(&self, needles: &[&str]) -> bool {
-        self.log()
-            .lines()
-            .any(|line| needles.iter().all(|n| line.contains(n)))
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill();
-        }
-    }
-
-    /// The exit code once the process ended, waiting at most `timeout`.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let status = self.child.as_mut()?.wait_timeout(timeout)?;
-        self.child = None;
-        Some(status.code().unwrap_or(-1))
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// with the harness's flags; its log `<name>.log`.
+fn start(env: &Env, name: &str, kubeconfig: &Path, extra: &[&str]) -> Sidecar {
+    let log = env.dir.path().join(format!("{name}.log"));
+    env.launch(kubeconfig).args(extra).start(name, &log)
 }
 
 async fn wait_log(sidecars: &[&Sidecar], who: &Sidecar, needles: &[&str], timeout: Duration) {
@@ -130,9 +71,9 @@ async fn only_the_leader_provisions_and_a_killed_leader_is_replaced(backend: Bac
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
     let kubeconfig = env.sidecar_kubeconfig(ELECTION).await;
-    let mut a = Sidecar::start(&env, "a", &kubeconfig, ELECTION);
+    let mut a = start(&env, "a", &kubeconfig, ELECTION);
     wait_log(&[&a], &a, &[BECAME_LEADER], Duration::from_secs(20)).await;
-    let b = Sidecar::start(&env, "b", &kubeconfig, ELECTION);
+    let b = start(&env, "b", &kubeconfig, ELECTION);
     wait_log(&[&a, &b], &b, &[WAITING], Duration::from_secs(20)).await;
     let holder = lease(&env)
         .await
@@ -216,9 +157,9 @@ async fn a_partitioned_leader_stops_itself_and_the_other_takes_over() {
     // The leader talks to the API server through a listener of its own,
     // so dropping that listener partitions only the leader.
     let leader_listener = env.api().serve_http().await.expect("second listener");
-    let mut a = Sidecar::start(&env, "a", leader_listener.kubeconfig_path(), ELECTION);
+    let mut a = start(&env, "a", leader_listener.kubeconfig_path(), ELECTION);
     wait_log(&[&a], &a, &[BECAME_LEADER], Duration::from_secs(20)).await;
-    let b = Sidecar::start(&env, "b", &env.admin_kubeconfig(), ELECTION);
+    let b = start(&env, "b", &env.admin_kubeconfig(), ELECTION);
     wait_log(&[&a, &b], &b, &[WAITING], Duration::from_secs(20)).await;
 
     let cut = Instant::now();

@@ -13,17 +13,16 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use controlplane::GuardedChild;
 use csi_hostpath::faults::Fault;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use support::snapshots::{PROVISIONER_SOURCE_FINALIZER, SNAPSHOT_API};
+use support::sidecar::Sidecar;
+use support::snapshots::{Hostpathplugin, PROVISIONER_SOURCE_FINALIZER, SNAPSHOT_API};
 use support::{Backend, ClusterConfig, Env};
 
 e2e_real!(ClusterConfig::standard();
@@ -50,15 +49,10 @@ impl Image {
     }
 }
 
-/// The flags both images run with (the harness's usual timings, plus the
-/// metadata parameters, so the driver's records tell the runs apart).
-const FLAGS: &[&str] = &[
-    "--extra-create-metadata",
-    "--retry-interval-start=100ms",
-    "--retry-interval-max=1s",
-    "--timeout=5s",
-    "--v=5",
-];
+/// The flags both images run with beside the harness's
+/// ([`support::sidecar::HARNESS_FLAGS`], which both take too): the
+/// metadata parameters, so the driver's records tell the runs apart.
+const FLAGS: &[&str] = &["--extra-create-metadata", "--v=5"];
 
 /// Claims that are provisioned, and how.
 fn good_claims(env: &Env) -> Vec<(&'static str, &'static str, &'static str, Value)> {
@@ -335,19 +329,13 @@ fn strip_meta(object: &mut Value) {
     }
 }
 
-/// Starts the upstream image with `flags`.
-fn start_go(env: &Env, kubeconfig: &Path, bin: &Path, flags: &[&str]) -> (GuardedChild, PathBuf) {
-    let log = env.dir.path().join("go.log");
-    let mut command = Command::new(bin);
-    command
-        .arg(format!("--csi-address={}", env.driver.endpoint.display()))
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+/// Starts the upstream image with `flags`, on the test's node.
+fn start_go(env: &Env, kubeconfig: &Path, bin: &Path, flags: &[&str]) -> Sidecar {
+    env.launch(kubeconfig)
+        .binary(bin)
         .args(flags)
-        .env_remove("KUBECONFIG")
-        .env("NAMESPACE", &env.ns)
-        .env("NODE_NAME", &env.node);
-    let child = GuardedChild::spawn("csi-provisioner-go", command, &log).expect("spawn");
-    (child, log)
+        .env("NODE_NAME", &env.node)
+        .start("csi-provisioner-go", &env.dir.path().join("go.log"))
 }
 
 /// The CSI driver both images run against.
@@ -356,10 +344,7 @@ enum Driver {
     Ours,
     /// The upstream Go `hostpathplugin` of `../shared/k8s`, as the checks
     /// outside this repository run it.
-    Upstream {
-        state_dir: PathBuf,
-        _process: GuardedChild,
-    },
+    Upstream(Hostpathplugin),
 }
 
 impl Driver {
@@ -367,39 +352,9 @@ impl Driver {
     /// node and socket. None off the real cluster, and, said once, without
     /// the binary where skipping is allowed (else the test fails).
     async fn upstream(env: &mut Env, extra: &[&str]) -> Option<Driver> {
-        let hostpathplugin = env.upstream_binary("hostpathplugin")?;
-        env.stop_driver().await;
-        let socket = env.driver.endpoint.clone();
-        let _ = std::fs::remove_file(&socket);
-        let state_dir = env.dir.path().join("upstream-state");
-        let mut command = Command::new(hostpathplugin);
-        command
-            .arg(format!("--endpoint=unix://{}", socket.display()))
-            .arg(format!("--nodeid={}", env.node))
-            .arg(format!("--drivername={}", env.driver_name))
-            .arg(format!("--statedir={}", state_dir.display()))
-            .args(extra);
-        let process = GuardedChild::spawn(
-            "hostpathplugin",
-            command,
-            &env.dir.path().join("hostpathplugin.log"),
-        )
-        .expect("spawn hostpathplugin");
-        for _ in 0..100 {
-            if socket.exists() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(
-            socket.exists(),
-            "hostpathplugin did not listen on {}",
-            socket.display()
-        );
-        Some(Driver::Upstream {
-            state_dir,
-            _process: process,
-        })
+        Hostpathplugin::start(env, extra)
+            .await
+            .map(Driver::Upstream)
     }
 
     /// The backend's snapshot ids.
@@ -407,7 +362,7 @@ impl Driver {
         match self {
             Driver::Ours => env.backend_snapshots().into_iter().map(|s| s.id).collect(),
             // hostpathplugin's state file: {"Snapshots": [{"Id", ...}]}.
-            Driver::Upstream { state_dir, .. } => std::fs::read(state_dir.join("state.json"))
+            Driver::Upstream(plugin) => std::fs::read(plugin.state_dir.join("state.json"))
                 .ok()
                 .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
                 .and_then(|state| state["Snapshots"].as_array().cloned())
@@ -435,7 +390,7 @@ impl Driver {
                 })
                 .collect(),
             // hostpathplugin's state file: {"Volumes": [{"VolName", ...}]}.
-            Driver::Upstream { state_dir, .. } => std::fs::read_dir(state_dir)
+            Driver::Upstream(plugin) => std::fs::read_dir(&plugin.state_dir)
                 .into_iter()
                 .flatten()
                 .flatten()
@@ -513,7 +468,7 @@ async fn run(
         }
     }
     let logs = |env: &Env| match &go {
-        Some((_, log)) => std::fs::read_to_string(log).unwrap_or_default(),
+        Some(go) => go.log(),
         None => env.logs(),
     };
 
@@ -966,7 +921,7 @@ async fn run(
     env.clear_faults();
     let log = logs(env);
     match go {
-        Some((mut child, _)) => child.kill(),
+        Some(mut go) => go.kill(),
         None => {
             env.stop_sidecar();
         }
@@ -1252,7 +1207,7 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
         "--capacity-poll-interval=1s",
         "--capacity-ownerref-level=-1",
     ];
-    let (mut go, go_log) = start_go(&env, &go_config, &go_bin, &flags);
+    let mut go = start_go(&env, &go_config, &go_bin, &flags);
     // Both classes published, then nothing changes for 3 polls.
     let mut last = BTreeMap::new();
     let mut stable_since = std::time::Instant::now();
@@ -1267,7 +1222,7 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "the Go image published {last:#?}\n{}",
-            std::fs::read_to_string(&go_log).unwrap_or_default()
+            go.log()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };

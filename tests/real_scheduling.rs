@@ -41,11 +41,11 @@ use controlplane::GuardedChild;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use support::{Backend, ClusterConfig, Env, SELECTED_NODE};
+use support::{Backend, ClusterConfig, Env, Launch, SELECTED_NODE};
 
 const MI: i64 = 1 << 20;
 const TOPOLOGY_KEY: &str = csi_hostpath::TOPOLOGY_KEY;
@@ -68,6 +68,26 @@ e2e_real!(ClusterConfig::standard().with_scheduler();
     immediate_claims_get_one_owner_and_one_volume_hostpathplugin,
     immediate_claims_get_one_owner_and_one_volume_go_image_hostpathplugin,
 );
+
+/// Declares the three runs of a scenario `async fn scenario(backend,
+/// driver, sidecar)`: ours with our `csi-hostpath`, ours with the upstream
+/// `hostpathplugin`, and the upstream Go image with `hostpathplugin` (the
+/// reference behaviour).
+macro_rules! each_driver_and_image {
+    ($scenario:ident: $ours:ident, $ours_upstream_driver:ident, $go_image:ident) => {
+        async fn $ours(backend: Backend) {
+            $scenario(backend, DriverKind::CsiHostpath, SidecarKind::Ours).await;
+        }
+
+        async fn $ours_upstream_driver(backend: Backend) {
+            $scenario(backend, DriverKind::Hostpathplugin, SidecarKind::Ours).await;
+        }
+
+        async fn $go_image(backend: Backend) {
+            $scenario(backend, DriverKind::Hostpathplugin, SidecarKind::Go).await;
+        }
+    };
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DriverKind {
@@ -126,6 +146,23 @@ struct Setup {
     delays: (&'static str, &'static str),
 }
 
+impl Setup {
+    /// `nodes` with delays of 100ms to 1s, without capacity tracking.
+    fn new(
+        driver: DriverKind,
+        sidecar: SidecarKind,
+        nodes: Vec<(&'static str, Option<i64>)>,
+    ) -> Setup {
+        Setup {
+            driver,
+            sidecar,
+            nodes,
+            capacity: false,
+            delays: ("100ms", "1s"),
+        }
+    }
+}
+
 struct Cluster {
     env: Env,
     driver: DriverKind,
@@ -141,8 +178,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// The nodes, their drivers and the sidecars' RBAC; no sidecar yet.
-    /// `None` when an upstream binary the setup needs is missing and
+    /// The nodes, their drivers, the CSIDriver (with `storageCapacity`
+    /// when the setup tracks capacity) and the sidecars' RBAC; no sidecar
+    /// yet. `None` when an upstream binary the setup needs is missing and
     /// skipping is allowed (said once).
     async fn new(backend: Backend, setup: Setup) -> Option<Cluster> {
         let mut env = Env::new(backend).await;
@@ -164,23 +202,13 @@ impl Cluster {
                     &[]
                 };
                 let kubeconfig = env.sidecar_kubeconfig(args).await;
-                (support::sidecar_binary(), kubeconfig, env.sidecar_user())
+                (
+                    support::sidecar::sidecar_binary(),
+                    kubeconfig,
+                    env.sidecar_user(),
+                )
             }
-            SidecarKind::Go => {
-                let bin = env.upstream_binary("csi-provisioner")?;
-                let user = format!("go-{}", env.id);
-                let (cluster_rules, mut namespace_rules) = support::upstream_stock_rules();
-                // The stock Role reads pods and ReplicaSets for the owner
-                // chain; a DaemonSet or Deployment owner needs these too.
-                if let Some(rules) = namespace_rules.as_array_mut() {
-                    rules.push(json!({"apiGroups": ["apps"],
-                        "resources": ["daemonsets", "deployments"], "verbs": ["get"]}));
-                }
-                env.grant_rules(&user, cluster_rules, namespace_rules).await;
-                let plane = env.plane().expect("real cluster");
-                let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
-                (bin, kubeconfig, user)
-            }
+            SidecarKind::Go => go_image(&env).await?,
         };
         let mut nodes = Vec::new();
         for (suffix, capacity) in &setup.nodes {
@@ -244,6 +272,7 @@ impl Cluster {
                 },
             )
             .await;
+        cluster.csi_driver(setup.capacity).await;
         Some(cluster)
     }
 
@@ -359,30 +388,21 @@ impl Cluster {
         let node = &mut self.nodes[i];
         assert!(node.sidecar.is_none(), "sidecar of {} running", node.name);
         node.sidecar_runs += 1;
-        let mut command = Command::new(&self.sidecar_bin);
-        command
-            .arg(format!("--csi-address={}", node.socket.display()))
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .arg("--node-deployment")
-            .arg(format!("--node-deployment-base-delay={}", self.delays.0))
-            .arg(format!("--node-deployment-max-delay={}", self.delays.1))
-            .arg("--retry-interval-start=100ms")
-            .arg("--retry-interval-max=1s")
-            .arg("--timeout=10s")
-            .arg("--v=4")
+        let mut launch = Launch::new(&node.socket, &self.kubeconfig, &self.env.ns)
+            .binary(&self.sidecar_bin)
+            .args([
+                "--node-deployment".to_owned(),
+                format!("--node-deployment-base-delay={}", self.delays.0),
+                format!("--node-deployment-max-delay={}", self.delays.1),
+                "--timeout=10s".to_owned(),
+            ])
             .args(extra)
-            .env_remove("KUBECONFIG")
-            .env_remove("RUST_LOG")
-            .env_remove("POD_NAME")
-            .env("NAMESPACE", &self.env.ns)
             .env("NODE_NAME", &node.name);
         if let Some(pod) = pod {
-            command.env("POD_NAME", pod);
+            launch = launch.env("POD_NAME", pod);
         }
         let log = node.sidecar_log(node.sidecar_runs);
-        node.sidecar = Some(
-            GuardedChild::spawn("csi-provisioner", command, &log).expect("spawn csi-provisioner"),
-        );
+        node.sidecar = Some(launch.spawn("csi-provisioner", &log));
     }
 
     fn start_sidecars(&mut self, extra: &[&str]) {
@@ -446,26 +466,20 @@ impl Cluster {
         out
     }
 
-    async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, mut check: F) -> T
+    async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "timed out after {timeout:?} waiting for {what} (sidecar: {}, driver: {:?})\n{}",
-                    self.sidecar_kind.name(),
-                    self.driver,
-                    self.logs()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let context = || {
+            format!(
+                "for {timeout:?} (sidecar: {}, driver: {:?})\n{}",
+                self.sidecar_kind.name(),
+                self.driver,
+                self.logs()
+            )
+        };
+        support::poll(what, timeout, Duration::from_millis(100), check, context).await
     }
 
     /// Fails as soon as `check` returns `Some(reason)` within `window`: a
@@ -538,6 +552,8 @@ impl Cluster {
         all
     }
 
+    /// The test's CSIDriver, with `storageCapacity` when the sidecars
+    /// publish capacity.
     async fn csi_driver(&self, storage_capacity: bool) {
         self.env
             .create(
@@ -724,13 +740,7 @@ impl Cluster {
                         .items;
                     let mut by_node = BTreeMap::new();
                     for pod in pods {
-                        let owned = pod
-                            .metadata
-                            .owner_references
-                            .iter()
-                            .flatten()
-                            .any(|o| o.uid == uid);
-                        if !owned {
+                        if !owned_by(&pod.metadata, &uid) {
                             continue;
                         }
                         if let Some(node) = daemon_pod_node(&pod) {
@@ -769,13 +779,7 @@ impl Cluster {
                     .await
                     .ok()?
                     .items;
-                let set = sets.into_iter().find(|s| {
-                    s.metadata
-                        .owner_references
-                        .iter()
-                        .flatten()
-                        .any(|o| o.uid == uid)
-                })?;
+                let set = sets.into_iter().find(|s| owned_by(&s.metadata, &uid))?;
                 let set_uid = set.metadata.uid.clone()?;
                 let set_name = set.metadata.name.clone()?;
                 let pods = Api::<Pod>::namespaced(self.env.client.clone(), &self.env.ns)
@@ -783,13 +787,7 @@ impl Cluster {
                     .await
                     .ok()?
                     .items;
-                let pod = pods.into_iter().find(|p| {
-                    p.metadata
-                        .owner_references
-                        .iter()
-                        .flatten()
-                        .any(|o| o.uid == set_uid)
-                })?;
+                let pod = pods.into_iter().find(|p| owned_by(&p.metadata, &set_uid))?;
                 Some((uid.clone(), set_name, set_uid, pod.metadata.name?))
             },
         )
@@ -834,6 +832,25 @@ impl Drop for Cluster {
             heartbeat.abort();
         }
     }
+}
+
+/// The upstream Go `csi-provisioner` (binary, kubeconfig, user), its user
+/// bound to the stock RBAC rules plus `get` on DaemonSets and Deployments;
+/// `None` when the binary is missing and skipping is allowed (said once).
+async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf, String)> {
+    let bin = env.upstream_binary("csi-provisioner")?;
+    let user = format!("go-{}", env.id);
+    let (cluster_rules, mut namespace_rules) = support::upstream_stock_rules();
+    // The stock Role reads pods and ReplicaSets for the owner chain; a
+    // DaemonSet or Deployment owner needs these too.
+    if let Some(rules) = namespace_rules.as_array_mut() {
+        rules.push(json!({"apiGroups": ["apps"],
+            "resources": ["daemonsets", "deployments"], "verbs": ["get"]}));
+    }
+    env.grant_rules(&user, cluster_rules, namespace_rules).await;
+    let plane = env.plane().expect("real cluster");
+    let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
+    Some((bin, kubeconfig, user))
 }
 
 /// What a kubelet does to stay Ready: renew its node Lease (every 3 s
@@ -945,6 +962,15 @@ fn daemon_pod_node(pod: &Pod) -> Option<String> {
         .cloned()
 }
 
+/// Whether `uid` is among the object's owners.
+fn owned_by(metadata: &ObjectMeta, uid: &str) -> bool {
+    metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid)
+}
+
 fn owner(api_version: &str, kind: &str, name: &str, uid: &str) -> OwnerReference {
     OwnerReference {
         api_version: api_version.to_owned(),
@@ -978,18 +1004,11 @@ async fn assert_placed_at_the_first_try(c: &Cluster, claim: &str) {
     );
 }
 
-async fn capacity_steers_the_scheduler_csi_hostpath(backend: Backend) {
-    capacity_steers_the_scheduler(backend, DriverKind::CsiHostpath, SidecarKind::Ours).await;
-}
-
-async fn capacity_steers_the_scheduler_hostpathplugin(backend: Backend) {
-    capacity_steers_the_scheduler(backend, DriverKind::Hostpathplugin, SidecarKind::Ours).await;
-}
-
-/// The same scenario with the upstream Go image: the reference behaviour.
-async fn capacity_steers_the_scheduler_go_image_hostpathplugin(backend: Backend) {
-    capacity_steers_the_scheduler(backend, DriverKind::Hostpathplugin, SidecarKind::Go).await;
-}
+each_driver_and_image!(capacity_steers_the_scheduler:
+    capacity_steers_the_scheduler_csi_hostpath,
+    capacity_steers_the_scheduler_hostpathplugin,
+    capacity_steers_the_scheduler_go_image_hostpathplugin
+);
 
 /// Two nodes, 256Mi and 512Mi of kind `fast`; a CSIDriver with
 /// `storageCapacity: true`; one sidecar per node publishing its own
@@ -1006,22 +1025,15 @@ async fn capacity_steers_the_scheduler_go_image_hostpathplugin(backend: Backend)
 /// - Deleting everything gives the capacity back; deleting the DaemonSet
 ///   makes the garbage collector delete the objects it owns.
 async fn capacity_steers_the_scheduler(backend: Backend, driver: DriverKind, sidecar: SidecarKind) {
-    let Some(mut c) = Cluster::new(
-        backend,
-        Setup {
-            driver,
-            sidecar,
-            nodes: vec![("a", Some(256 * MI)), ("b", Some(512 * MI))],
-            capacity: true,
-            delays: ("100ms", "1s"),
-        },
-    )
-    .await
-    else {
+    let nodes = vec![("a", Some(256 * MI)), ("b", Some(512 * MI))];
+    let setup = Setup {
+        capacity: true,
+        ..Setup::new(driver, sidecar, nodes)
+    };
+    let Some(mut c) = Cluster::new(backend, setup).await else {
         return;
     };
     let (a, b) = (c.node("a"), c.node("b"));
-    c.csi_driver(true).await;
     c.env
         .storage_class(
             "local",
@@ -1192,22 +1204,15 @@ async fn capacity_steers_the_scheduler(backend: Backend, driver: DriverKind, sid
 /// one and the same for both; where the chain ends too early both refuse
 /// to start and publish nothing.
 async fn capacity_owner_follows_the_level_as_the_go_image(backend: Backend) {
-    let Some(mut c) = Cluster::new(
-        backend,
-        Setup {
-            driver: DriverKind::CsiHostpath,
-            sidecar: SidecarKind::Ours,
-            nodes: vec![("a", Some(256 * MI))],
-            capacity: true,
-            delays: ("100ms", "1s"),
-        },
-    )
-    .await
-    else {
+    let nodes = vec![("a", Some(256 * MI))];
+    let setup = Setup {
+        capacity: true,
+        ..Setup::new(DriverKind::CsiHostpath, SidecarKind::Ours, nodes)
+    };
+    let Some(mut c) = Cluster::new(backend, setup).await else {
         return;
     };
     let a = c.node("a");
-    c.csi_driver(true).await;
     c.env
         .storage_class(
             "local",
@@ -1225,29 +1230,10 @@ async fn capacity_owner_follows_the_level_as_the_go_image(backend: Backend) {
         .and_then(|p| p.metadata.uid)
         .expect("pod uid");
 
-    // The Go image, bound to the stock rules (plus DaemonSets and
-    // Deployments), when it is there.
-    let go = match c.env.upstream_binary("csi-provisioner") {
-        Some(bin) => {
-            let user = format!("go-{}", c.env.id);
-            let (cluster_rules, mut namespace_rules) = support::upstream_stock_rules();
-            if let Some(rules) = namespace_rules.as_array_mut() {
-                rules.push(json!({"apiGroups": ["apps"],
-                    "resources": ["daemonsets", "deployments"], "verbs": ["get"]}));
-            }
-            c.env
-                .grant_rules(&user, cluster_rules, namespace_rules)
-                .await;
-            let kubeconfig = c
-                .env
-                .plane()
-                .expect("real cluster")
-                .kubeconfig_for(&user, None)
-                .expect("kubeconfig");
-            Some((bin, kubeconfig))
-        }
-        None => None,
-    };
+    // The Go image, when it is there.
+    let go = go_image(&c.env)
+        .await
+        .map(|(bin, kubeconfig, _)| (bin, kubeconfig));
     let ours = (c.sidecar_bin.clone(), c.kubeconfig.clone());
 
     // (level, POD_NAME, the expected owner; None: the sidecar refuses)
@@ -1396,32 +1382,11 @@ async fn capacity_owner_follows_the_level_as_the_go_image(backend: Backend) {
 // Part 3: node deployment on the real cluster.
 // ---------------------------------------------------------------------------
 
-async fn node_sidecars_provision_only_their_nodes_claims_csi_hostpath(backend: Backend) {
-    node_sidecars_provision_only_their_nodes_claims(
-        backend,
-        DriverKind::CsiHostpath,
-        SidecarKind::Ours,
-    )
-    .await;
-}
-
-async fn node_sidecars_provision_only_their_nodes_claims_hostpathplugin(backend: Backend) {
-    node_sidecars_provision_only_their_nodes_claims(
-        backend,
-        DriverKind::Hostpathplugin,
-        SidecarKind::Ours,
-    )
-    .await;
-}
-
-async fn node_sidecars_provision_only_their_nodes_claims_go_image_hostpathplugin(backend: Backend) {
-    node_sidecars_provision_only_their_nodes_claims(
-        backend,
-        DriverKind::Hostpathplugin,
-        SidecarKind::Go,
-    )
-    .await;
-}
+each_driver_and_image!(node_sidecars_provision_only_their_nodes_claims:
+    node_sidecars_provision_only_their_nodes_claims_csi_hostpath,
+    node_sidecars_provision_only_their_nodes_claims_hostpathplugin,
+    node_sidecars_provision_only_their_nodes_claims_go_image_hostpathplugin
+);
 
 /// Two nodes, a sidecar and a driver each, no capacity tracking.
 ///
@@ -1439,23 +1404,12 @@ async fn node_sidecars_provision_only_their_nodes_claims(
     driver: DriverKind,
     sidecar: SidecarKind,
 ) {
-    let Some(mut c) = Cluster::new(
-        backend,
-        Setup {
-            driver,
-            sidecar,
-            nodes: vec![("a", None), ("b", None)],
-            capacity: false,
-            delays: ("100ms", "1s"),
-        },
-    )
-    .await
-    else {
+    let setup = Setup::new(driver, sidecar, vec![("a", None), ("b", None)]);
+    let Some(mut c) = Cluster::new(backend, setup).await else {
         return;
     };
     let (a, b) = (c.node("a"), c.node("b"));
     let ns = c.env.ns.clone();
-    c.csi_driver(false).await;
     c.env
         .storage_class("local", "WaitForFirstConsumer", "Delete", json!({}))
         .await;
@@ -1580,32 +1534,11 @@ async fn node_sidecars_provision_only_their_nodes_claims(
     c.finish().await;
 }
 
-async fn immediate_claims_get_one_owner_and_one_volume_csi_hostpath(backend: Backend) {
-    immediate_claims_get_one_owner_and_one_volume(
-        backend,
-        DriverKind::CsiHostpath,
-        SidecarKind::Ours,
-    )
-    .await;
-}
-
-async fn immediate_claims_get_one_owner_and_one_volume_hostpathplugin(backend: Backend) {
-    immediate_claims_get_one_owner_and_one_volume(
-        backend,
-        DriverKind::Hostpathplugin,
-        SidecarKind::Ours,
-    )
-    .await;
-}
-
-async fn immediate_claims_get_one_owner_and_one_volume_go_image_hostpathplugin(backend: Backend) {
-    immediate_claims_get_one_owner_and_one_volume(
-        backend,
-        DriverKind::Hostpathplugin,
-        SidecarKind::Go,
-    )
-    .await;
-}
+each_driver_and_image!(immediate_claims_get_one_owner_and_one_volume:
+    immediate_claims_get_one_owner_and_one_volume_csi_hostpath,
+    immediate_claims_get_one_owner_and_one_volume_hostpathplugin,
+    immediate_claims_get_one_owner_and_one_volume_go_image_hostpathplugin
+);
 
 /// Three nodes racing for Immediate claims (delays of a few milliseconds,
 /// so they try at nearly the same time): each claim gets one owner (the
@@ -1617,23 +1550,16 @@ async fn immediate_claims_get_one_owner_and_one_volume(
     driver: DriverKind,
     sidecar: SidecarKind,
 ) {
-    let Some(mut c) = Cluster::new(
-        backend,
-        Setup {
-            driver,
-            sidecar,
-            nodes: vec![("a", None), ("b", None), ("c", None)],
-            capacity: false,
-            delays: ("5ms", "50ms"),
-        },
-    )
-    .await
-    else {
+    let nodes = vec![("a", None), ("b", None), ("c", None)];
+    let setup = Setup {
+        delays: ("5ms", "50ms"),
+        ..Setup::new(driver, sidecar, nodes)
+    };
+    let Some(mut c) = Cluster::new(backend, setup).await else {
         return;
     };
     let ns = c.env.ns.clone();
     let nodes: BTreeSet<String> = c.node_names().into_iter().collect();
-    c.csi_driver(false).await;
     c.env
         .storage_class("shared", "Immediate", "Delete", json!({}))
         .await;

@@ -49,6 +49,20 @@ const GATE: &str = "--feature-gates=CrossNamespaceVolumeDataSource=true";
 /// removes.
 const SWEPT: &str = "removed an orphaned source-protection finalizer";
 
+/// Declares the two runs of a case `async fn case(backend, upstream)`:
+/// against our `csi-hostpath` and against the upstream `hostpathplugin`.
+macro_rules! with_each_driver {
+    ($case:ident: $ours:ident, $upstream:ident) => {
+        async fn $ours(backend: Backend) {
+            $case(backend, false).await;
+        }
+
+        async fn $upstream(backend: Backend) {
+            $case(backend, true).await;
+        }
+    };
+}
+
 /// The driver a case runs against.
 enum Driver {
     /// This repository's `csi-hostpath`, in-process (fault injection).
@@ -198,6 +212,13 @@ async fn turn(sweeps: bool) -> Turn {
     } else {
         Turn::Shared(SWEEPING.read().await)
     }
+}
+
+/// [`set_up`] with our driver, a csi-snapshotter and the sidecar's orphan
+/// sweep every `interval` (so the case runs alone).
+async fn set_up_sweeping(backend: Backend, interval: &str) -> Option<(Turn, Env, Driver)> {
+    let sweep = format!("--snapshot-orphan-sweep-interval={interval}");
+    set_up(backend, false, true, &[&sweep]).await
 }
 
 /// A test's cluster objects and processes: its driver (ours, or
@@ -458,18 +479,15 @@ async fn clean_up(env: &Env, driver: &Driver, namespaces: &[&str]) {
     env.assert_nothing_forbidden();
 }
 
+with_each_driver!(restore_ready_snapshots:
+    ready_snapshots_are_restored,
+    ready_snapshots_are_restored_by_hostpathplugin
+);
+
 /// Case 1 and 4: filesystem and block snapshots, ready, are restored at
 /// their size and larger, with their data; the provisioner's
 /// source-protection finalizer is on each snapshot during its restores and
 /// gone after.
-async fn ready_snapshots_are_restored(backend: Backend) {
-    restore_ready_snapshots(backend, false).await;
-}
-
-async fn ready_snapshots_are_restored_by_hostpathplugin(backend: Backend) {
-    restore_ready_snapshots(backend, true).await;
-}
-
 async fn restore_ready_snapshots(backend: Backend, upstream: bool) {
     let Some((_turn, env, driver)) = set_up(backend, upstream, true, &[]).await else {
         return;
@@ -540,15 +558,8 @@ async fn restore_ready_snapshots(backend: Backend, upstream: bool) {
     // taken off: at least two writes each) and is gone now; the
     // snapshot-controller's own stay.
     for snapshot in ["fs-snap", "block-snap"] {
-        env.wait_for(
-            &format!("{snapshot} without the provisioner's finalizer"),
-            Duration::from_secs(30),
-            || async {
-                let finalizers = env.snapshot_finalizers(&ns, snapshot).await?;
-                (!finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER)).then_some(())
-            },
-        )
-        .await;
+        env.wait_source_protected(&ns, snapshot, false, Duration::from_secs(30))
+            .await;
         // The audit log is written as requests complete: wait for it.
         env.wait_for(
             &format!(
@@ -570,17 +581,14 @@ async fn restore_ready_snapshots(backend: Backend, upstream: bool) {
     clean_up(&env, &driver, &[&ns]).await;
 }
 
+with_each_driver!(claim_waits_for_its_snapshot:
+    a_claim_waits_for_its_snapshot,
+    a_claim_waits_for_its_snapshot_with_hostpathplugin
+);
+
 /// Case 2: a claim created before its VolumeSnapshot exists, then before
 /// it is ready (no csi-snapshotter yet), waits with the reason in its
 /// events and binds once the snapshot is ready.
-async fn a_claim_waits_for_its_snapshot(backend: Backend) {
-    claim_waits_for_its_snapshot(backend, false).await;
-}
-
-async fn a_claim_waits_for_its_snapshot_with_hostpathplugin(backend: Backend) {
-    claim_waits_for_its_snapshot(backend, true).await;
-}
-
 async fn claim_waits_for_its_snapshot(backend: Backend, upstream: bool) {
     let Some((_turn, mut env, driver)) = set_up(backend, upstream, false, &[]).await else {
         return;
@@ -612,12 +620,9 @@ async fn claim_waits_for_its_snapshot(backend: Backend, upstream: bool) {
     let claim = env.pvc(&ns, "early").await.expect("claim");
     assert_eq!(phase(&claim), "Pending", "waits: {message}");
     assert_eq!(driver.volume_ids(&env).len(), 1, "nothing restored yet");
-    assert!(
-        env.snapshot_finalizers(&ns, "later")
-            .await
-            .unwrap_or_default()
-            .iter()
-            .all(|f| f != PROVISIONER_SOURCE_FINALIZER),
+    assert_ne!(
+        env.source_protected(&ns, "later").await,
+        Some(true),
         "no restore started, so no protection"
     );
 
@@ -634,17 +639,14 @@ async fn claim_waits_for_its_snapshot(backend: Backend, upstream: bool) {
     clean_up(&env, &driver, &[&ns]).await;
 }
 
+with_each_driver!(snapshot_deleted_before_the_restore:
+    a_snapshot_deleted_before_the_restore_is_refused,
+    a_snapshot_deleted_before_the_restore_is_refused_with_hostpathplugin
+);
+
 /// Case 3, before: a snapshot deleted (gone, or still Terminating behind
 /// another finalizer) before the claim is created is refused with a clear
 /// event, over several attempts, and no volume is made.
-async fn a_snapshot_deleted_before_the_restore_is_refused(backend: Backend) {
-    snapshot_deleted_before_the_restore(backend, false).await;
-}
-
-async fn a_snapshot_deleted_before_the_restore_is_refused_with_hostpathplugin(backend: Backend) {
-    snapshot_deleted_before_the_restore(backend, true).await;
-}
-
 async fn snapshot_deleted_before_the_restore(backend: Backend, upstream: bool) {
     let Some((_turn, env, driver)) = set_up(backend, upstream, true, &[]).await else {
         return;
@@ -748,14 +750,7 @@ async fn snapshot_deleted_before_the_restore(backend: Backend, upstream: bool) {
 /// goes; a restore whose claim is deleted as well leaves no volume and no
 /// finalizer behind.
 async fn a_snapshot_deleted_during_the_restore_leaks_nothing(backend: Backend) {
-    let Some((_turn, env, driver)) = set_up(
-        backend,
-        false,
-        true,
-        &["--snapshot-orphan-sweep-interval=2s"],
-    )
-    .await
-    else {
+    let Some((_turn, env, driver)) = set_up_sweeping(backend, "2s").await else {
         return;
     };
     let ns = env.ns.clone();
@@ -768,14 +763,9 @@ async fn a_snapshot_deleted_during_the_restore_leaks_nothing(backend: Backend) {
     env.set_faults(vec![Fault::delay("CreateVolume", Duration::from_secs(4))]);
     env.create_pvc(&ns, "during", "fast", "5Mi", from_snapshot("snap", false))
         .await;
-    env.wait_for("the restore started", Duration::from_secs(20), || async {
-        let finalizers = env.snapshot_finalizers(&ns, "snap").await?;
-        finalizers
-            .iter()
-            .any(|f| f == PROVISIONER_SOURCE_FINALIZER)
-            .then_some(())
-    })
-    .await;
+    // The restore started.
+    env.wait_source_protected(&ns, "snap", true, Duration::from_secs(20))
+        .await;
     env.delete(
         support::snapshots::SNAPSHOT_API,
         "VolumeSnapshot",
@@ -836,8 +826,7 @@ async fn restore_abandoned(
         &format!("the restore of {claim} started"),
         Duration::from_secs(20),
         || async {
-            let finalizers = env.snapshot_finalizers(&ns, snapshot).await?;
-            let started = finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER);
+            let started = env.source_protected(&ns, snapshot).await?;
             (started && env.journal().await.contains_key(&uid)).then_some(())
         },
     )
@@ -883,15 +872,8 @@ async fn restore_abandoned(
             "{claim}: the restored volume was made, then deleted\n{}",
             env.logs()
         );
-        env.wait_for(
-            &format!("{snapshot} freed"),
-            Duration::from_secs(20),
-            || async {
-                let finalizers = env.snapshot_finalizers(&ns, snapshot).await?;
-                (!finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER)).then_some(())
-            },
-        )
-        .await;
+        env.wait_source_protected(&ns, snapshot, false, Duration::from_secs(20))
+            .await;
     }
     let swept = env
         .logs()
@@ -902,50 +884,13 @@ async fn restore_abandoned(
     );
 }
 
-/// The ReferenceGrant CRD, as little of it as the API server needs to
-/// serve the kind (as tests/cross_namespace.rs installs it).
-async fn install_reference_grant_crd(env: &Env) {
-    let crd = json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "referencegrants.gateway.networking.k8s.io",
-                     "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/1538"}},
-        "spec": {
-            "group": "gateway.networking.k8s.io",
-            "names": {"kind": "ReferenceGrant", "listKind": "ReferenceGrantList",
-                      "plural": "referencegrants", "singular": "referencegrant",
-                      "shortNames": ["refgrant"]},
-            "scope": "Namespaced",
-            "versions": [{"name": "v1beta1", "served": true, "storage": true,
-                          "schema": {"openAPIV3Schema": {"type": "object",
-                              "x-kubernetes-preserve-unknown-fields": true}}}],
-        },
-    });
-    match env.try_create(crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("ReferenceGrant CRD: {e}"),
-    }
-    let resource = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-        "gateway.networking.k8s.io",
-        "v1beta1",
-        "ReferenceGrant",
-    ));
-    let grants: Api<kube::api::DynamicObject> = Api::all_with(env.client.clone(), &resource);
-    env.wait_for(
-        "ReferenceGrants served",
-        Duration::from_secs(30),
-        || async { grants.list(&Default::default()).await.ok().map(|_| ()) },
-    )
-    .await;
-}
-
 /// Case 5: a claim restores a VolumeSnapshot of another namespace
 /// (`dataSourceRef.namespace`) only once a ReferenceGrant there allows it;
 /// refused before with upstream's message, and no volume is made.
 async fn a_snapshot_of_another_namespace_needs_a_reference_grant(backend: Backend) {
     let _turn = turn(false).await;
     let mut env = Env::new(backend).await;
-    install_reference_grant_crd(&env).await;
+    env.install_reference_grant_crd().await;
     if env.start_snapshotter().await.is_none() {
         return;
     }
@@ -1002,12 +947,9 @@ async fn a_snapshot_of_another_namespace_needs_a_reference_grant(backend: Backen
         phase(&env.pvc(&ns, "copy").await.expect("claim")),
         "Pending"
     );
-    assert!(
-        !env.snapshot_finalizers(&source_ns, "shared")
-            .await
-            .expect("snapshot")
-            .iter()
-            .any(|f| f == PROVISIONER_SOURCE_FINALIZER),
+    assert_eq!(
+        env.source_protected(&source_ns, "shared").await,
+        Some(false),
         "a refused restore does not protect the snapshot"
     );
 
@@ -1027,15 +969,8 @@ async fn a_snapshot_of_another_namespace_needs_a_reference_grant(backend: Backen
         restored_data(&env, &driver, &id, false, data.len()),
         data.as_bytes()
     );
-    env.wait_for(
-        "the provisioner's finalizer off the other namespace's snapshot",
-        Duration::from_secs(30),
-        || async {
-            let finalizers = env.snapshot_finalizers(&source_ns, "shared").await?;
-            (!finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER)).then_some(())
-        },
-    )
-    .await;
+    env.wait_source_protected(&source_ns, "shared", false, Duration::from_secs(30))
+        .await;
     env.wait_for(
         "the other namespace's snapshot protected meanwhile (two writes in the audit log)",
         Duration::from_secs(10),
@@ -1051,14 +986,7 @@ async fn a_snapshot_of_another_namespace_needs_a_reference_grant(backend: Backen
 /// claim of ours still restores from is kept until that claim goes; a
 /// Terminating snapshot freed by the sweep is then deleted with its content.
 async fn orphaned_source_finalizers_are_swept(backend: Backend) {
-    let Some((_turn, env, driver)) = set_up(
-        backend,
-        false,
-        true,
-        &["--snapshot-orphan-sweep-interval=1s"],
-    )
-    .await
-    else {
+    let Some((_turn, env, driver)) = set_up_sweeping(backend, "1s").await else {
         return;
     };
     let ns = env.ns.clone();
@@ -1091,11 +1019,9 @@ async fn orphaned_source_finalizers_are_swept(backend: Backend) {
         "terminating",
     )
     .await;
-    env.wait_for("left swept", Duration::from_secs(20), || async {
-        let finalizers = env.snapshot_finalizers(&ns, "left").await?;
-        (!finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER)).then_some(())
-    })
-    .await;
+    // Swept.
+    env.wait_source_protected(&ns, "left", false, Duration::from_secs(20))
+        .await;
     let swept = env.logs();
     assert!(
         swept.contains(SWEPT) && swept.contains(&format!("{ns}/left")),
@@ -1112,25 +1038,16 @@ async fn orphaned_source_finalizers_are_swept(backend: Backend) {
         &ready[2].handle,
     )
     .await;
-    assert!(
-        env.snapshot_finalizers(&ns, "needed")
-            .await
-            .expect("needed")
-            .iter()
-            .any(|f| f == PROVISIONER_SOURCE_FINALIZER),
+    assert_eq!(
+        env.source_protected(&ns, "needed").await,
+        Some(true),
         "kept while a pending claim restores from it\n{}",
         env.logs()
     );
     env.delete_pvc(&ns, "small").await;
-    env.wait_for(
-        "needed freed once its claim is gone",
-        Duration::from_secs(20),
-        || async {
-            let finalizers = env.snapshot_finalizers(&ns, "needed").await?;
-            (!finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER)).then_some(())
-        },
-    )
-    .await;
+    // Freed once its claim is gone.
+    env.wait_source_protected(&ns, "needed", false, Duration::from_secs(20))
+        .await;
     assert_eq!(driver.volume_ids(&env).len(), 1, "no volume was made");
     clean_up(&env, &driver, &[&ns]).await;
 }
@@ -1142,14 +1059,7 @@ async fn orphaned_source_finalizers_are_swept(backend: Backend) {
 /// (Fails with the sidecar of this writing: its sweep knows only the claims
 /// its cache keeps, those of its own driver, and frees the snapshot.)
 async fn the_sweep_keeps_the_finalizer_of_another_provisioners_restore(backend: Backend) {
-    let Some((_turn, env, driver)) = set_up(
-        backend,
-        false,
-        true,
-        &["--snapshot-orphan-sweep-interval=1s"],
-    )
-    .await
-    else {
+    let Some((_turn, env, driver)) = set_up_sweeping(backend, "1s").await else {
         return;
     };
     let ns = env.ns.clone();
@@ -1180,18 +1090,13 @@ async fn the_sweep_keeps_the_finalizer_of_another_provisioners_restore(backend: 
         env.edit_snapshot_finalizers(&ns, name, |f| f.push(PROVISIONER_SOURCE_FINALIZER.into()))
             .await;
     }
-    env.wait_for("left swept", Duration::from_secs(20), || async {
-        let finalizers = env.snapshot_finalizers(&ns, "left").await?;
-        (!finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER)).then_some(())
-    })
-    .await;
-    let finalizers = env
-        .snapshot_finalizers(&ns, "theirs")
-        .await
-        .expect("theirs");
-    assert!(
-        finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER),
-        "our sweep removed the finalizer of another provisioner's pending restore: {finalizers:?}\n{}",
+    // Swept.
+    env.wait_source_protected(&ns, "left", false, Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        env.source_protected(&ns, "theirs").await,
+        Some(true),
+        "our sweep removed the finalizer of another provisioner's pending restore\n{}",
         env.logs()
     );
     clean_up(&env, &driver, &[&ns]).await;

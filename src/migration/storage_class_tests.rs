@@ -1,27 +1,7 @@
 use super::*;
-use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
+use crate::provision::fixtures::{map, topology_term};
+use k8s_openapi::api::core::v1::TopologySelectorTerm;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-        .collect()
-}
-
-fn term(expressions: &[(&str, &[&str])]) -> TopologySelectorTerm {
-    TopologySelectorTerm {
-        match_label_expressions: Some(
-            expressions
-                .iter()
-                .map(|(key, values)| TopologySelectorLabelRequirement {
-                    key: (*key).to_owned(),
-                    values: values.iter().map(|v| (*v).to_owned()).collect(),
-                })
-                .collect(),
-        ),
-    }
-}
 
 fn class(
     plugin: InTreePlugin,
@@ -106,7 +86,7 @@ fn translations() {
             Ok(translated(
                 AwsEbs,
                 &[],
-                Some(vec![term(&[(EBS_ZONE, &["us-east-1a"])])]),
+                Some(vec![topology_term(&[(EBS_ZONE, &["us-east-1a"])])]),
             )),
         ),
         (
@@ -116,7 +96,10 @@ fn translations() {
             Ok(translated(
                 AwsEbs,
                 &[],
-                Some(vec![term(&[(EBS_ZONE, &["us-east-1a", "us-east-1b"])])]),
+                Some(vec![topology_term(&[(
+                    EBS_ZONE,
+                    &["us-east-1a", "us-east-1b"],
+                )])]),
             )),
         ),
         (
@@ -124,7 +107,7 @@ fn translations() {
             class(
                 AwsEbs,
                 &[("zone", "us-east-1a")],
-                Some(vec![term(&[(GA_ZONE, &["us-east-1b"])])]),
+                Some(vec![topology_term(&[(GA_ZONE, &["us-east-1b"])])]),
             ),
             AwsEbs,
             Err(MigrationError::ZoneParametersWithAllowedTopologies),
@@ -149,8 +132,8 @@ fn translations() {
                 AwsEbs,
                 &[],
                 Some(vec![
-                    term(&[(GA_ZONE, &["us-east-1a"]), ("example.com/rack", &["r1"])]),
-                    term(&[(BETA_ZONE, &["us-east-1b"])]),
+                    topology_term(&[(GA_ZONE, &["us-east-1a"]), ("example.com/rack", &["r1"])]),
+                    topology_term(&[(BETA_ZONE, &["us-east-1b"])]),
                 ]),
             ),
             AwsEbs,
@@ -158,8 +141,8 @@ fn translations() {
                 AwsEbs,
                 &[],
                 Some(vec![
-                    term(&[(EBS_ZONE, &["us-east-1a"]), ("example.com/rack", &["r1"])]),
-                    term(&[(EBS_ZONE, &["us-east-1b"])]),
+                    topology_term(&[(EBS_ZONE, &["us-east-1a"]), ("example.com/rack", &["r1"])]),
+                    topology_term(&[(EBS_ZONE, &["us-east-1b"])]),
                 ]),
             )),
         ),
@@ -184,7 +167,7 @@ fn translations() {
                     ("csi.storage.k8s.io/fstype", "xfs"),
                     ("replication-type", "regional-pd"),
                 ],
-                Some(vec![term(&[(
+                Some(vec![topology_term(&[(
                     PD_ZONE,
                     &["us-central1-a", "us-central1-b"],
                 )])]),
@@ -195,13 +178,13 @@ fn translations() {
             class(
                 GcePd,
                 &[],
-                Some(vec![term(&[(BETA_ZONE, &["us-central1-a"])])]),
+                Some(vec![topology_term(&[(BETA_ZONE, &["us-central1-a"])])]),
             ),
             GcePd,
             Ok(translated(
                 GcePd,
                 &[],
-                Some(vec![term(&[(PD_ZONE, &["us-central1-a"])])]),
+                Some(vec![topology_term(&[(PD_ZONE, &["us-central1-a"])])]),
             )),
         ),
         // ---- Azure Disk
@@ -220,7 +203,7 @@ fn translations() {
             Ok(translated(
                 AzureDisk,
                 &[("skuName", "Premium_LRS"), ("fsType", "ext4")],
-                Some(vec![term(&[(DISK_ZONE, &["eastus-1"])])]),
+                Some(vec![topology_term(&[(DISK_ZONE, &["eastus-1"])])]),
             )),
         ),
         (
@@ -228,7 +211,7 @@ fn translations() {
             class(
                 AzureDisk,
                 &[],
-                Some(vec![term(&[
+                Some(vec![topology_term(&[
                     (GA_ZONE, &["0", "westus-1"]),
                     ("topology.kubernetes.io/region", &["westus"]),
                 ])]),
@@ -237,7 +220,7 @@ fn translations() {
             Ok(translated(
                 AzureDisk,
                 &[],
-                Some(vec![term(&[
+                Some(vec![topology_term(&[
                     (DISK_ZONE, &["", "westus-1"]),
                     ("topology.kubernetes.io/region", &["westus"]),
                 ])]),
@@ -249,13 +232,13 @@ fn translations() {
             class(
                 AzureFile,
                 &[("skuName", "Standard_LRS"), ("fsType", "x"), ("zone", "z")],
-                Some(vec![term(&[(GA_ZONE, &["z"])])]),
+                Some(vec![topology_term(&[(GA_ZONE, &["z"])])]),
             ),
             AzureFile,
             Ok(translated(
                 AzureFile,
                 &[("skuName", "Standard_LRS"), ("fsType", "x"), ("zone", "z")],
-                Some(vec![term(&[(GA_ZONE, &["z"])])]),
+                Some(vec![topology_term(&[(GA_ZONE, &["z"])])]),
             )),
         ),
         // ---- Cinder
@@ -268,7 +251,7 @@ fn translations() {
                     ("availability", "nova"),
                     ("type", "ssd"),
                 ],
-                Some(vec![term(&[(BETA_ZONE, &["nova"])])]),
+                Some(vec![topology_term(&[(BETA_ZONE, &["nova"])])]),
             ),
             Cinder,
             Ok(translated(
@@ -278,7 +261,7 @@ fn translations() {
                     ("availability", "nova"),
                     ("type", "ssd"),
                 ],
-                Some(vec![term(&[(CINDER_ZONE, &["nova"])])]),
+                Some(vec![topology_term(&[(CINDER_ZONE, &["nova"])])]),
             )),
         ),
         (
@@ -305,7 +288,7 @@ fn translations() {
                     ("iopsLimit", "100"),
                     ("unknown", "x"),
                 ],
-                Some(vec![term(&[
+                Some(vec![topology_term(&[
                     (GA_ZONE, &["zone-a"]),
                     ("topology.kubernetes.io/region", &["region-1"]),
                 ])]),
@@ -326,7 +309,7 @@ fn translations() {
                     ("iopslimit-migrationparam", "100"),
                     ("csimigration", "true"),
                 ],
-                Some(vec![term(&[
+                Some(vec![topology_term(&[
                     (VSPHERE_ZONE, &["zone-a"]),
                     ("topology.kubernetes.io/region", &["region-1"]),
                 ])]),
@@ -348,7 +331,7 @@ fn translations() {
                     ("openstorage.io/auth-secret-name", "px-secret"),
                     ("openstorage.io/auth-secret-namespace", "px"),
                 ],
-                Some(vec![term(&[(GA_ZONE, &["z"])])]),
+                Some(vec![topology_term(&[(GA_ZONE, &["z"])])]),
             ),
             Portworx,
             Ok(translated(
@@ -380,7 +363,7 @@ fn translations() {
                     ),
                     ("csi.storage.k8s.io/node-expand-secret-namespace", "px"),
                 ],
-                Some(vec![term(&[(GA_ZONE, &["z"])])]),
+                Some(vec![topology_term(&[(GA_ZONE, &["z"])])]),
             )),
         ),
         (
@@ -410,7 +393,7 @@ fn zone_parameters_of_every_zonal_plugin() {
             translate_storage_class_to_csi(plugin, &class(plugin, &[("ZONE", " z-1 ")], None));
         assert_eq!(
             translated.map(|class| class.allowed_topologies),
-            Ok(Some(vec![term(&[(key, &["z-1"])])])),
+            Ok(Some(vec![topology_term(&[(key, &["z-1"])])])),
             "{plugin}"
         );
         assert_eq!(

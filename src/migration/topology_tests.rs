@@ -379,17 +379,7 @@ fn vsphere_topology_both_ways() {
 
 #[test]
 fn allowed_topologies() {
-    let term = |expressions: &[(&str, &[&str])]| TopologySelectorTerm {
-        match_label_expressions: Some(
-            expressions
-                .iter()
-                .map(|(key, values)| TopologySelectorLabelRequirement {
-                    key: (*key).to_owned(),
-                    values: values.iter().map(|v| (*v).to_owned()).collect(),
-                })
-                .collect(),
-        ),
-    };
+    let term = crate::provision::fixtures::topology_term;
     let empty_term = TopologySelectorTerm {
         match_label_expressions: None,
     };

@@ -1,5 +1,6 @@
 use super::*;
 use crate::migration::{RegionError, TopologyTranslationError};
+use crate::provision::fixtures::map;
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, VolumeNodeAffinity,
 };
@@ -11,13 +12,6 @@ const BETA_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
 const BETA_REGION: &str = "failure-domain.beta.kubernetes.io/region";
 const AZURE_URI: &str =
     "/subscriptions/sub-1/resourceGroups/rg/providers/Microsoft.Compute/disks/pvc-1";
-
-fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
 
 /// One node selector term of `In` expressions.
 fn affinity(terms: &[&[(&str, &str)]]) -> Option<VolumeNodeAffinity> {

@@ -9,7 +9,8 @@ use crate::projection::{
 };
 use k8s_openapi::api::core::v1::{
     AWSElasticBlockStoreVolumeSource, CSIPersistentVolumeSource, ObjectReference,
-    PersistentVolumeClaimSpec, VolumeResourceRequirements,
+    PersistentVolumeClaimSpec, TopologySelectorLabelRequirement, TopologySelectorTerm,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -55,6 +56,22 @@ pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
+}
+
+/// A term of a StorageClass's `allowedTopologies`: one `(key, values)`
+/// requirement per entry.
+pub fn topology_term(expressions: &[(&str, &[&str])]) -> TopologySelectorTerm {
+    TopologySelectorTerm {
+        match_label_expressions: Some(
+            expressions
+                .iter()
+                .map(|(key, values)| TopologySelectorLabelRequirement {
+                    key: (*key).to_owned(),
+                    values: values.iter().map(|v| (*v).to_owned()).collect(),
+                })
+                .collect(),
+        ),
+    }
 }
 
 pub fn now() -> Time {

@@ -1,10 +1,10 @@
 use std::collections::HashMap;
 
 use csi_proto::v1::Topology;
-use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
+use k8s_openapi::api::core::v1::TopologySelectorTerm;
 
 use super::*;
-use crate::provision::fixtures::{DRIVER, annotate, claim, class, config, map};
+use crate::provision::fixtures::{DRIVER, annotate, claim, class, config, map, topology_term};
 
 const KEY: &str = "topology.hostpath.csi/node";
 
@@ -158,12 +158,7 @@ fn local_topology_objects() {
 }
 
 fn allowed(key: &str, values: &[&str]) -> Vec<TopologySelectorTerm> {
-    vec![TopologySelectorTerm {
-        match_label_expressions: Some(vec![TopologySelectorLabelRequirement {
-            key: key.to_owned(),
-            values: values.iter().map(|v| (*v).to_owned()).collect(),
-        }]),
-    }]
+    vec![topology_term(&[(key, values)])]
 }
 
 #[test]

@@ -964,8 +964,7 @@ fn clone_plan_and_cross_namespace_sources() {
 #[test]
 fn migrated_in_tree_classes() {
     use crate::migration::{InTreePlugin, MigrationError};
-    use crate::provision::fixtures::{EBS_DRIVER, ebs_config, gp2_claim, gp2_class};
-    use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
+    use crate::provision::fixtures::{EBS_DRIVER, ebs_config, gp2_claim, gp2_class, topology_term};
     use std::collections::HashMap;
 
     let ebs = ebs_config();
@@ -1039,12 +1038,7 @@ fn migrated_in_tree_classes() {
         vec![ebs_zone("us-east-1a"), ebs_zone("us-east-1b")]
     );
     let allowed = |key: &str| StorageClass {
-        allowed_topologies: Some(vec![TopologySelectorTerm {
-            match_label_expressions: Some(vec![TopologySelectorLabelRequirement {
-                key: key.to_owned(),
-                values: vec!["us-east-1c".to_owned()],
-            }]),
-        }]),
+        allowed_topologies: Some(vec![topology_term(&[(key, &["us-east-1c"])])]),
         ..gp2_class()
     };
     assert_eq!(

@@ -1,5 +1,5 @@
 use super::*;
-use k8s_openapi::api::core::v1::TopologySelectorLabelRequirement;
+use crate::provision::fixtures::topology_term;
 use k8s_openapi::api::storage::v1::{CSINodeDriver, CSINodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -39,20 +39,6 @@ fn csi_node(name: &str, drivers: &[(&str, &[&str])]) -> CSINode {
                 })
                 .collect(),
         },
-    }
-}
-
-fn allowed(expressions: &[(&str, &[&str])]) -> TopologySelectorTerm {
-    TopologySelectorTerm {
-        match_label_expressions: Some(
-            expressions
-                .iter()
-                .map(|(key, values)| TopologySelectorLabelRequirement {
-                    key: (*key).to_owned(),
-                    values: values.iter().map(|v| (*v).to_owned()).collect(),
-                })
-                .collect(),
-        ),
     }
 }
 
@@ -150,7 +136,7 @@ fn delayed_strict_without_allowed_topologies_sends_only_the_selected_node() {
 #[test]
 fn delayed_strict_with_allowed_topologies_containing_the_node() {
     let cluster = Cluster::zoned();
-    let allowed_topologies = [allowed(&[(ZONE, &["b", "c"])])];
+    let allowed_topologies = [topology_term(&[(ZONE, &["b", "c"])])];
     assert_eq!(
         cluster.run(Some("n-b"), &allowed_topologies, true, true),
         Ok(requirement(zones(&["b"]), zones(&["b"])))
@@ -160,7 +146,7 @@ fn delayed_strict_with_allowed_topologies_containing_the_node() {
 #[test]
 fn delayed_strict_with_allowed_topologies_excluding_the_node() {
     let cluster = Cluster::zoned();
-    let allowed_topologies = [allowed(&[(ZONE, &["c"])])];
+    let allowed_topologies = [topology_term(&[(ZONE, &["c"])])];
     let error = cluster.run(Some("n-b"), &allowed_topologies, true, true);
     assert!(
         matches!(error, Err(TopologyError::NotInAllowedTopologies { ref node, .. }) if node == "n-b"),
@@ -171,7 +157,7 @@ fn delayed_strict_with_allowed_topologies_excluding_the_node() {
 #[test]
 fn delayed_with_allowed_topologies_prefers_the_selected_node_first() {
     let cluster = Cluster::zoned();
-    let allowed_topologies = [allowed(&[(ZONE, &["c", "a", "b"])])];
+    let allowed_topologies = [topology_term(&[(ZONE, &["c", "a", "b"])])];
     assert_eq!(
         cluster.run(Some("n-b"), &allowed_topologies, false, true),
         Ok(requirement(
@@ -197,7 +183,7 @@ fn delayed_without_allowed_topologies_aggregates_the_cluster() {
 #[test]
 fn delayed_with_allowed_topologies_not_containing_the_node() {
     let cluster = Cluster::zoned();
-    let allowed_topologies = [allowed(&[(ZONE, &["c"])])];
+    let allowed_topologies = [topology_term(&[(ZONE, &["c"])])];
     assert!(matches!(
         cluster.run(Some("n-a"), &allowed_topologies, false, true),
         Err(TopologyError::SelectedNotInRequisite { .. })
@@ -207,7 +193,7 @@ fn delayed_with_allowed_topologies_not_containing_the_node() {
 #[test]
 fn immediate_with_allowed_topologies_rotates_by_the_claim_name() {
     let cluster = Cluster::zoned();
-    let allowed_topologies = [allowed(&[(ZONE, &["c", "b", "a"])])];
+    let allowed_topologies = [topology_term(&[(ZONE, &["c", "b", "a"])])];
     // hash("web") % 3 == 0 and the ordinal offsets it (see the hash test).
     for (claim, first) in [
         ("data-web-0", "a"),
@@ -360,7 +346,10 @@ fn selected_node_lacking_a_topology_label_is_an_error() {
 #[test]
 fn allowed_topologies_of_only_empty_terms_send_nothing() {
     let cluster = Cluster::zoned();
-    let empty = [allowed(&[(ZONE, &[])]), TopologySelectorTerm::default()];
+    let empty = [
+        topology_term(&[(ZONE, &[])]),
+        TopologySelectorTerm::default(),
+    ];
     assert_eq!(cluster.run(None, &empty, false, true), Ok(None));
 }
 
@@ -368,9 +357,9 @@ fn allowed_topologies_of_only_empty_terms_send_nothing() {
 fn flatten_distributes_values_and_dedups() {
     let cluster = Cluster::zoned();
     let allowed_topologies = [
-        allowed(&[(ZONE, &["b", "a"]), (RACK, &["r1", "r2"])]),
-        allowed(&[(ZONE, &["a"]), (RACK, &["r1"])]),
-        allowed(&[(ZONE, &["c"])]),
+        topology_term(&[(ZONE, &["b", "a"]), (RACK, &["r1", "r2"])]),
+        topology_term(&[(ZONE, &["a"]), (RACK, &["r1"])]),
+        topology_term(&[(ZONE, &["c"])]),
     ];
     let pair = |zone: &str, rack: &str| topo(&[(ZONE, zone), (RACK, rack)]);
     let result = cluster

@@ -29,7 +29,6 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use kube_testserver::{HttpServer, TestServer};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 #[path = "../deploy/render.rs"]
 #[allow(dead_code)]
@@ -37,7 +36,10 @@ mod render;
 
 pub use controlplane::Config as ClusterConfig;
 
+pub mod sidecar;
 pub mod snapshots;
+
+pub use sidecar::Launch;
 
 /// The annotation of a pod's selected node on its WaitForFirstConsumer claim.
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
@@ -170,8 +172,8 @@ pub struct Env {
     /// The node of this test (Node, CSINode, topology segment).
     pub node: String,
     pub driver: csi_hostpath::Config,
-    driver_stop: Option<oneshot::Sender<()>>,
-    driver_task: Option<tokio::task::JoinHandle<()>>,
+    /// The driver in-process (unless [`Env::run_driver_as_process`]).
+    driver_in_process: Option<csi_hostpath::InProcess>,
     /// The driver as a `csi-hostpath` process ([`Env::run_driver_as_process`]).
     driver_process: Option<GuardedChild>,
     driver_runs: u32,
@@ -245,8 +247,7 @@ impl Env {
             node: driver.node_id.clone(),
             id,
             driver,
-            driver_stop: None,
-            driver_task: None,
+            driver_in_process: None,
             driver_process: None,
             driver_runs: 0,
             driver_as_process: false,
@@ -350,6 +351,45 @@ impl Env {
                 Err(e) => panic!("create namespace {name}: {e}"),
             }
         }
+    }
+
+    /// The ReferenceGrant CRD, as little of it as the API server needs to
+    /// serve the kind (the Gateway API's own CRD validates more); the test
+    /// server serves ReferenceGrants without it.
+    pub async fn install_reference_grant_crd(&self) {
+        if !self.is_real() {
+            return; // served by the test server
+        }
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            // The API server protects *.k8s.io groups; the Gateway API's CRDs
+            // carry this approval.
+            "metadata": {"name": "referencegrants.gateway.networking.k8s.io",
+                         "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/1538"}},
+            "spec": {
+                "group": "gateway.networking.k8s.io",
+                "names": {"kind": "ReferenceGrant", "listKind": "ReferenceGrantList",
+                          "plural": "referencegrants", "singular": "referencegrant",
+                          "shortNames": ["refgrant"]},
+                "scope": "Namespaced",
+                "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                              "schema": {"openAPIV3Schema": {"type": "object",
+                                  "x-kubernetes-preserve-unknown-fields": true}}}],
+            },
+        });
+        match self.try_create(crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("ReferenceGrant CRD: {e}"),
+        }
+        let grants: kube::Api<csi_provisioner::api::reference_grant::ReferenceGrant> =
+            kube::Api::all(self.client.clone());
+        self.wait_for(
+            "ReferenceGrants served",
+            Duration::from_secs(30),
+            || async { grants.list(&Default::default()).await.ok().map(|_| ()) },
+        )
+        .await;
     }
 
     /// A Node with the driver's topology label and its CSINode, as the
@@ -459,18 +499,7 @@ impl Env {
             );
             return;
         }
-        let (tx, rx) = oneshot::channel::<()>();
-        let config = self.driver.clone();
-        self.driver_stop = Some(tx);
-        self.driver_task = Some(tokio::spawn(async move {
-            if let Err(e) = csi_hostpath::serve(config, async {
-                let _ = rx.await;
-            })
-            .await
-            {
-                eprintln!("hostpath driver stopped: {e}");
-            }
-        }));
+        self.driver_in_process = Some(csi_hostpath::InProcess::spawn(self.driver.clone()));
     }
 
     /// From now on the driver runs as a `csi-hostpath` process (restarted
@@ -494,11 +523,10 @@ impl Env {
         if let Some(mut child) = self.driver_process.take() {
             child.kill();
         }
-        if let Some(tx) = self.driver_stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.driver_task.take() {
-            let _ = task.await;
+        if let Some(driver) = self.driver_in_process.take()
+            && let Err(e) = driver.stop().await
+        {
+            eprintln!("hostpath driver stopped: {e}");
         }
     }
 
@@ -523,27 +551,18 @@ impl Env {
     pub fn start_sidecar_as(&mut self, kubeconfig: &Path, extra: &[&str], env: &[(&str, &str)]) {
         assert!(self.sidecar.is_none(), "sidecar already running");
         self.sidecar_runs += 1;
-        let mut command = Command::new(sidecar_binary());
-        command
-            .arg(format!("--csi-address={}", self.driver.endpoint.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--retry-interval-start=100ms")
-            .arg("--retry-interval-max=1s")
-            .arg("--timeout=5s")
-            .arg("--v=4")
-            .args(extra)
-            .env_remove("KUBECONFIG")
-            .env_remove("RUST_LOG")
-            .env("NAMESPACE", &self.ns)
-            .env_remove("POD_NAME")
-            .envs(env.iter().copied());
-        let child = GuardedChild::spawn(
-            "csi-provisioner",
-            command,
-            &self.log_path(self.sidecar_runs),
-        )
-        .expect("spawn csi-provisioner");
-        self.sidecar = Some(child);
+        let mut launch = self.launch(kubeconfig).args(extra);
+        for (key, value) in env {
+            launch = launch.env(key, value);
+        }
+        self.sidecar = Some(launch.spawn("csi-provisioner", &self.log_path(self.sidecar_runs)));
+    }
+
+    /// A sidecar command line against this test's driver and namespace
+    /// with `kubeconfig`, for a sidecar of the test's own ([`Launch::start`])
+    /// beside or instead of [`Env::start_sidecar`]'s.
+    pub fn launch(&self, kubeconfig: &Path) -> Launch {
+        Launch::new(&self.driver.endpoint, kubeconfig, &self.ns)
     }
 
     /// The kubeconfig the sidecar runs with. On the real cluster: a user
@@ -1034,25 +1053,13 @@ impl Env {
 
     /// Polls `check` until it returns `Some`, failing with the sidecar logs
     /// after `timeout`.
-    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, mut check: F) -> T
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "timed out waiting for {what} ({})\n{}",
-                    self.backend_name(),
-                    self.logs()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let context = || format!("({})\n{}", self.backend_name(), self.logs());
+        poll(what, timeout, Duration::from_millis(50), check, context).await
     }
 
     /// The holder of the test namespace's Lease, once someone holds it.
@@ -1104,6 +1111,32 @@ impl Env {
     }
 }
 
+/// Polls `check` every `every` until it returns `Some`; after `timeout`,
+/// fails the test with "timed out waiting for `what`" and `context()` (the
+/// logs that tell why).
+pub async fn poll<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+    context: impl FnOnce() -> String,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out waiting for {what} {}", context());
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// What a kubelet does when a pod it runs is deleted gracefully: stop the
 /// containers and confirm with a deletion of grace period 0. There is no
 /// kubelet on the test's real cluster, so without this every deleted pod
@@ -1135,9 +1168,8 @@ impl Drop for Env {
             kubelet.abort();
         }
         self.kill_sidecar();
-        if let Some(tx) = self.driver_stop.take() {
-            let _ = tx.send(());
-        }
+        // Told to stop before the fields go (the test's directory first).
+        drop(self.driver_in_process.take());
     }
 }
 
@@ -1174,15 +1206,6 @@ pub fn driver_binary() -> PathBuf {
             path
         })
         .clone()
-}
-
-/// The sidecar binary under test: this build's, or the one named by
-/// `CSI_PROVISIONER_BIN` (to show that a test fails on an older build).
-pub fn sidecar_binary() -> PathBuf {
-    std::env::var_os("CSI_PROVISIONER_BIN")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")))
 }
 
 /// The kustomize components of `deploy/` the sidecar needs with `args`.

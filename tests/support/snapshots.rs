@@ -178,6 +178,33 @@ impl Env {
         )
     }
 
+    /// Whether the VolumeSnapshot carries the provisioner's source
+    /// protection ([`PROVISIONER_SOURCE_FINALIZER`]); `None` once it is
+    /// gone.
+    pub async fn source_protected(&self, namespace: &str, name: &str) -> Option<bool> {
+        let finalizers = self.snapshot_finalizers(namespace, name).await?;
+        Some(finalizers.iter().any(|f| f == PROVISIONER_SOURCE_FINALIZER))
+    }
+
+    /// Waits until the VolumeSnapshot carries the provisioner's source
+    /// protection (`protected`) or exists without it.
+    pub async fn wait_source_protected(
+        &self,
+        namespace: &str,
+        name: &str,
+        protected: bool,
+        timeout: Duration,
+    ) {
+        let what = format!(
+            "{namespace}/{name} {} the provisioner's finalizer",
+            if protected { "with" } else { "without" }
+        );
+        self.wait_for(&what, timeout, || async {
+            (self.source_protected(namespace, name).await? == protected).then_some(())
+        })
+        .await;
+    }
+
     /// Waits until the VolumeSnapshot is ready to use; returns what it is
     /// bound to.
     pub async fn wait_snapshot_ready(&self, namespace: &str, name: &str) -> ReadySnapshot {

@@ -17,10 +17,20 @@ pub mod broken;
 /// The hostpath driver serving on `<dir>/csi.sock`, directly or behind a
 /// [`broken::Broken`] wrapper.
 pub struct Hostpath {
+    /// First, so that it is told to stop before its directory goes.
+    served: Served,
     pub dir: tempfile::TempDir,
     pub config: csi_hostpath::Config,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), String>>>,
+}
+
+/// What serves the socket.
+enum Served {
+    Driver(csi_hostpath::InProcess),
+    /// Stops when `stop` is used or dropped.
+    Broken {
+        stop: oneshot::Sender<()>,
+        task: JoinHandle<Result<(), String>>,
+    },
 }
 
 impl Hostpath {
@@ -40,22 +50,11 @@ impl Hostpath {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = Self::test_config(dir.path());
         adjust(&mut config);
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn({
-            let config = config.clone();
-            async move {
-                csi_hostpath::serve(config, async {
-                    let _ = rx.await;
-                })
-                .await
-                .map_err(|e| e.to_string())
-            }
-        });
+        let served = Served::Driver(csi_hostpath::InProcess::spawn(config.clone()));
         Hostpath {
+            served,
             dir,
             config,
-            stop: Some(tx),
-            task: Some(task),
         }
     }
 
@@ -64,12 +63,11 @@ impl Hostpath {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = Self::test_config(dir.path());
         let driver = csi_hostpath::Driver::new(config.clone()).expect("driver");
-        let (tx, task) = broken::serve(broken::Broken::new(driver, bug), &config.endpoint);
+        let (stop, task) = broken::serve(broken::Broken::new(driver, bug), &config.endpoint);
         Hostpath {
+            served: Served::Broken { stop, task },
             dir,
             config,
-            stop: Some(tx),
-            task: Some(task),
         }
     }
 
@@ -136,23 +134,17 @@ impl Hostpath {
         ]
     }
 
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let result = tokio::time::timeout(Duration::from_secs(10), task)
-                .await
-                .expect("driver stops");
-            result.expect("driver task").expect("driver served");
-        }
-    }
-}
-
-impl Drop for Hostpath {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
+    pub async fn stop(self) {
+        match self.served {
+            Served::Driver(driver) => driver.stop().await.expect("driver served"),
+            Served::Broken { stop, task } => {
+                let _ = stop.send(());
+                tokio::time::timeout(Duration::from_secs(10), task)
+                    .await
+                    .expect("driver stops")
+                    .expect("driver task")
+                    .expect("driver served");
+            }
         }
     }
 }

@@ -4,8 +4,8 @@
 //! injection.
 //!
 //! It is the target of the CSI sanity suite and of the end-to-end tests of
-//! the sidecar, and it can be run standalone (`csi-hostpath`, see
-//! [`cli`]). A volume is a directory `<state_dir>/volumes/<id>/` plus a JSON
+//! the sidecar, served in-process ([`InProcess`]) or run standalone
+//! (`csi-hostpath`, see [`cli`]). A volume is a directory `<state_dir>/volumes/<id>/` plus a JSON
 //! record `<state_dir>/volumes/<id>.json` (see [`VolumeRecord`]); snapshots
 //! live likewise under `<state_dir>/snapshots/`. Records are written
 //! atomically (temporary file + rename), so the state survives a restart or
@@ -21,6 +21,7 @@ pub mod faults;
 mod fsops;
 mod identity;
 pub mod ids;
+mod in_process;
 mod locks;
 mod node;
 pub mod quantity;
@@ -28,6 +29,7 @@ pub use ids::VolumeIdFormat;
 mod state;
 mod store;
 
+pub use in_process::InProcess;
 pub use state::{Driver, SHUTDOWN_GRACE};
 pub use store::{
     AccessMode, AccessType, ContentSource, Publication, SnapshotRecord, Timestamp, VolumeRecord,

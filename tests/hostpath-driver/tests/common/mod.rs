@@ -7,13 +7,11 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use csi_hostpath::Config;
+use csi_hostpath::{Config, InProcess};
 use csi_proto::v1::{
     self as csi, controller_client::ControllerClient, identity_client::IdentityClient,
     node_client::NodeClient, volume_capability,
 };
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 pub const GIB: i64 = 1 << 30;
@@ -22,23 +20,18 @@ pub const MIB: i64 = 1 << 20;
 pub struct Server {
     pub config: Config,
     pub channel: Channel,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), csi_hostpath::Error>>>,
+    driver: InProcess,
 }
 
 impl Server {
     /// Serves `config` and connects to it.
     pub async fn start(config: Config) -> Server {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(csi_hostpath::serve(config.clone(), async {
-            let _ = stopped.await;
-        }));
+        let driver = InProcess::spawn(config.clone());
         let channel = connect(&config.endpoint).await;
         Server {
             config,
             channel,
-            stop: Some(stop),
-            task: Some(task),
+            driver,
         }
     }
 
@@ -62,16 +55,9 @@ impl Server {
     }
 
     /// Stops serving; returns what `serve` returned.
-    pub async fn stop(mut self) -> Result<(), csi_hostpath::Error> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let task = self.task.take().expect("task present until stopped");
+    pub async fn stop(self) -> Result<(), csi_hostpath::Error> {
         drop(self.channel);
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("server stops within 10s")
-            .expect("server task does not panic")
+        self.driver.stop().await
     }
 }
 
