@@ -149,6 +149,22 @@ impl Sidecar {
             .any(|line| needles.iter().all(|n| line.contains(n)))
     }
 
+    /// Sends `signal` (a `kill` name: `STOP`, `CONT`, `TERM`) to the
+    /// process, if it still runs.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = self.child.as_ref() {
+            let sent = std::process::Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status();
+            assert!(
+                sent.is_ok_and(|s| s.success()),
+                "kill -{signal} {}",
+                self.name
+            );
+        }
+    }
+
     /// SIGKILL: no chance to clean up, as in a node crash.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
