@@ -18,6 +18,20 @@ e2e_real!(ClusterConfig::standard();
     rbac_without_volume_attributes_classes_turns_the_gate_off_once,
 );
 
+/// The opt-out of the harness's refused-request check for the stock rules
+/// (see [`support::Env::expect_refusals`]): they grant nothing on ConfigMaps
+/// nor VolumeAttributesClasses, so the journal's first read and the
+/// VolumeAttributesClass probe are refused, once each (asserted below),
+/// and the sidecar goes on without them.
+const STOCK_RULES_LACK_JOURNAL_AND_VAC: &str =
+    "the stock upstream rules grant neither the journal's ConfigMaps nor VolumeAttributesClasses";
+const STOCK_RULES_REFUSE: &[(&str, &str, u16)] = &[VAC_PROBE_REFUSED, ("list", "configmaps", 403)];
+
+/// The opt-out for deploy/'s rules without VolumeAttributesClasses: the
+/// probe at start is refused, once, and the gate goes off.
+const RULES_LACK_VAC: &str = "deploy/'s rules without volumeattributesclasses";
+const VAC_PROBE_REFUSED: (&str, &str, u16) = ("list", "volumeattributesclasses", 403);
+
 /// How many log lines contain `needle`.
 fn lines_with(env: &Env, needle: &str) -> usize {
     env.logs().lines().filter(|l| l.contains(needle)).count()
@@ -29,6 +43,7 @@ async fn stock_upstream_rbac_and_flags_provision_and_delete(backend: Backend) {
     let user = format!("stock-{}", env.id);
     let (cluster_rules, namespace_rules) = support::upstream_stock_rules();
     env.grant_rules(&user, cluster_rules, namespace_rules).await;
+    env.expect_refusals(STOCK_RULES_LACK_JOURNAL_AND_VAC, STOCK_RULES_REFUSE);
     let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
     env.storage_class("fast", "WaitForFirstConsumer", "Delete", json!({}))
         .await;
@@ -171,6 +186,7 @@ async fn rbac_without_volume_attributes_classes_turns_the_gate_off_once(backend:
         }
     }
     env.replace(role).await;
+    env.expect_refusals(RULES_LACK_VAC, &[VAC_PROBE_REFUSED]);
     let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;

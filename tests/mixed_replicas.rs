@@ -167,6 +167,9 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
     }
     let (go_user, go_config) = kubeconfigs[0].clone();
     let (rust_user, rust_config) = kubeconfigs[1].clone();
+    // Our replica is started here, not by the harness: its refused
+    // requests fail the test all the same.
+    env.check_refusals_of(&rust_user);
 
     // The Go image leads; ours joins as the new replica of the rollout.
     let mut go = Replica::start(&env, Image::Go, 1, &go_config, &go_bin);

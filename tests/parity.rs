@@ -1,11 +1,14 @@
 //! Side by side with the upstream Go `csi-provisioner` on a real cluster:
 //! the same claims of the same classes, against the same driver, one image
 //! after the other, each as a user bound to `deploy/`'s rules with the same
-//! flags. What each writes (PVs, the events of claims and PVs, what the
-//! driver was asked for, what is left after deletion) must be the same, up
-//! to names, uids, times and volume ids, and up to the differences the
-//! README lists. Real cluster only (needs the upstream binary of
-//! `../shared/k8s`). Snapshot restores are compared too: the snapshot CRDs,
+//! flags. What each writes (PVs, the events of claims and PVs and how many
+//! times each reason was said, every volume either left on the backend
+//! after provisioning and after deletion) must be the same, up to names,
+//! uids, times and volume ids, and up to the differences the README lists
+//! (and the retry counts of [`AT_LEAST_ONCE`]); and each run must keep the
+//! harness's invariant (every volume of the run has its PV, every PV its
+//! volume) after provisioning and after deletion. Real cluster only (needs
+//! the upstream binary of `../shared/k8s`). Snapshot restores are compared too: the snapshot CRDs,
 //! the upstream snapshot-controller and a csi-snapshotter next to the
 //! driver take the snapshots both images restore.
 
@@ -196,8 +199,19 @@ struct Outcome {
     claim_events: BTreeMap<String, BTreeSet<String>>,
     /// Claim name → distinct events about its PV.
     pv_events: BTreeMap<String, BTreeSet<String>>,
-    /// Claim name → the driver's record of its volume.
+    /// `<claim> <reason>` → how many times the sidecar said it about the
+    /// claim (the events' `count`s summed; see [`count_differences`]).
+    claim_event_counts: BTreeMap<String, u64>,
+    /// `<claim> <reason>` → the same about the claim's PV.
+    pv_event_counts: BTreeMap<String, u64>,
+    /// Every volume this run left on the backend once the claims were
+    /// provisioned (not only those of the claims that got a PV: a bad
+    /// claim's leaked volume shows here), by the claim whose volume name it
+    /// has (`unclaimed <name>` for none) → the driver's record of it.
     volumes: BTreeMap<String, Value>,
+    /// The same once every claim (and the Retain PVs, by hand) was deleted
+    /// and the events settled: the Retain volumes, and nothing else.
+    volumes_after_delete: BTreeMap<String, Value>,
     /// Claim name → what was left after the claim (and a Retain PV) was
     /// deleted: "pv" and/or "volume".
     left_after_delete: BTreeMap<String, BTreeSet<&'static str>>,
@@ -373,6 +387,16 @@ impl Driver {
         }
     }
 
+    /// The id of a volume as [`Driver::volumes`] records it (the PV's
+    /// handle): ours `id`, hostpathplugin's `VolID`.
+    fn volume_id(record: &Value) -> String {
+        record["id"]
+            .as_str()
+            .or_else(|| record["VolID"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// The backend's volumes by CSI name (the PV's name), as each driver
     /// records them.
     fn volumes(&self, env: &Env) -> BTreeMap<String, Value> {
@@ -458,6 +482,9 @@ async fn run(
     env.create(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "creds", "namespace": ns}, "stringData": {"password": "x"}}))
         .await;
+    // The volumes an earlier run left (its Retain volume) are not this
+    // run's.
+    let before: BTreeSet<String> = driver.volumes(env).into_keys().collect();
     let mut go = None;
     match image {
         Image::Go => go = Some(start_go(env, go_config, go_bin, &flags)),
@@ -684,9 +711,14 @@ async fn run(
         .chain(restore_claims().into_iter().map(|(name, ..)| name))
         .chain(faults.then_some("rx"))
         .collect::<Vec<_>>();
+    // Volume name → the claim it is named after.
+    let mut claim_of_volume = BTreeMap::new();
     for name in &all_claims {
         let mut claim: Value =
             serde_json::to_value(env.pvc(&ns, name).await.expect("claim")).expect("json");
+        if let Some(uid) = claim.pointer("/metadata/uid").and_then(Value::as_str) {
+            claim_of_volume.insert(volume_name(&flags, uid), name.to_string());
+        }
         strip_meta(&mut claim);
         // The controller-manager's, not the sidecar's.
         if let Some(status) = claim.get_mut("status").and_then(Value::as_object_mut) {
@@ -703,11 +735,60 @@ async fn run(
         normalize(&mut claim, &replacements);
         outcome.claims.insert(name.to_string(), claim);
     }
+    // Every volume of this run on the backend, by claim; and the harness's
+    // invariant over them: each has its PV, each PV of the run its volume.
+    let run_volumes = |env: &Env| -> BTreeMap<String, Value> {
+        driver
+            .volumes(env)
+            .into_iter()
+            .filter(|(name, _)| !before.contains(name))
+            .collect()
+    };
+    let run_pvs = |pvs: Vec<PersistentVolume>| -> Vec<PersistentVolume> {
+        pvs.into_iter()
+            .filter(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .and_then(|c| c.namespace.as_deref())
+                    == Some(ns.as_str())
+            })
+            .collect()
+    };
+    let by_claim = |volumes: &BTreeMap<String, Value>, replacements: &[(String, String)]| {
+        volumes
+            .iter()
+            .map(|(name, volume)| {
+                let claim = claim_of_volume
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| format!("unclaimed {name}"));
+                let mut volume = volume.clone();
+                normalize(&mut volume, replacements);
+                (claim, volume)
+            })
+            .collect::<BTreeMap<String, Value>>()
+    };
+    let listed = run_volumes(env);
+    let ids: Vec<String> = listed.values().map(Driver::volume_id).collect();
+    env.assert_consistent_with(&run_pvs(env.pvs().await), &ids);
+    // A volume without a PV (a leak) has an id no replacement knows yet.
+    for id in &ids {
+        if !replacements.iter().any(|(from, _)| from == id) {
+            replacements.push((id.clone(), "ID".into()));
+        }
+    }
+    replacements.sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
+    outcome.volumes = by_claim(&listed, &replacements);
     // Events the sidecar wrote (the controller-manager's are the same for
-    // both and their timing differs).
+    // both and their timing differs): by claim, the distinct events, and
+    // how many times each reason was said (`<claim> <reason>` → the sum of
+    // the events' `count`: the Go image's recorder counts a repeat on the
+    // event it repeats, ours writes an event per transition).
     let sidecar_events =
         |events: Vec<Event>, names: &BTreeMap<String, String>| {
             let mut by_claim: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            let mut counts: BTreeMap<String, u64> = BTreeMap::new();
             for event in events {
                 let component = event
                     .source
@@ -775,17 +856,11 @@ async fn run(
                     .entry(claim.clone())
                     .or_default()
                     .insert(line.as_str().unwrap_or_default().to_owned());
+                *counts.entry(format!("{claim} {reason}")).or_default() +=
+                    u64::try_from(event.count.unwrap_or(1).max(1)).unwrap_or(1);
             }
-            by_claim
+            (by_claim, counts)
         };
-    let listed = driver.volumes(env);
-    for (claim, pv_name) in &pv_names {
-        if let Some(volume) = listed.get(pv_name) {
-            let mut volume = volume.clone();
-            normalize(&mut volume, &replacements);
-            outcome.volumes.insert(claim.to_string(), volume);
-        }
-    }
 
     // Deletion: every claim goes; a Retain PV is then deleted by hand.
     let pvs_by_name: BTreeMap<String, String> = pv_names
@@ -796,6 +871,9 @@ async fn run(
         env.delete_pvc(&ns, name).await;
     }
     let pv_api = Api::<PersistentVolume>::all(env.client.clone());
+    // The volumes of the Retain PVs deleted by hand: kept on the backend
+    // on purpose, without a PV.
+    let mut retained = BTreeSet::new();
     for (claim, pv_name) in &pv_names {
         let policy = outcome.pvs[*claim]
             .pointer("/spec/persistentVolumeReclaimPolicy")
@@ -813,6 +891,7 @@ async fn run(
             )
             .await;
             let _ = pv_api.delete(pv_name, &Default::default()).await;
+            retained.insert(pv_name.clone());
         }
     }
     for (claim, pv_name) in &pv_names {
@@ -874,8 +953,9 @@ async fn run(
                 "{image:?}: events settled after {:.1}s (all expected: {all_succeeded})",
                 started.elapsed().as_secs_f64()
             );
-            outcome.claim_events = sidecar_events(claim_events, &claim_names);
-            outcome.pv_events = sidecar_events(pv_events, &pvs_by_name);
+            (outcome.claim_events, outcome.claim_event_counts) =
+                sidecar_events(claim_events, &claim_names);
+            (outcome.pv_events, outcome.pv_event_counts) = sidecar_events(pv_events, &pvs_by_name);
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -913,6 +993,16 @@ async fn run(
         };
         outcome.snapshots_left.insert(snapshot.to_string(), left);
     }
+    // What is left on the backend once all is deleted and quiet: the
+    // Retain volumes only, each without a PV; any other volume is a leak.
+    let left = run_volumes(env);
+    let ids: Vec<String> = left
+        .iter()
+        .filter(|(name, _)| !retained.contains(*name))
+        .map(|(_, volume)| Driver::volume_id(volume))
+        .collect();
+    env.assert_consistent_with(&run_pvs(env.pvs().await), &ids);
+    outcome.volumes_after_delete = by_claim(&left, &replacements);
     let (status, metrics) = support::http_get(port, "/metrics").await;
     assert_eq!(status, 200, "{image:?}: /metrics");
     let mut metrics = json!(provisioning_metrics(&metrics));
@@ -926,8 +1016,8 @@ async fn run(
             env.stop_sidecar();
         }
     }
-    // Volumes a Retain PV kept stay on the backend: not this test's to
-    // compare any further.
+    // Volumes a Retain PV kept stay on the backend (compared above, in
+    // `volumes_after_delete`); the next run leaves them out.
     (outcome, log)
 }
 
@@ -948,6 +1038,51 @@ fn differences(path: &str, go: &Value, ours: &Value, out: &mut Vec<String>) {
         }
         _ if go != ours => out.push(format!("{path}: {go} | {ours}")),
         _ => {}
+    }
+}
+
+/// Event reasons whose count is timing: compared at least once (both
+/// images said it about the object, or neither), not exactly. Every other
+/// (object, reason) must have been said as many times by both.
+const AT_LEAST_ONCE: &[(&str, &str)] = &[
+    (
+        "ProvisioningFailed",
+        "a claim that cannot be provisioned (yet) is retried with backoff (100 ms doubling \
+         to 1 s here) until it is deleted or its cause goes, so how many retries fall into \
+         the run is timing; and the Go image says it again at each retry (its recorder \
+         counts the repeats), ours once per distinct message (README: once per transition)",
+    ),
+    (
+        "VolumeFailedDelete",
+        "the DeleteVolume of `plain`'s PV fails twice (the driver's fault) and is retried \
+         with backoff: the Go image says it at each retry (2), ours once for the same \
+         message (1; README: once per transition)",
+    ),
+];
+
+/// Differences of how many times each (object, reason) was said, as
+/// `what <claim> <reason>: Go n | ours m`; see [`AT_LEAST_ONCE`].
+fn count_differences(
+    what: &str,
+    go: &BTreeMap<String, u64>,
+    ours: &BTreeMap<String, u64>,
+    out: &mut Vec<String>,
+) {
+    let keys: BTreeSet<&String> = go.keys().chain(ours.keys()).collect();
+    for key in keys {
+        let (a, b) = (
+            go.get(key).copied().unwrap_or(0),
+            ours.get(key).copied().unwrap_or(0),
+        );
+        let reason = key.rsplit_once(' ').map_or("", |(_, r)| r);
+        match AT_LEAST_ONCE.iter().find(|(r, _)| *r == reason) {
+            Some(_) if (a > 0) == (b > 0) => {}
+            Some(_) => out.push(format!(
+                "{what} {key}: Go {a} | ours {b} (compared at least once)"
+            )),
+            None if a != b => out.push(format!("{what} {key}: Go {a} | ours {b} times")),
+            None => {}
+        }
     }
 }
 
@@ -1116,6 +1251,7 @@ async fn compare_with_the_go_image_on(
     let mut out = Vec::new();
     let go_json = |o: &Outcome| {
         json!({"pvs": o.pvs, "claims": o.claims, "volumes": o.volumes,
+               "volumes_after_delete": o.volumes_after_delete,
                "left_after_delete": o.left_after_delete, "metrics": o.metrics,
                "snapshot_finalizers": o.snapshot_finalizers,
                "snapshots_left": o.snapshots_left})
@@ -1128,6 +1264,18 @@ async fn compare_with_the_go_image_on(
         &mut out,
     );
     set_differences("PV events", &go.pv_events, &ours.pv_events, &mut out);
+    count_differences(
+        "claim events",
+        &go.claim_event_counts,
+        &ours.claim_event_counts,
+        &mut out,
+    );
+    count_differences(
+        "PV events",
+        &go.pv_event_counts,
+        &ours.pv_event_counts,
+        &mut out,
+    );
     assert!(
         out.is_empty(),
         "differences from the Go sidecar (path: Go | ours):\n{}\n\n--- Go log (tail) ---\n{}\n--- our log (tail) ---\n{}",

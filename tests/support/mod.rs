@@ -10,6 +10,12 @@
 //!   the gates it runs with, and the real PV binder, garbage collector and
 //!   protection controllers do their parts.
 //!
+//! At the end of every real-cluster test (when its [`Env`] is dropped, so
+//! every [`e2e!`] and [`e2e_real!`] scenario gets it), the API server's audit
+//! log is read for the requests of our sidecar's users it refused: a `403`,
+//! or a `400` or `422` of a write, fails the test with the request; a test
+//! that provokes one on purpose says so with [`Env::expect_refusals`].
+//!
 //! Every test gets its own namespace, CSI driver name, node and StorageClass
 //! names (see [`Env::class`]), so tests sharing a real cluster cannot see
 //! each other's objects; the same names are used on both backends.
@@ -152,6 +158,101 @@ macro_rules! e2e_real {
     };
 }
 
+/// A request of our sidecar that the API server refused (audit log).
+#[derive(Debug, Clone)]
+pub struct Refused {
+    pub user: String,
+    pub verb: String,
+    /// `persistentvolumeclaims`, `persistentvolumeclaims/status`, ...
+    pub resource: String,
+    pub namespace: String,
+    /// Empty for a list or watch.
+    pub name: String,
+    pub code: u16,
+    pub request_uri: String,
+    pub at: String,
+    /// The API server's answer.
+    pub message: String,
+}
+
+impl Refused {
+    fn from_audit(r: &controlplane::audit::Request) -> Refused {
+        Refused {
+            user: r.user.username.clone(),
+            verb: r.verb.clone(),
+            resource: r.resource(),
+            namespace: r.namespace().to_owned(),
+            name: r
+                .object_ref
+                .as_ref()
+                .map(|o| o.name.clone())
+                .unwrap_or_default(),
+            code: r.code(),
+            request_uri: r.request_uri.clone(),
+            at: r.stage_timestamp.clone(),
+            message: r.message().to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = if self.name.is_empty() {
+            "*"
+        } else {
+            &self.name
+        };
+        let object = if self.namespace.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}/{name}", self.namespace)
+        };
+        write!(
+            f,
+            "{} {} {object} -> {} {:?} (user {}, {} at {})",
+            self.verb, self.resource, self.code, self.message, self.user, self.request_uri, self.at
+        )
+    }
+}
+
+/// Whether a refused write is a patch that did not apply to the object as
+/// it is now: a JSON patch whose `test` operation (or whose path) failed
+/// because the sidecar built it from a stale copy. That is the sidecar's
+/// optimistic-concurrency guard (the JSON-patch form of a 409 Conflict,
+/// e.g. the finalizer removal guarded by the PV's uid and the finalizer's
+/// index), not a refusal: the API server answers it with `422 Invalid` and
+/// no details at all (`NewGenericServerResponse`), where a write it finds
+/// invalid is answered `422 Invalid` naming the object and the fields
+/// (`details.kind`, `name`, `causes`), which does count.
+fn is_stale_patch(r: &controlplane::audit::Request) -> bool {
+    r.verb == "patch"
+        && r.code() == 422
+        && r.response_status.as_ref().is_some_and(|s| {
+            s.reason == "Invalid"
+                && s.details
+                    .as_ref()
+                    .is_none_or(|d| d.as_object().is_none_or(|o| o.is_empty()))
+        })
+}
+
+/// A refusal a test provokes on purpose ([`Env::expect_refusals`]).
+#[derive(Debug, Clone)]
+struct ExpectedRefusal {
+    why: &'static str,
+    /// `"*"`: any verb.
+    verb: &'static str,
+    resource: &'static str,
+    code: u16,
+}
+
+impl ExpectedRefusal {
+    fn matches(&self, refused: &Refused) -> bool {
+        (self.verb == "*" || self.verb == refused.verb)
+            && self.resource == refused.resource
+            && self.code == refused.code
+    }
+}
+
 enum Server {
     Test { api: TestServer, http: HttpServer },
     Real(&'static ControlPlane),
@@ -183,6 +284,11 @@ pub struct Env {
     /// Real cluster: the number of audit records before the last
     /// [`Env::reset_counters`].
     audit_mark: Mutex<usize>,
+    /// Real cluster: the users our sidecar ran as (see
+    /// [`Env::check_refusals_of`]), whose refused requests fail the test.
+    our_users: Mutex<std::collections::BTreeSet<String>>,
+    /// Refusals this test provokes on purpose ([`Env::expect_refusals`]).
+    expected_refusals: Mutex<Vec<ExpectedRefusal>>,
     /// Real cluster: plays the kubelet's part in pod deletion.
     kubelet: Option<tokio::task::JoinHandle<()>>,
     /// Real cluster: the `csi-snapshotter` next to this test's driver and
@@ -254,6 +360,8 @@ impl Env {
             sidecar: None,
             sidecar_runs: 0,
             audit_mark: Mutex::new(0),
+            our_users: Mutex::new(Default::default()),
+            expected_refusals: Mutex::new(Vec::new()),
             kubelet: None,
             snapshotter: None,
         };
@@ -550,6 +658,9 @@ impl Env {
     /// rules than deploy/'s) instead of the harness's.
     pub fn start_sidecar_as(&mut self, kubeconfig: &Path, extra: &[&str], env: &[(&str, &str)]) {
         assert!(self.sidecar.is_none(), "sidecar already running");
+        if let Some(user) = self.user_of_kubeconfig(kubeconfig) {
+            self.check_refusals_of(&user);
+        }
         self.sidecar_runs += 1;
         let mut launch = self.launch(kubeconfig).args(extra);
         for (key, value) in env {
@@ -573,6 +684,7 @@ impl Env {
             Server::Test { http, .. } => http.kubeconfig_path().to_owned(),
             Server::Real(plane) => {
                 let user = self.sidecar_user();
+                self.check_refusals_of(&user);
                 self.grant_deploy_rbac(&user, &components_for(args)).await;
                 plane
                     .kubeconfig_for(&user, None)
@@ -697,39 +809,135 @@ impl Env {
             .collect()
     }
 
-    /// Real cluster: the sidecar's requests that the API server refused
-    /// with 403, from the audit log. Empty on the test server.
-    pub fn forbidden_requests(&self) -> Vec<String> {
-        let Some(plane) = self.plane() else {
-            return Vec::new();
-        };
-        let user = self.sidecar_user();
-        plane
-            .audit()
-            .into_iter()
-            .filter(|r| r.user.username == user && r.code() == 403 && !r.during_startup())
-            .map(|r| {
-                format!(
-                    "{} {} {} {} at {}",
-                    r.verb,
-                    r.resource(),
-                    r.namespace(),
-                    r.request_uri,
-                    r.stage_timestamp
-                )
-            })
-            .collect()
+    /// Real cluster: the user of a kubeconfig that
+    /// [`ControlPlane::kubeconfig_for`] wrote (it names the file after the
+    /// user: `<dir>/<user>.kubeconfig`); `None` for any other file.
+    fn user_of_kubeconfig(&self, kubeconfig: &Path) -> Option<String> {
+        let plane = self.plane()?;
+        if kubeconfig.parent() != Some(plane.dir())
+            || kubeconfig.extension().is_none_or(|e| e != "kubeconfig")
+        {
+            return None;
+        }
+        Some(kubeconfig.file_stem()?.to_string_lossy().into_owned())
     }
 
-    /// On the real cluster, fails when the sidecar was refused anything:
-    /// the rules of `deploy/` must cover every request it makes.
-    pub fn assert_nothing_forbidden(&self) {
-        let refused = self.forbidden_requests();
-        assert!(
-            refused.is_empty(),
-            "the sidecar was refused requests with the RBAC of deploy/: {refused:#?}\n{}",
+    /// Real cluster: `user` runs our sidecar, so the requests the API server
+    /// refused it fail the test ([`Env::refused_requests`]). The harness
+    /// registers the users of [`Env::sidecar_kubeconfig`] and
+    /// [`Env::start_sidecar_as`]; a test that starts our binary itself
+    /// registers its user here. (The Go image's users are not ours to hold
+    /// to account.)
+    pub fn check_refusals_of(&self, user: &str) {
+        if self.is_real() {
+            self.our_users
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(user.to_owned());
+        }
+    }
+
+    /// The opt-out of the refused-request check, for a test that provokes
+    /// refusals on purpose (e.g. RBAC without a rule): requests `(verb,
+    /// resource, code)` of our sidecar's users (`"*"` for any verb) that the
+    /// API server refuses pass; every other refusal still fails the test.
+    /// `why` says what the test provokes.
+    pub fn expect_refusals(
+        &self,
+        why: &'static str,
+        requests: &[(&'static str, &'static str, u16)],
+    ) {
+        let mut expected = self
+            .expected_refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        expected.extend(
+            requests
+                .iter()
+                .map(|&(verb, resource, code)| ExpectedRefusal {
+                    why,
+                    verb,
+                    resource,
+                    code,
+                }),
+        );
+    }
+
+    /// Real cluster: the requests of our sidecar's users (see
+    /// [`Env::check_refusals_of`]) that the API server refused, from its
+    /// audit log: every `403` (but those of an API server still starting,
+    /// whose RBAC caches may be empty), and the `400` and `422` of its own
+    /// writes (a write the API server finds malformed or invalid); less the
+    /// refusals the test provokes on purpose ([`Env::expect_refusals`]).
+    /// Empty on the test server.
+    pub fn refused_requests(&self) -> Vec<Refused> {
+        self.refusals().0
+    }
+
+    /// (refusals not expected, expected refusals that did not happen).
+    fn refusals(&self) -> (Vec<Refused>, Vec<ExpectedRefusal>) {
+        let Some(plane) = self.plane() else {
+            return (Vec::new(), Vec::new());
+        };
+        let users = self
+            .our_users
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let expected = self
+            .expected_refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if users.is_empty() {
+            return (Vec::new(), expected);
+        }
+        let refused: Vec<Refused> = plane
+            .audit()
+            .into_iter()
+            .filter(|r| users.contains(&r.user.username))
+            .filter(|r| {
+                let code = r.code();
+                (code == 403 && !r.during_startup())
+                    || (r.is_write() && code == 400)
+                    || (r.is_write() && code == 422 && !is_stale_patch(r))
+            })
+            .map(|r| Refused::from_audit(&r))
+            .collect();
+        let unseen = expected
+            .iter()
+            .filter(|e| !refused.iter().any(|r| e.matches(r)))
+            .cloned()
+            .collect();
+        let unexpected = refused
+            .into_iter()
+            .filter(|r| !expected.iter().any(|e| e.matches(r)))
+            .collect();
+        (unexpected, unseen)
+    }
+
+    /// On the real cluster, fails when a request of our sidecar was refused
+    /// (see [`Env::refused_requests`]): the rules of `deploy/` must cover
+    /// every request it makes, and the API server must accept every write.
+    /// Runs at the end of every test too (when its [`Env`] is dropped).
+    pub fn assert_nothing_refused(&self) {
+        let refused = self.refused_requests();
+        if refused.is_empty() {
+            return;
+        }
+        let list: Vec<String> = refused.iter().map(|r| format!("  {r}")).collect();
+        panic!(
+            "the API server refused {} request(s) of the sidecar (verb resource [namespace/]name -> code); \
+             a test that provokes a refusal on purpose declares it with Env::expect_refusals:\n{}\n{}",
+            refused.len(),
+            list.join("\n"),
             self.logs()
         );
+    }
+
+    /// [`Env::assert_nothing_refused`] (403s, and 400/422 of writes).
+    pub fn assert_nothing_forbidden(&self) {
+        self.assert_nothing_refused();
     }
 
     /// Requests of the sidecar since the last [`Env::reset_counters`], by
@@ -998,6 +1206,36 @@ impl Env {
             .collect()
     }
 
+    /// The journal's entries decoded with the sidecar's own codec
+    /// (`parse_entries`, then `JournalEntry::request`: base64 protobuf,
+    /// deflated when large): claim uid → (entry, its frozen request). An
+    /// entry that does not decode fails the test.
+    pub async fn journal_entries(
+        &self,
+    ) -> std::collections::BTreeMap<
+        String,
+        (
+            csi_provisioner::provisioner::journal::JournalEntry,
+            csi_proto::v1::CreateVolumeRequest,
+        ),
+    > {
+        let data = self.journal().await;
+        let (entries, errors) = csi_provisioner::provisioner::journal::parse_entries(&data);
+        assert!(
+            errors.is_empty(),
+            "journal entries that do not decode: {errors:?}\n{data:#?}"
+        );
+        entries
+            .into_iter()
+            .map(|(uid, entry)| {
+                let request = entry
+                    .request()
+                    .unwrap_or_else(|e| panic!("journal entry {uid}: {e}"));
+                (uid, (entry, request))
+            })
+            .collect()
+    }
+
     /// (reason, message) of the events about the PV `name` (events of
     /// cluster-scoped objects are in `default`).
     pub async fn pv_events(&self, name: &str) -> Vec<(String, String)> {
@@ -1083,17 +1321,28 @@ impl Env {
     }
 
     /// Every backend volume is recorded in a PV of ours and every PV of ours
-    /// has its backend volume (no leak, no orphan).
+    /// has its backend volume (no leak, no orphan); and nothing of the
+    /// sidecar's was refused ([`Env::assert_nothing_refused`]).
     pub async fn assert_consistent(&self) {
         let pvs = self.pvs().await;
+        let backend: Vec<String> = self.backend_volumes().into_iter().map(|v| v.id).collect();
+        self.assert_consistent_with(&pvs, &backend);
+        self.assert_nothing_refused();
+    }
+
+    /// The invariant of [`Env::assert_consistent`] over given PVs and
+    /// backend volume ids (a test that runs another driver, or that keeps
+    /// volumes of an earlier run on the backend, says which are its own):
+    /// every volume has a PV of this test's driver with its handle, every
+    /// such PV has its volume.
+    pub fn assert_consistent_with(&self, pvs: &[PersistentVolume], backend: &[String]) {
         let handles: Vec<String> = pvs
             .iter()
             .filter_map(|pv| pv.spec.as_ref()?.csi.as_ref())
             .filter(|csi| csi.driver == self.driver_name)
             .map(|csi| csi.volume_handle.clone())
             .collect();
-        let backend: Vec<String> = self.backend_volumes().into_iter().map(|v| v.id).collect();
-        for id in &backend {
+        for id in backend {
             assert!(
                 handles.contains(id),
                 "backend volume {id} has no PV (leak)\nPVs: {handles:?}\n{}",
@@ -1103,11 +1352,10 @@ impl Env {
         for handle in &handles {
             assert!(
                 backend.contains(handle),
-                "PV with handle {handle} has no backend volume (orphan)\n{}",
+                "PV with handle {handle} has no backend volume (orphan)\nbackend: {backend:?}\n{}",
                 self.logs()
             );
         }
-        self.assert_nothing_forbidden();
     }
 }
 
@@ -1163,6 +1411,10 @@ async fn play_kubelet(client: kube::Client, namespace: String) {
 }
 
 impl Drop for Env {
+    /// Stops what the test started, then, on the real cluster and unless the
+    /// test already failed, fails it when a request of our sidecar was
+    /// refused ([`Env::assert_nothing_refused`]): so every real-cluster test
+    /// makes that check at its end, whether or not it made it before.
     fn drop(&mut self) {
         if let Some(kubelet) = self.kubelet.take() {
             kubelet.abort();
@@ -1170,6 +1422,20 @@ impl Drop for Env {
         self.kill_sidecar();
         // Told to stop before the fields go (the test's directory first).
         drop(self.driver_in_process.take());
+        if !std::thread::panicking() {
+            self.assert_nothing_refused();
+            // An opt-out must name a refusal that happens: one that did not
+            // is stale, and would hide the next real one.
+            let (_, unseen) = self.refusals();
+            assert!(
+                unseen.is_empty(),
+                "Env::expect_refusals declared refusals the API server never made: {:#?}",
+                unseen
+                    .iter()
+                    .map(|e| format!("{} {} -> {}: {}", e.verb, e.resource, e.code, e.why))
+                    .collect::<Vec<_>>()
+            );
+        }
     }
 }
 

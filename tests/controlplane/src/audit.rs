@@ -67,6 +67,15 @@ pub struct ObjectRef {
 pub struct ResponseStatus {
     #[serde(default)]
     pub code: u16,
+    /// `Forbidden`, `Invalid`, ... (empty for some errors and successes).
+    #[serde(default)]
+    pub reason: String,
+    /// The error's text (empty on success).
+    #[serde(default)]
+    pub message: String,
+    /// The error's details (causes), when the API server gave any.
+    #[serde(default)]
+    pub details: Option<serde_json::Value>,
 }
 
 impl Request {
@@ -81,6 +90,13 @@ impl Request {
 
     pub fn code(&self) -> u16 {
         self.response_status.as_ref().map_or(0, |s| s.code)
+    }
+
+    /// The text of the error the request was answered with.
+    pub fn message(&self) -> &str {
+        self.response_status
+            .as_ref()
+            .map_or("", |s| s.message.as_str())
     }
 
     /// create, update, patch, delete, deletecollection.
