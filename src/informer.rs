@@ -382,9 +382,8 @@ where
     enum Phase<K> {
         Start,
         Page(String),
-        Listing(
-            tokio::sync::mpsc::Receiver<Result<streamed_list::Item<K>, streamed_list::ListError>>,
-        ),
+        /// Listing: the objects received and not yet passed on.
+        Listing(Batches<K>, std::collections::VecDeque<K>),
         Watch(String),
         Watching(
             futures_util::stream::BoxStream<'static, Result<WatchEvent<K>, kube::Error>>,
@@ -394,6 +393,8 @@ where
     }
     use crate::streamed_list;
     use kube::api::{ListParams, WatchEvent, WatchParams};
+    type Batches<K> =
+        tokio::sync::mpsc::Receiver<Result<streamed_list::Item<K>, streamed_list::ListError>>;
 
     let list_error = |e: streamed_list::ListError| match e {
         streamed_list::ListError::Request(e) => e,
@@ -446,41 +447,57 @@ where
                 phase = match phase {
                     Phase::Done => return None,
                     Phase::Start => match open_page(None).await {
-                        Ok(items) => return Some((Ok(Event::Init), Phase::Listing(items))),
+                        Ok(items) => {
+                            return Some((
+                                Ok(Event::Init),
+                                Phase::Listing(items, Default::default()),
+                            ));
+                        }
                         Err(e) => {
                             tracing::debug!(kind = %K::kind(&()), error = %e, "list from the watch cache failed; listing from etcd instead");
                             return None;
                         }
                     },
                     Phase::Page(continue_token) => match open_page(Some(continue_token)).await {
-                        Ok(items) => Phase::Listing(items),
+                        Ok(items) => Phase::Listing(items, Default::default()),
                         // The next list's Init drops the partial one.
                         Err(e) => {
                             return Some((Err(watcher::Error::InitialListFailed(e)), Phase::Done));
                         }
                     },
-                    Phase::Listing(mut items) => match items.recv().await {
-                        Some(Ok(streamed_list::Item::Object(obj))) => {
-                            return Some((Ok(Event::InitApply(obj)), Phase::Listing(items)));
-                        }
-                        Some(Ok(streamed_list::Item::End {
-                            resource_version,
-                            continue_token,
-                        })) => match continue_token {
-                            Some(token) => Phase::Page(token),
-                            None if resource_version.is_empty() => return None,
-                            None => {
-                                return Some((Ok(Event::InitDone), Phase::Watch(resource_version)));
-                            }
-                        },
-                        Some(Err(e)) => {
+                    Phase::Listing(mut items, mut received) => {
+                        if let Some(obj) = received.pop_front() {
                             return Some((
-                                Err(watcher::Error::InitialListFailed(list_error(e))),
-                                Phase::Done,
+                                Ok(Event::InitApply(obj)),
+                                Phase::Listing(items, received),
                             ));
                         }
-                        None => return None,
-                    },
+                        match items.recv().await {
+                            Some(Ok(streamed_list::Item::Objects(batch))) => {
+                                Phase::Listing(items, batch.into())
+                            }
+                            Some(Ok(streamed_list::Item::End {
+                                resource_version,
+                                continue_token,
+                            })) => match continue_token {
+                                Some(token) => Phase::Page(token),
+                                None if resource_version.is_empty() => return None,
+                                None => {
+                                    return Some((
+                                        Ok(Event::InitDone),
+                                        Phase::Watch(resource_version),
+                                    ));
+                                }
+                            },
+                            Some(Err(e)) => {
+                                return Some((
+                                    Err(watcher::Error::InitialListFailed(list_error(e))),
+                                    Phase::Done,
+                                ));
+                            }
+                            None => return None,
+                        }
+                    }
                     Phase::Watch(version) => {
                         let params = WatchParams::default().timeout(290);
                         match api.watch(&params, &version).await {
