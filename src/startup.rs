@@ -527,7 +527,7 @@ impl EmbeddedLoops {
         if gates.enabled(Feature::StatefulSetAutoDeletePVC) {
             loops.push(crate::retention::new(
                 shared,
-                crate::retention::Config::default(),
+                crate::retention::Settings::default(),
             ));
         }
         if gates.enabled(Feature::PodPVCProvisioner) {

@@ -157,7 +157,7 @@ mod releaser_selection {
     use csi_provisioner::projection::PersistentVolume;
     use csi_provisioner::projection::StorageClass;
     use csi_provisioner::provision::ProvisionerConfig;
-    use csi_provisioner::releaser::verdict::decide;
+    use csi_provisioner::releaser::decide::decide;
     use csi_provisioner::releaser::{ReleaserConfig, Verdict};
     use proptest::prelude::*;
     use serde_json::json;

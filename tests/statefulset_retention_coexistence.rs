@@ -306,7 +306,7 @@ impl Harness {
         };
         // No `run()`: no workers; the test drives `process` itself so that
         // the two controllers strictly alternate.
-        let ctx = retention::new(&shared, retention::Config::default());
+        let ctx = retention::new(&shared, retention::Settings::default());
         shared.caches.start(&client);
         shared.caches.wait_until_ready().await;
         Harness {

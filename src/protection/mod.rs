@@ -4,7 +4,7 @@
 //! - A claim of ours that is alive and lacks `kubernetes.io/pvc-protection`
 //!   gets it.
 //! - A claim of ours being deleted loses it once no pod uses it. "Uses" is
-//!   [`verdict::pod_uses_claim`]: scheduled pods only, any phase, generic
+//!   [`decide::pod_uses_claim`]: scheduled pods only, any phase, generic
 //!   ephemeral volumes through their owner reference.
 //! - The watch caches decide; when they say "unused", a live list of the
 //!   namespace's pods ([`live`], one list per namespace per batch of
@@ -23,9 +23,9 @@
 //! same name during a re-list still frees its old claims); PV and
 //! StorageClass changes (they can make a claim ours).
 
+pub mod decide;
 pub mod index;
 pub mod live;
-pub mod verdict;
 pub mod worker;
 
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,7 @@ use crate::provision::{ProvisionerConfig, claim_class_name};
 use crate::queue::WorkQueue;
 use crate::shared::{EmbeddedLoop, Shared};
 
-pub use verdict::{Confirmation, Verdict};
+pub use decide::{Confirmation, Verdict};
 
 /// How long askers gather before a namespace's pods are listed live.
 const LIVE_LIST_WINDOW: Duration = Duration::from_millis(20);
@@ -118,7 +118,7 @@ pub fn new(shared: &Shared) -> Arc<Protection> {
         let pods_by_claim = Arc::clone(&pods_by_claim);
         caches.pods.on_change(move |change| {
             let (pod, now) = match change {
-                Change::Applied(pod) => (pod, verdict::referenced_claims(pod)),
+                Change::Applied(pod) => (pod, decide::referenced_claims(pod)),
                 Change::Deleted(pod) => (pod, Vec::new()),
             };
             let key = ClaimName::new(pod.namespace().unwrap_or_default(), pod.name_any());

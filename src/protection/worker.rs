@@ -1,5 +1,5 @@
 //! The claim worker: reads one claim and what it depends on from the caches,
-//! asks [`verdict`](super::verdict) and writes the result.
+//! asks [`verdict`](super::decide) and writes the result.
 
 use std::sync::Arc;
 
@@ -7,7 +7,7 @@ use crate::projection::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::verdict::{self, Confirmation, Verdict};
+use super::decide::{self, Confirmation, Verdict};
 use super::{ClaimName, Protection};
 use crate::provision::{add_finalizer_patch, claim_class_name, remove_finalizer_patch};
 use crate::wellknown as wk;
@@ -64,7 +64,7 @@ async fn reconcile(ctx: &Protection, key: &ClaimName) -> Result<(), ProtectionEr
         .and_then(|spec| spec.volume_name.as_deref())
         .filter(|name| !name.is_empty())
         .and_then(|name| ctx.caches.volumes.store().get(&ObjectRef::new(name)));
-    let ours = verdict::is_our_claim(&claim, class.as_deref(), volume.as_deref(), &ctx.config);
+    let ours = decide::is_our_claim(&claim, class.as_deref(), volume.as_deref(), &ctx.config);
     let cached: Vec<Arc<Pod>> = if ours {
         let names = ctx
             .pods_by_claim
@@ -81,7 +81,7 @@ async fn reconcile(ctx: &Protection, key: &ClaimName) -> Result<(), ProtectionEr
     };
     let cached: Vec<&Pod> = cached.iter().map(AsRef::as_ref).collect();
 
-    match verdict::decide(&claim, ours, &cached) {
+    match decide::decide(&claim, ours, &cached) {
         Verdict::NotOurs => {
             tracing::debug!(claim = %key, "PVC protection: not a claim of this driver, ignored");
             Ok(())
@@ -118,7 +118,7 @@ async fn reconcile(ctx: &Protection, key: &ClaimName) -> Result<(), ProtectionEr
         Verdict::ConfirmUnused => {
             let live = ctx.live.list(&key.namespace).await?;
             let live: Vec<&Pod> = live.iter().collect();
-            match verdict::confirm_unused(&claim, &live) {
+            match decide::confirm_unused(&claim, &live) {
                 Confirmation::InUse { pods } => {
                     // The cache lagged; the pods' events will queue the
                     // claim again when they change or go.

@@ -26,7 +26,7 @@
 //! `--releaser-resync-period` that queues every cached PV, so that a missed
 //! event or a decision that depends on another object is caught up.
 
-pub mod verdict;
+pub mod decide;
 pub mod worker;
 
 use std::sync::Arc;
@@ -43,7 +43,7 @@ use crate::provision::ProvisionerConfig;
 use crate::queue::WorkQueue;
 use crate::shared::{EmbeddedLoop, Shared};
 
-pub use verdict::{Association, ReleaserConfig, Verdict};
+pub use decide::{Association, ReleaserConfig, Verdict};
 
 /// The releaser's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +128,7 @@ pub fn new(shared: &Shared, settings: Settings) -> Arc<Releaser> {
                 .and_then(|spec| spec.volume_name.as_deref())
                 .filter(|name| !name.is_empty())
             {
-                if deleted && verdict::is_managed_by(claim, &id) {
+                if deleted && decide::is_managed_by(claim, &id) {
                     departed
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())

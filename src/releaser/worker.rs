@@ -1,5 +1,5 @@
 //! The PV worker: reads one PV, its class and its claim from the caches,
-//! asks [`verdict`](super::verdict) and writes the result.
+//! asks [`verdict`](super::decide) and writes the result.
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::Releaser;
-use super::verdict::{self, Verdict};
+use super::decide::{self, Verdict};
 use crate::events::EventType;
 use crate::wellknown as wk;
 
@@ -48,7 +48,7 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
         .and_then(|spec| spec.storage_class_name.as_deref())
         .filter(|class| !class.is_empty())
         .and_then(|class| ctx.caches.classes.store().get(&ObjectRef::new(class)));
-    let cached_claim = verdict::claim_ref_name(&pv).and_then(|(namespace, claim)| {
+    let cached_claim = decide::claim_ref_name(&pv).and_then(|(namespace, claim)| {
         ctx.caches
             .claims
             .store()
@@ -73,7 +73,7 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
         written_from.remove(name);
     }
 
-    let verdict = verdict::decide(&pv, class.as_deref(), claim.as_deref(), &ctx.config);
+    let verdict = decide::decide(&pv, class.as_deref(), claim.as_deref(), &ctx.config);
     if departed.is_some() && verdict != Verdict::Associate {
         // Associated by now (or the departed claim was not this PV's).
         ctx.departed
@@ -107,11 +107,11 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
             Ok(())
         }
         Verdict::Associate => {
-            tracing::info!(volume = %name, claim = ?verdict::claim_ref_name(&pv), "PV releaser: claim is managed by controller {id}, labelling its PV");
+            tracing::info!(volume = %name, claim = ?decide::claim_ref_name(&pv), "PV releaser: claim is managed by controller {id}, labelling its PV");
             patch(
                 ctx,
                 name,
-                verdict::associate_patch(&resource_version, id),
+                decide::associate_patch(&resource_version, id),
                 "associate",
             )
             .await
@@ -123,7 +123,7 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
                     &*pv,
                     EventType::Warning,
                     wk::REASON_ERR_RELEASE_PV,
-                    verdict::DELETE_POLICY_MESSAGE,
+                    decide::DELETE_POLICY_MESSAGE,
                 )
                 .await;
             Ok(())
@@ -132,11 +132,11 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
             association,
             remove_label,
         } => {
-            tracing::info!(volume = %name, claim = ?verdict::claim_ref_name(&pv), ?association, "PV releaser: releasing (removing the claim reference)");
+            tracing::info!(volume = %name, claim = ?decide::claim_ref_name(&pv), ?association, "PV releaser: releasing (removing the claim reference)");
             let result = patch(
                 ctx,
                 name,
-                verdict::release_patch(&resource_version, remove_label),
+                decide::release_patch(&resource_version, remove_label),
                 "release",
             )
             .await;
@@ -147,7 +147,7 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
                             &*pv,
                             EventType::Normal,
                             wk::REASON_RELEASED,
-                            &verdict::released_message(&pv, id),
+                            &decide::released_message(&pv, id),
                         )
                         .await;
                 }

@@ -18,7 +18,7 @@
 //! the handlers and asks for StatefulSets, Pods, Claims and Classes;
 //! [`EmbeddedLoop::start`](crate::shared::EmbeddedLoop::start) (once the
 //! caches are filled) starts the workers and the resync
-//! ([`Config::resync`]); `shut_down` stops them.
+//! ([`Settings::resync`]); `shut_down` stops them.
 //! [`Context::process`] reconciles one set, for tests that drive it.
 //!
 //! Not done here, on purpose: no Events (owner-reference changes are
@@ -57,14 +57,14 @@ use decide::{ClaimPlan, Decision, SetSkip};
 
 /// Settings of the loop.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct Settings {
     /// Every set is reconciled at least this often, whatever events said,
     /// so that a missed event (or a change the caches cannot attribute to a
     /// set) is repaired.
     pub resync: Duration,
 }
 
-impl Default for Config {
+impl Default for Settings {
     fn default() -> Self {
         Self {
             resync: Duration::from_secs(60),
@@ -162,7 +162,7 @@ fn template_names(set: &StatefulSet) -> impl Iterator<Item = &str> {
 /// Registers the loop's cache handlers and asks for the kinds it reads.
 /// Call before the caches start; then
 /// [`EmbeddedLoop::start`](crate::shared::EmbeddedLoop::start).
-pub fn new(shared: &Shared, config: Config) -> Arc<Context> {
+pub fn new(shared: &Shared, config: Settings) -> Arc<Context> {
     let caches = Arc::clone(&shared.caches);
     caches.want(&[Kind::StatefulSets, Kind::Pods, Kind::Claims, Kind::Classes]);
     let queue: WorkQueue<SetKey> = WorkQueue::new("statefulset-retention", shared.backoff);

@@ -239,5 +239,5 @@ pub fn pod_is_shut_down(pod: &Pod) -> bool {
 }
 
 #[cfg(test)]
-#[path = "verdict_tests.rs"]
+#[path = "decide_tests.rs"]
 mod tests;

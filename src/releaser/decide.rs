@@ -232,5 +232,5 @@ pub fn released_message(pv: &PersistentVolume, id: &str) -> String {
 pub const DELETE_POLICY_MESSAGE: &str = "Not released: the reclaim policy is Delete, so the provisioner deletes this volume; releasing it would stop that. Set the reclaim policy to Retain to have it released";
 
 #[cfg(test)]
-#[path = "verdict_tests.rs"]
+#[path = "decide_tests.rs"]
 mod tests;
