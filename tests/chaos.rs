@@ -8,10 +8,14 @@
 //! sidecar, of the leader of two replicas, every gRPC error code from the
 //! driver, driver calls slower than `--timeout`, the driver process ending
 //! between its backend change and its reply, and either API answers 409 /
-//! 500 / 429, dropped watches and compaction (our API test server) or
-//! restarts of kube-apiserver (also after an etcd compaction) and of
-//! kube-controller-manager (a real control plane). Once quiet, nothing may be leaked, lost or stuck
-//! (`chaos/invariants.rs`); a claim in use must stay protected throughout.
+//! 500 / 429 (watches: 500 / 429 / 410), latency on every request or one
+//! resource's, network partitions, dropped watches and compaction (our API
+//! test server) or restarts of kube-apiserver (also after an etcd
+//! compaction), SIGKILL and restart of etcd and restarts of
+//! kube-controller-manager (a real control plane). Once quiet, nothing may
+//! be leaked, lost or stuck (`chaos/invariants.rs`); a claim in use must
+//! stay protected throughout, and the sidecar never exits on its own but
+//! after losing its Lease (two replicas).
 //!
 //! The sidecar runs as a process (`csi-provisioner`), the driver as a
 //! process (`csi-hostpath`), against a fresh test server per seed or the
@@ -349,6 +353,15 @@ struct Run {
     /// The driver's fault rules, in the order of its faults file, to learn
     /// how often each struck.
     armed_driver_faults: Vec<ArmedFault>,
+    /// API latencies in force (test server), each ended at its instant.
+    latencies: Vec<Latency>,
+}
+
+/// An API latency in force (`Fault::ApiLatency`).
+struct Latency {
+    rule: String,
+    matcher: RequestMatch,
+    until: Instant,
 }
 
 impl Run {
@@ -396,6 +409,7 @@ impl Run {
             violations: Vec::new(),
             kept: BTreeMap::new(),
             armed_driver_faults: Vec::new(),
+            latencies: Vec::new(),
         };
         run.replica_logs = vec![PathBuf::new(); run.plan.replicas];
         for replica in 0..run.plan.replicas {
@@ -512,7 +526,22 @@ impl Run {
         }
     }
 
+    /// Ends the API latencies whose time is up (all with `all`), counting
+    /// the sidecar's requests each delayed.
+    fn end_latencies(&mut self, all: bool) {
+        let now = Instant::now();
+        let (ended, kept): (Vec<Latency>, Vec<Latency>) = std::mem::take(&mut self.latencies)
+            .into_iter()
+            .partition(|l| all || l.until <= now);
+        self.latencies = kept;
+        for latency in ended {
+            let delayed = self.env.api().remove_latency(&latency.matcher);
+            self.fired(latency.rule, delayed.unwrap_or(0));
+        }
+    }
+
     async fn revive_exited(&mut self) {
+        self.end_latencies(false);
         if let Some(plane) = self.env.plane() {
             match tokio::task::spawn_blocking(move || plane.revive_controller_manager()).await {
                 Ok(Ok(true)) => {
@@ -639,6 +668,32 @@ impl Run {
                     status,
                 );
             }
+            Fault::ApiLatency {
+                resource,
+                delay_ms,
+                for_ms,
+            } => {
+                // The sidecar's requests only: the runner's go on at speed.
+                let mut matcher = RequestMatch::any().remote();
+                if let Some(resource) = resource {
+                    matcher = matcher.resource(resource);
+                }
+                self.env
+                    .api()
+                    .add_latency(matcher.clone(), Duration::from_millis(delay_ms));
+                self.latencies.push(Latency {
+                    rule,
+                    matcher,
+                    until: Instant::now() + Duration::from_millis(for_ms),
+                });
+            }
+            Fault::Partition { ms } => {
+                // The runner's own requests would fail too: it waits. The
+                // dropped requests of the sidecar are counted at the end.
+                self.env.api().set_partitioned(true);
+                self.pause(Duration::from_millis(ms)).await;
+                self.env.api().set_partitioned(false);
+            }
             Fault::CloseWatches => {
                 self.env.api().close_watches();
                 self.fired(rule, 1);
@@ -668,6 +723,16 @@ impl Run {
                 .expect("join")
                 .expect("compact etcd and restart kube-apiserver");
                 self.env.client = plane.admin_client().await.expect("admin client");
+                self.fired(rule, 1);
+            }
+            Fault::KillEtcd { down_ms } => {
+                let plane = self.env.plane().expect("real cluster");
+                tokio::task::spawn_blocking(move || {
+                    plane.kill_and_restart_etcd(Duration::from_millis(down_ms))
+                })
+                .await
+                .expect("join")
+                .expect("kill and restart etcd");
                 self.fired(rule, 1);
             }
             Fault::RestartControllerManager => {
@@ -745,7 +810,15 @@ impl Run {
         }
         let mut struck: BTreeMap<String, u64> = BTreeMap::new();
         for request in self.env.api().requests() {
-            if !request.injected || request.origin == Origin::InProcess {
+            if request.origin == Origin::InProcess {
+                continue;
+            }
+            // Answered nothing: dropped by a partition.
+            if request.status == 0 {
+                *struck.entry("Partition".to_owned()).or_default() += 1;
+                continue;
+            }
+            if !request.injected {
                 continue;
             }
             let verb = match request.verb {
@@ -753,6 +826,7 @@ impl Run {
                 Verb::Update => ApiVerb::Update,
                 Verb::Patch => ApiVerb::Patch,
                 Verb::Delete => ApiVerb::Delete,
+                Verb::Watch => ApiVerb::Watch,
                 _ => continue,
             };
             *struck
@@ -1409,6 +1483,10 @@ impl Run {
     /// the work it was aimed at. Returns how long that took, or what still
     /// failed at the end.
     async fn settle(&mut self) -> Result<Duration, Vec<String>> {
+        // The API is fast again once the workload is done.
+        if matches!(self.plan.backend, plan::Backend::TestServer) {
+            self.end_latencies(true);
+        }
         self.revive_exited().await;
         for replica in 0..self.replicas.len() {
             let dead = match self.replicas[replica].as_mut() {
@@ -1652,6 +1730,7 @@ fn test_server_verb(verb: ApiVerb) -> Verb {
         ApiVerb::Update => Verb::Update,
         ApiVerb::Patch => Verb::Patch,
         ApiVerb::Delete => Verb::Delete,
+        ApiVerb::Watch => Verb::Watch,
     }
 }
 

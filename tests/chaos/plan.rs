@@ -90,6 +90,8 @@ pub enum ApiVerb {
     Update,
     Patch,
     Delete,
+    /// A watch's start (the caches' streaming lists and re-watches).
+    Watch,
 }
 
 /// Where the faults come from.
@@ -150,6 +152,21 @@ pub enum Fault {
         status: u16,
         count: u32,
     },
+    /// Every request of the sidecar on `resource` (all of them: `None`)
+    /// waits `delay_ms` before it is handled, for `for_ms`; then the API
+    /// is fast again while the workload goes on.
+    ApiLatency {
+        resource: Option<&'static str>,
+        delay_ms: u64,
+        for_ms: u64,
+    },
+    /// A network partition of the test server for `ms`: every request is
+    /// dropped without an answer and every watch ends; then it heals.
+    /// With two replicas (a 2 s Lease) the leader may lose its Lease and
+    /// exit: the one exit allowed.
+    Partition {
+        ms: u64,
+    },
     /// Every watch stream ends (clients re-watch from their resourceVersion).
     CloseWatches,
     /// Watch history forgotten and watches ended: every re-watch gets 410.
@@ -159,6 +176,11 @@ pub enum Fault {
     /// restarted: every watch resumes into 410 Gone and a re-list.
     CompactEtcd,
     RestartControllerManager,
+    /// SIGKILL of etcd, restarted on its data after `down_ms`:
+    /// kube-apiserver answers errors meanwhile, then resumes its watches.
+    KillEtcd {
+        down_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,8 +254,11 @@ pub const SIDECAR_TIMEOUT_MS: u64 = 1000;
 /// never fires (a run of enough seeds fails on such a rule). The journal
 /// lists its ConfigMaps at start only and then creates, replaces and
 /// deletes them; a PV is only replaced after a 403, which the test server
-/// never answers.
-const API_TARGETS: [(ApiVerb, &str); 8] = [
+/// never answers. The caches of PVs, claims and classes start with a
+/// streaming list (a WATCH with `sendInitialEvents`, which the test server
+/// serves) and re-watch when a watch ends: they send no LIST, so only
+/// their WATCH is a target (aimed at a re-watch: [`AimedAt::Rewatch`]).
+const API_TARGETS: [(ApiVerb, &str); 11] = [
     (ApiVerb::Create, "persistentvolumes"),
     (ApiVerb::Patch, "persistentvolumes"),
     (ApiVerb::Delete, "persistentvolumes"),
@@ -242,7 +267,24 @@ const API_TARGETS: [(ApiVerb, &str); 8] = [
     (ApiVerb::Create, "configmaps"),
     (ApiVerb::Update, "configmaps"),
     (ApiVerb::Delete, "configmaps"),
+    (ApiVerb::Watch, "persistentvolumes"),
+    (ApiVerb::Watch, "persistentvolumeclaims"),
+    (ApiVerb::Watch, "storageclasses"),
 ];
+
+/// What the answers of a faulted request are: a write may meet a conflict,
+/// a watch's start a 410 Gone (resourceVersion too old: a new list).
+fn api_statuses(verb: ApiVerb) -> &'static [u16] {
+    match verb {
+        ApiVerb::Watch => &[500, 429, 410],
+        _ => &[409, 500, 429],
+    }
+}
+
+/// The resources whose requests [`Fault::ApiLatency`] delays (`None`: all),
+/// each met by a new claim's provisioning (the PV's create, the journal's
+/// write).
+const LATENCY_TARGETS: [Option<&str>; 3] = [None, Some("persistentvolumes"), Some("configmaps")];
 
 /// The Lease is renewed only with leader election: two-replica seeds.
 const LEASE_TARGETS: [(ApiVerb, &str); 1] = [(ApiVerb::Update, "leases")];
@@ -257,6 +299,7 @@ impl Fault {
             Fault::DriverSlow { method, .. } => format!("DriverSlow {method}"),
             Fault::DriverExit { method, .. } => format!("DriverExit {method}"),
             Fault::Api { verb, resource, .. } => api_rule(*verb, resource),
+            Fault::ApiLatency { resource, .. } => latency_rule(*resource),
             other => format!("{other:?}")
                 .split([' ', '{', '('])
                 .next()
@@ -284,6 +327,8 @@ pub enum AimedAt {
     /// A new claim after a restart: the journal's write that makes a new
     /// segment (a new process never writes to the segments it found).
     FirstProvisioning,
+    /// A re-watch of every cache: the plan ends every watch right after.
+    Rewatch,
 }
 
 impl Fault {
@@ -296,11 +341,13 @@ impl Fault {
                 _ => AimedAt::Provisioning,
             },
             Fault::Api { verb, resource, .. } => match (verb, *resource) {
+                (ApiVerb::Watch, _) => AimedAt::Rewatch,
                 (ApiVerb::Create, "configmaps") => AimedAt::FirstProvisioning,
                 (ApiVerb::Delete | ApiVerb::Patch, _) => AimedAt::Deletion,
                 (_, "leases") => AimedAt::Anything,
                 _ => AimedAt::Provisioning,
             },
+            Fault::ApiLatency { .. } => AimedAt::Provisioning,
             _ => AimedAt::Anything,
         }
     }
@@ -309,6 +356,11 @@ impl Fault {
 /// The rule of an API fault on `verb` `resource`.
 pub fn api_rule(verb: ApiVerb, resource: &str) -> String {
     format!("Api {verb:?} {resource}")
+}
+
+/// The rule of an API latency on `resource` (`None`: every request).
+pub fn latency_rule(resource: Option<&str>) -> String {
+    format!("ApiLatency {}", resource.unwrap_or("all"))
 }
 
 /// Every rule a plan against `backend` may hold.
@@ -324,7 +376,8 @@ pub fn rules(backend: Backend) -> Vec<String> {
     }
     match backend {
         Backend::TestServer => {
-            rules.extend(["CloseWatches".to_owned(), "Compact".to_owned()]);
+            rules.extend(["CloseWatches", "Compact", "Partition"].map(str::to_owned));
+            rules.extend(LATENCY_TARGETS.map(latency_rule));
             for (verb, resource) in API_TARGETS.iter().chain(&LEASE_TARGETS) {
                 rules.push(api_rule(*verb, resource));
             }
@@ -334,6 +387,7 @@ pub fn rules(backend: Backend) -> Vec<String> {
                 "RestartApiServer",
                 "CompactEtcd",
                 "RestartControllerManager",
+                "KillEtcd",
             ]
             .map(str::to_owned),
         ),
@@ -341,7 +395,12 @@ pub fn rules(backend: Backend) -> Vec<String> {
     rules
 }
 
-/// The driver calls that faults hit.
+/// The driver calls that faults hit: those the sidecar makes once started.
+/// `GetPluginInfo`, `GetPluginCapabilities` and `ControllerGetCapabilities`
+/// are asked once, at start-up (`Driver::discover`); `Probe` at start-up
+/// and then only by `/healthz` (no `--http-endpoint` in a chaos run);
+/// `GetCapacity` only with capacity tracking or a capacity check, which a
+/// chaos run does not enable. A fault on any of them could never fire.
 const DRIVER_METHODS: [&str; 2] = ["CreateVolume", "DeleteVolume"];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -466,6 +525,9 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
                     Step::DeleteBoundClaim { claim }
                 } else if aimed_at == AimedAt::Anything {
                     Step::Fault(fault)
+                } else if aimed_at == AimedAt::Rewatch {
+                    steps.push(Step::Fault(fault));
+                    Step::Fault(Fault::CloseWatches)
                 } else {
                     steps.push(Step::Fault(fault));
                     if aimed_at == AimedAt::FirstProvisioning {
@@ -544,9 +606,17 @@ fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
             down_ms: rng.between(0, 1500),
         },
         _ => match backend {
-            Backend::TestServer => match rng.below(4) {
+            Backend::TestServer => match rng.below(6) {
                 0 => Fault::CloseWatches,
                 1 => Fault::Compact,
+                2 => Fault::ApiLatency {
+                    resource: rng.pick(&LATENCY_TARGETS),
+                    delay_ms: rng.between(100, 1500),
+                    for_ms: rng.between(1000, 4000),
+                },
+                3 => Fault::Partition {
+                    ms: rng.between(500, 5000),
+                },
                 _ => {
                     let (verb, resource) = if replicas == 2 && rng.chance(30) {
                         rng.pick(&LEASE_TARGETS)
@@ -556,15 +626,18 @@ fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
                     Fault::Api {
                         verb,
                         resource,
-                        status: rng.pick(&[409, 500, 429]),
+                        status: rng.pick(api_statuses(verb)),
                         count: rng.between(1, 3) as u32,
                     }
                 }
             },
-            Backend::Real => match rng.below(5) {
+            Backend::Real => match rng.below(6) {
                 0 | 1 => Fault::RestartApiServer,
                 2 => Fault::CompactEtcd,
-                _ => Fault::RestartControllerManager,
+                3 | 4 => Fault::RestartControllerManager,
+                _ => Fault::KillEtcd {
+                    down_ms: rng.between(500, 3000),
+                },
             },
         },
     }
@@ -622,6 +695,9 @@ mod tests {
             "RestartApiServer",
             "CompactEtcd",
             "RestartControllerManager",
+            "ApiLatency",
+            "Partition",
+            "KillEtcd",
         ] {
             assert!(seen.contains(want), "no plan has {want}: {seen:?}");
         }
@@ -695,6 +771,9 @@ mod tests {
                 }
                 let followed = match fault.aimed_at() {
                     AimedAt::Anything => true,
+                    AimedAt::Rewatch => {
+                        matches!(steps.get(i + 1), Some(Step::Fault(Fault::CloseWatches)))
+                    }
                     AimedAt::Deletion => matches!(next, Some(Step::DeleteBoundClaim { .. })),
                     AimedAt::Provisioning | AimedAt::FirstProvisioning => {
                         matches!(next, Some(Step::CreateClaim { .. }))
@@ -703,6 +782,24 @@ mod tests {
                 assert!(followed, "seed {seed}: {fault:?} then {next:?}");
             }
         }
+    }
+
+    /// A watch's start answers 500, 429 or 410 (each planned), a write 409,
+    /// 500 or 429.
+    #[test]
+    fn watch_faults_answer_what_a_watch_may_meet() {
+        let mut watch_statuses = std::collections::BTreeSet::new();
+        for seed in 0..500 {
+            for step in plan(seed, Backend::TestServer).steps {
+                if let Step::Fault(Fault::Api { verb, status, .. }) = step {
+                    assert!(api_statuses(verb).contains(&status), "seed {seed}");
+                    if verb == ApiVerb::Watch {
+                        watch_statuses.insert(status);
+                    }
+                }
+            }
+        }
+        assert_eq!(watch_statuses, [410, 429, 500].into());
     }
 
     #[test]

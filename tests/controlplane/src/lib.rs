@@ -699,6 +699,20 @@ impl ControlPlane {
         self.start_apiserver()
     }
 
+    /// SIGKILLs etcd, waits `down`, and starts it again on the same data
+    /// directory (a crash and a restart of the database: kube-apiserver
+    /// keeps running, answering errors meanwhile, and its watches on etcd
+    /// resume from their revisions); returns once kube-apiserver is ready
+    /// again.
+    pub fn kill_and_restart_etcd(&self, down: Duration) -> Result<(), Error> {
+        if let Some(mut child) = self.processes().etcd.take() {
+            child.kill();
+        }
+        std::thread::sleep(down);
+        self.start_etcd()?;
+        self.wait_ready(Duration::from_secs(60))
+    }
+
     /// Compacts etcd's history up to its current revision (etcd's v3 JSON
     /// gateway, no etcdctl needed) and returns that revision: every read or
     /// watch from an older revision is gone from etcd. With a restart of

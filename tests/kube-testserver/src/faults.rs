@@ -79,8 +79,15 @@ impl RequestMatch {
 
 #[derive(Debug, Clone)]
 enum Action {
-    Fail { code: u16, remaining: u32 },
-    Delay(Duration),
+    Fail {
+        code: u16,
+        remaining: u32,
+    },
+    /// Each matching request waits; `hits` counts them.
+    Delay {
+        delay: Duration,
+        hits: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -118,8 +125,21 @@ impl Faults {
     pub fn add_latency(&mut self, matcher: RequestMatch, delay: Duration) {
         self.rules.push(Rule {
             matcher,
-            action: Action::Delay(delay),
+            action: Action::Delay { delay, hits: 0 },
         });
+    }
+
+    /// Removes the first latency rule added with `matcher` (others stay)
+    /// and returns how many requests it delayed; `None` if there was none.
+    pub fn remove_latency(&mut self, matcher: &RequestMatch) -> Option<u64> {
+        let found = self
+            .rules
+            .iter()
+            .position(|r| matches!(r.action, Action::Delay { .. }) && &r.matcher == matcher)?;
+        match self.rules.remove(found).action {
+            Action::Delay { hits, .. } => Some(hits),
+            Action::Fail { .. } => None,
+        }
     }
 
     pub fn clear(&mut self) {
@@ -145,7 +165,10 @@ impl Faults {
                 continue;
             }
             match &mut rule.action {
-                Action::Delay(t) => d.delay += *t,
+                Action::Delay { delay, hits } => {
+                    d.delay += *delay;
+                    *hits += 1;
+                }
                 Action::Fail { code, remaining } if d.fail.is_none() && *remaining > 0 => {
                     *remaining -= 1;
                     d.fail = Some(*code);
@@ -156,5 +179,39 @@ impl Faults {
         self.rules
             .retain(|r| !matches!(r.action, Action::Fail { remaining: 0, .. }));
         d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removed_latency_rule_delays_no_more_and_leaves_the_others() {
+        let mut faults = Faults::default();
+        let pvs = RequestMatch::new(Verb::Create, "persistentvolumes").remote();
+        let slow = Duration::from_millis(300);
+        faults.add_latency(pvs.clone(), slow);
+        faults.add_latency(RequestMatch::any(), slow);
+        faults.fail_next(1, pvs.clone(), 500);
+        let origin = Origin::Http(1);
+        let decide = |f: &mut Faults| f.decide(origin, Verb::Create, "persistentvolumes", "", "a");
+        assert_eq!(faults.remove_latency(&pvs), Some(0));
+        assert_eq!(faults.remove_latency(&pvs), None, "only one rule was added");
+        let d = decide(&mut faults);
+        assert_eq!((d.delay, d.fail), (slow, Some(500)));
+        // Not a remote request: the remote-only rule passes it by.
+        faults.add_latency(pvs.clone(), slow);
+        let local = faults.decide(
+            Origin::InProcess,
+            Verb::Create,
+            "persistentvolumes",
+            "",
+            "a",
+        );
+        assert_eq!(local.delay, slow);
+        assert_eq!(faults.remove_latency(&RequestMatch::any()), Some(2));
+        assert_eq!(faults.remove_latency(&pvs), Some(0));
+        assert_eq!(decide(&mut faults), Decision::default());
     }
 }

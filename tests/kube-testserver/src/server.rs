@@ -248,9 +248,17 @@ impl TestServer {
     }
 
     /// Every request matching `m` waits `delay` before it is handled (until
-    /// [`TestServer::clear_faults`]).
+    /// [`TestServer::remove_latency`] or [`TestServer::clear_faults`]).
     pub fn add_latency(&self, m: RequestMatch, delay: Duration) {
         self.inner.lock_faults().add_latency(m, delay);
+    }
+
+    /// Removes one latency rule added by [`TestServer::add_latency`] with
+    /// the same `m` (the latency ends; other rules stay). Returns how many
+    /// requests it delayed (counted as each began: one still waiting
+    /// counts), `None` if there was no such rule.
+    pub fn remove_latency(&self, m: &RequestMatch) -> Option<u64> {
+        self.inner.lock_faults().remove_latency(m)
     }
 
     /// Removes all failure and latency rules and ends a partition.
