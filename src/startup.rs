@@ -356,7 +356,14 @@ const EVENT_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// At shutdown, the journal's last removals may take this long even when
 /// draining the workers used up the grace (`--timeout` + [`SHUTDOWN_SLACK`]).
-const JOURNAL_FLUSH_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+///
+/// Three seconds: one write to a slow API server must fit (chaos seed 57
+/// of tests/chaos.rs: under 1.1 s per request, one second was not enough
+/// and the entries outlived the exit), and the whole shutdown must stay
+/// inside Kubernetes' default termination grace of 30 s: `--timeout`
+/// (10 s) + [`SHUTDOWN_SLACK`] + this + the event flush (1 s) + the Lease
+/// release (at most the renew deadline, 10 s) is 26 s.
+const JOURNAL_FLUSH_MIN: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Extra time after `--timeout` for workers to record the outcome of their
 /// last CSI call.
