@@ -143,30 +143,46 @@ async fn provision(env: &Env, names: &[&str]) {
     }
 }
 
-async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(backend: Backend) {
+/// A real-cluster test of both images: its `Env` with class `fast`, the
+/// control plane, the Go image's binary and ours (`None`: skipped).
+async fn set_up(
+    backend: Backend,
+) -> Option<(
+    Env,
+    &'static controlplane::ControlPlane,
+    std::path::PathBuf,
+    std::path::PathBuf,
+)> {
     let env = Env::new(backend).await;
-    let Some(plane) = env.plane() else {
-        return;
-    };
-    let Some(go_bin) = env.upstream_binary("csi-provisioner") else {
-        return;
-    };
-    let rust_bin = support::sidecar::sidecar_binary();
+    let plane = env.plane()?;
+    let go_bin = env.upstream_binary("csi-provisioner")?;
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
+    Some((env, plane, go_bin, support::sidecar::sidecar_binary()))
+}
+
+/// A user `<name>-<test id>` bound to deploy/'s rules (leader election
+/// included) and its kubeconfig: each replica its own, so the audit log
+/// tells their writes apart.
+async fn replica_user(
+    env: &Env,
+    plane: &controlplane::ControlPlane,
+    name: &str,
+) -> (String, std::path::PathBuf) {
+    let user = format!("{name}-{}", env.id);
+    env.grant_deploy_rbac(&user, &[]).await;
+    let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
+    (user, kubeconfig)
+}
+
+async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(backend: Backend) {
+    let Some((env, plane, go_bin, rust_bin)) = set_up(backend).await else {
+        return;
+    };
     // Each image as its own user, both bound to deploy/'s rules (leader
     // election included), so the audit log tells their writes apart.
-    let mut kubeconfigs = Vec::new();
-    for image in ["go", "rust"] {
-        let user = format!("{image}-{}", env.id);
-        env.grant_deploy_rbac(&user, &[]).await;
-        kubeconfigs.push((
-            user.clone(),
-            plane.kubeconfig_for(&user, None).expect("kubeconfig"),
-        ));
-    }
-    let (go_user, go_config) = kubeconfigs[0].clone();
-    let (rust_user, rust_config) = kubeconfigs[1].clone();
+    let (go_user, go_config) = replica_user(&env, plane, "go").await;
+    let (rust_user, rust_config) = replica_user(&env, plane, "rust").await;
     // Our replica is started here, not by the harness: its refused
     // requests fail the test all the same.
     env.check_refusals_of(&rust_user);
@@ -269,24 +285,15 @@ fn writes_by_after(env: &Env, user: &str, mark: usize) -> Vec<(String, String, u
 /// Go image is printed for the record, not asserted: the Go sidecar has no
 /// such fence. Either way each claim ends with one PV and one volume.
 async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_up(backend: Backend) {
-    let env = Env::new(backend).await;
-    let Some(plane) = env.plane() else {
+    let Some((env, plane, go_bin, rust_bin)) = set_up(backend).await else {
         return;
     };
-    let Some(go_bin) = env.upstream_binary("csi-provisioner") else {
-        return;
-    };
-    let rust_bin = support::sidecar::sidecar_binary();
-    env.storage_class("fast", "Immediate", "Delete", json!({}))
-        .await;
     let mut report = Vec::new();
     for (image, bin) in [(Image::Rust, &rust_bin), (Image::Go, &go_bin)] {
         let mut replicas = Vec::new();
         for role in ["a", "b"] {
-            let user = format!("{image:?}-{role}-{}", env.id).to_lowercase();
-            env.grant_deploy_rbac(&user, &[]).await;
-            let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
-            replicas.push((user, kubeconfig));
+            let name = format!("{image:?}-{role}").to_lowercase();
+            replicas.push(replica_user(&env, plane, &name).await);
         }
         env.set_faults(vec![csi_hostpath::faults::Fault::delay(
             "CreateVolume",
