@@ -28,3 +28,34 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// Returns free memory every `period`, for ever, as the Go runtime's
+/// scavenger does for the upstream sidecar. Memory freed after start-up
+/// (every cached object queued by each loop at once, then drained) and by
+/// each operation stays resident otherwise: about 4 MiB at 10,000 volumes.
+/// A trim of a heap of that size takes a few milliseconds, on a blocking
+/// thread.
+/// Stopped when the returned guard is dropped.
+pub fn release_free_memory_every(period: std::time::Duration) -> Trimmer {
+    Trimmer(tokio::spawn(trim_every(period)))
+}
+
+/// The periodic trim of [`release_free_memory_every`]; stops when dropped.
+pub struct Trimmer(tokio::task::JoinHandle<()>);
+
+impl Drop for Trimmer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn trim_every(period: std::time::Duration) {
+    let mut timer = tokio::time::interval(period);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate; the caches just trimmed.
+    timer.tick().await;
+    loop {
+        timer.tick().await;
+        let _ = tokio::task::spawn_blocking(release_free_memory).await;
+    }
+}

@@ -294,6 +294,7 @@ pub async fn run(
         }
     };
     tracing::info!("provisioning loop running");
+    let _trimmer = crate::memory::release_free_memory_every(std::time::Duration::from_secs(15));
     tokio::select! {
         () = shutdown => {}
         lost = lease_lost(&mut leadership) => {

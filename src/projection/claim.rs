@@ -3,10 +3,11 @@
 //! selector, data sources, the bound volume) and the phase.
 
 use k8s_openapi::api::core::v1 as k8s;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::{Deserialize, Serialize};
 
-use super::{Projection, meta, resource_of};
+use super::{Map, Projection, meta, resource_of};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct PersistentVolumeClaim {
@@ -17,9 +18,84 @@ pub struct PersistentVolumeClaim {
     )]
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<k8s::PersistentVolumeClaimSpec>,
+    pub spec: Option<PersistentVolumeClaimSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<PersistentVolumeClaimStatus>,
+}
+
+/// The whole spec, with the resource maps as [`Map`]s and the rare
+/// references (selector, data sources) boxed.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PersistentVolumeClaimSpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_modes: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_source: Option<Box<k8s::TypedLocalObjectReference>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_source_ref: Option<Box<k8s::TypedObjectReference>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<VolumeResourceRequirements>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector: Option<Box<LabelSelector>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_attributes_class_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct VolumeResourceRequirements {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Map<Quantity>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests: Option<Map<Quantity>>,
+}
+
+impl PersistentVolumeClaimSpec {
+    /// The full API type.
+    pub fn to_object(&self) -> k8s::PersistentVolumeClaimSpec {
+        k8s::PersistentVolumeClaimSpec {
+            access_modes: self.access_modes.clone(),
+            data_source: self.data_source.as_deref().cloned(),
+            data_source_ref: self.data_source_ref.as_deref().cloned(),
+            resources: self
+                .resources
+                .as_ref()
+                .map(|r| k8s::VolumeResourceRequirements {
+                    limits: r.limits.as_ref().map(Map::to_btree),
+                    requests: r.requests.as_ref().map(Map::to_btree),
+                }),
+            selector: self.selector.as_deref().cloned(),
+            storage_class_name: self.storage_class_name.clone(),
+            volume_attributes_class_name: self.volume_attributes_class_name.clone(),
+            volume_mode: self.volume_mode.clone(),
+            volume_name: self.volume_name.clone(),
+        }
+    }
+
+    /// What the cache keeps of a full spec.
+    pub fn project(spec: &k8s::PersistentVolumeClaimSpec) -> Self {
+        PersistentVolumeClaimSpec {
+            access_modes: spec.access_modes.clone(),
+            data_source: spec.data_source.clone().map(Box::new),
+            data_source_ref: spec.data_source_ref.clone().map(Box::new),
+            resources: spec.resources.as_ref().map(|r| VolumeResourceRequirements {
+                limits: r.limits.as_ref().map(Map::from),
+                requests: r.requests.as_ref().map(Map::from),
+            }),
+            selector: spec.selector.clone().map(Box::new),
+            storage_class_name: spec.storage_class_name.clone(),
+            volume_attributes_class_name: spec.volume_attributes_class_name.clone(),
+            volume_mode: spec.volume_mode.clone(),
+            volume_name: spec.volume_name.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -37,7 +113,7 @@ impl Projection for PersistentVolumeClaim {
     fn to_object(&self) -> k8s::PersistentVolumeClaim {
         k8s::PersistentVolumeClaim {
             metadata: self.metadata.clone(),
-            spec: self.spec.clone(),
+            spec: self.spec.as_ref().map(PersistentVolumeClaimSpec::to_object),
             status: self
                 .status
                 .as_ref()
@@ -51,7 +127,7 @@ impl Projection for PersistentVolumeClaim {
     fn project(claim: &k8s::PersistentVolumeClaim) -> Self {
         PersistentVolumeClaim {
             metadata: meta::project(&claim.metadata, meta::all_but_last_applied),
-            spec: claim.spec.clone(),
+            spec: claim.spec.as_ref().map(PersistentVolumeClaimSpec::project),
             status: claim.status.as_ref().map(|s| PersistentVolumeClaimStatus {
                 phase: s.phase.clone(),
             }),

@@ -11,6 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::wellknown as wk;
+
 /// The annotation kubectl writes on `apply`: a copy of the whole object.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -19,33 +21,11 @@ pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration
 /// skipped.
 pub const POD_ANNOTATION_PREFIX: &str = "dynamic-pvc-provisioner.kubernetes.io/";
 
-/// Which annotations a kind keeps.
-#[derive(Clone, Copy)]
-enum Keep {
-    /// All but the last-applied copy (claims, volumes, classes: loops read
-    /// many well-known annotations, and users' templates may read any).
-    AllButLastApplied,
-    /// The pod/Job PVC provisioner's only.
-    LoopAnnotations,
-    /// None (nodes: topology is read from labels).
-    None,
-}
+/// A string map (annotations, labels) read key by key; values of skipped
+/// keys are not allocated.
+struct Filtered(fn(&str) -> bool);
 
-impl Keep {
-    fn keeps(self, key: &str) -> bool {
-        match self {
-            Keep::AllButLastApplied => key != LAST_APPLIED,
-            Keep::LoopAnnotations => key.starts_with(POD_ANNOTATION_PREFIX),
-            Keep::None => false,
-        }
-    }
-}
-
-/// The annotations map, read key by key; values of skipped keys are not
-/// allocated.
-struct Annotations(Keep);
-
-impl<'de> serde::de::DeserializeSeed<'de> for Annotations {
+impl<'de> serde::de::DeserializeSeed<'de> for Filtered {
     type Value = Option<BTreeMap<String, String>>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -53,11 +33,11 @@ impl<'de> serde::de::DeserializeSeed<'de> for Annotations {
     }
 }
 
-impl<'de> Visitor<'de> for Annotations {
+impl<'de> Visitor<'de> for Filtered {
     type Value = Option<BTreeMap<String, String>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a map of annotations")
+        f.write_str("a map of strings")
     }
     fn visit_none<E>(self) -> Result<Self::Value, E> {
         Ok(None)
@@ -71,7 +51,7 @@ impl<'de> Visitor<'de> for Annotations {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut kept = BTreeMap::new();
         while let Some(key) = map.next_key::<String>()? {
-            if self.0.keeps(&key) {
+            if (self.0)(&key) {
                 kept.insert(key, map.next_value::<String>()?);
             } else {
                 map.next_value::<IgnoredAny>()?;
@@ -82,7 +62,11 @@ impl<'de> Visitor<'de> for Annotations {
 }
 
 /// The metadata fields kept; every other field of the JSON is skipped.
-struct Fields(Keep);
+/// Annotations and labels are filtered by key.
+struct Fields {
+    annotations: fn(&str) -> bool,
+    labels: fn(&str) -> bool,
+}
 
 impl<'de> serde::de::DeserializeSeed<'de> for Fields {
     type Value = ObjectMeta;
@@ -119,8 +103,10 @@ impl<'de> Visitor<'de> for Fields {
                 "deletionGracePeriodSeconds" => {
                     meta.deletion_grace_period_seconds = map.next_value()?
                 }
-                "labels" => meta.labels = map.next_value()?,
-                "annotations" => meta.annotations = map.next_value_seed(Annotations(self.0))?,
+                "labels" => meta.labels = map.next_value_seed(Filtered(self.labels))?,
+                "annotations" => {
+                    meta.annotations = map.next_value_seed(Filtered(self.annotations))?
+                }
                 "finalizers" => meta.finalizers = map.next_value()?,
                 "ownerReferences" => {
                     meta.owner_references = map.next_value::<Option<Vec<OwnerReference>>>()?
@@ -134,10 +120,30 @@ impl<'de> Visitor<'de> for Fields {
     }
 }
 
-/// Metadata of claims, volumes and classes: every annotation but the
+fn decode<'de, D: Deserializer<'de>>(
+    d: D,
+    annotations: fn(&str) -> bool,
+    labels: fn(&str) -> bool,
+) -> Result<ObjectMeta, D::Error> {
+    serde::de::DeserializeSeed::deserialize(
+        Fields {
+            annotations,
+            labels,
+        },
+        d,
+    )
+}
+
+/// Metadata of claims and classes: every label, every annotation but the
 /// last-applied copy.
 pub(super) fn trimmed<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    serde::de::DeserializeSeed::deserialize(Fields(Keep::AllButLastApplied), d)
+    decode(d, all_but_last_applied, all_labels)
+}
+
+/// Metadata of volumes: every annotation but the last-applied copy, and
+/// only the labels a loop reads ([`volume_labels`]).
+pub(super) fn of_volume<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    decode(d, all_but_last_applied, volume_labels)
 }
 
 /// Metadata of pods and Jobs: only the pod/Job PVC provisioner's
@@ -145,16 +151,35 @@ pub(super) fn trimmed<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::
 pub(super) fn with_loop_annotations<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<ObjectMeta, D::Error> {
-    serde::de::DeserializeSeed::deserialize(Fields(Keep::LoopAnnotations), d)
+    decode(d, loop_annotations, all_labels)
 }
 
 /// Metadata of nodes: no annotations.
 pub(super) fn without_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    serde::de::DeserializeSeed::deserialize(Fields(Keep::None), d)
+    decode(d, no_annotations, all_labels)
 }
 
 /// Projects metadata read live the way the caches would keep it.
 pub(super) fn project(meta: &ObjectMeta, annotations: fn(&str) -> bool) -> ObjectMeta {
+    project_with_labels(meta, annotations, all_labels)
+}
+
+/// [`project`] with labels filtered by key too.
+pub(super) fn project_with_labels(
+    meta: &ObjectMeta,
+    annotations: fn(&str) -> bool,
+    labels: fn(&str) -> bool,
+) -> ObjectMeta {
+    let filtered = |map: &Option<BTreeMap<String, String>>, keep: fn(&str) -> bool| {
+        map.as_ref().and_then(|all| {
+            let kept: BTreeMap<String, String> = all
+                .iter()
+                .filter(|(key, _)| keep(key))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (!kept.is_empty()).then_some(kept)
+        })
+    };
     ObjectMeta {
         name: meta.name.clone(),
         namespace: meta.namespace.clone(),
@@ -164,31 +189,49 @@ pub(super) fn project(meta: &ObjectMeta, annotations: fn(&str) -> bool) -> Objec
         creation_timestamp: meta.creation_timestamp.clone(),
         deletion_timestamp: meta.deletion_timestamp.clone(),
         deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
-        labels: meta.labels.clone(),
-        annotations: meta.annotations.as_ref().and_then(|all| {
-            let kept: BTreeMap<String, String> = all
-                .iter()
-                .filter(|(key, _)| annotations(key))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            (!kept.is_empty()).then_some(kept)
-        }),
+        labels: filtered(&meta.labels, labels),
+        annotations: filtered(&meta.annotations, annotations),
         finalizers: meta.finalizers.clone(),
         owner_references: meta.owner_references.clone(),
         ..ObjectMeta::default()
     }
 }
 
+/// Annotations of claims, volumes and classes: loops read many well-known
+/// ones, and users' templates may read any.
 pub(super) fn all_but_last_applied(key: &str) -> bool {
-    Keep::AllButLastApplied.keeps(key)
+    key != LAST_APPLIED
 }
 
+/// Annotations of pods and Jobs: the pod/Job PVC provisioner's only.
 pub(super) fn loop_annotations(key: &str) -> bool {
-    Keep::LoopAnnotations.keeps(key)
+    key.starts_with(POD_ANNOTATION_PREFIX)
 }
 
+/// Annotations of nodes: none (topology is read from labels).
 pub(super) fn no_annotations(_: &str) -> bool {
     false
+}
+
+fn all_labels(_: &str) -> bool {
+    true
+}
+
+/// The labels of a volume that a loop reads: the PV releaser's own
+/// (src/releaser/decide.rs), the zone and region of an in-tree volume
+/// migrated to CSI (src/migration/topology.rs). A CSI
+/// volume's topology is in its node affinity; its other labels (often a
+/// few per volume, set by users or tools) are never read, and a cached
+/// label map costs a few hundred bytes per volume.
+pub(super) fn volume_labels(key: &str) -> bool {
+    matches!(
+        key,
+        wk::LABEL_PV_RELEASER_MANAGED_BY
+            | wk::LABEL_TOPOLOGY_ZONE
+            | wk::LABEL_TOPOLOGY_REGION
+            | wk::LABEL_FAILURE_DOMAIN_BETA_ZONE
+            | wk::LABEL_FAILURE_DOMAIN_BETA_REGION
+    )
 }
 
 /// Serializes metadata as the API does (for tests and debugging output).

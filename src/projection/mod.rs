@@ -22,19 +22,26 @@
 //! written back whole; writes are patches or go through a fresh GET.
 
 mod claim;
+mod map;
 mod meta;
 mod pod;
 mod small;
 mod volume;
 
-pub use claim::{PersistentVolumeClaim, PersistentVolumeClaimStatus};
+pub use claim::{
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+    VolumeResourceRequirements,
+};
+pub use map::Map;
 pub use meta::{LAST_APPLIED, POD_ANNOTATION_PREFIX};
 pub use pod::{EphemeralVolumeSource, Job, JobSpec, JobTemplate, Pod, PodSpec, PodStatus, Volume};
 pub use small::{
     CSINode, CSIStorageCapacity, Node, StatefulSet, StatefulSetSpec, StorageClass,
     VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttributesClass,
 };
-pub use volume::{PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus};
+pub use volume::{
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus,
+};
 
 /// A cached projection of a `k8s-openapi` type.
 pub trait Projection: Sized {

@@ -98,7 +98,8 @@ fn a_volume_keeps_what_deletion_the_finalizer_and_the_releaser_read() {
             .is_some_and(|f| !f.is_empty())
     );
     assert!(pv.metadata.annotations.is_some());
-    assert!(pv.metadata.labels.is_some());
+    // The fixture's only label (`team`) is one no loop reads.
+    assert_eq!(pv.metadata.labels, None);
     let spec = pv.spec.as_ref().expect("spec");
     let csi = spec.csi.as_ref().expect("csi");
     assert!(!csi.driver.is_empty() && !csi.volume_handle.is_empty());
@@ -385,4 +386,55 @@ fn projections_are_a_fraction_of_the_full_types() {
         );
     }
     assert!(size_of::<Volume>() <= 128, "{}", size_of::<Volume>());
+}
+
+#[test]
+fn a_volume_keeps_only_the_labels_a_loop_reads() {
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pv", "labels": {
+            "team": "a",
+            crate::wellknown::LABEL_PV_RELEASER_MANAGED_BY: "releaser",
+            crate::wellknown::LABEL_TOPOLOGY_ZONE: "z1",
+            crate::wellknown::LABEL_TOPOLOGY_REGION: "r1",
+            crate::wellknown::LABEL_FAILURE_DOMAIN_BETA_ZONE: "z1",
+            crate::wellknown::LABEL_FAILURE_DOMAIN_BETA_REGION: "r1",
+        }},
+    }))
+    .expect("decodes");
+    let kept: Vec<&str> = pv
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            crate::wellknown::LABEL_FAILURE_DOMAIN_BETA_REGION,
+            crate::wellknown::LABEL_FAILURE_DOMAIN_BETA_ZONE,
+            crate::wellknown::LABEL_PV_RELEASER_MANAGED_BY,
+            crate::wellknown::LABEL_TOPOLOGY_REGION,
+            crate::wellknown::LABEL_TOPOLOGY_ZONE,
+        ]
+    );
+    // The same from a full object read live.
+    let full: k8s_openapi::api::core::v1::PersistentVolume =
+        serde_json::from_value(serde_json::to_value(pv.to_object()).expect("json")).expect("full");
+    assert_eq!(PersistentVolume::project(&full), pv);
+}
+
+#[test]
+fn the_maps_of_volumes_and_claims_are_compact() {
+    // What the caches pay per object beyond its strings (see
+    // src/projection/map.rs): a BTreeMap's first entry allocates 544 bytes.
+    let pv: PersistentVolume = agrees(PV);
+    let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).expect("csi");
+    assert!(
+        csi.volume_attributes
+            .as_ref()
+            .is_some_and(|a| !a.is_empty())
+    );
+    assert!(size_of::<PersistentVolume>() <= 960);
+    assert!(size_of::<PersistentVolumeClaim>() <= 600);
 }

@@ -2,20 +2,18 @@
 //! is bound to, its CSI source (or the in-tree source of a migrated volume,
 //! boxed: rare), class, capacity, modes, topology, reclaim policy, phase.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use super::{Projection, meta, resource_of};
+use super::{Map, Projection, meta, resource_of};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct PersistentVolume {
     #[serde(
         default,
-        deserialize_with = "meta::trimmed",
+        deserialize_with = "meta::of_volume",
         serialize_with = "meta::serialize"
     )]
     pub metadata: ObjectMeta,
@@ -31,11 +29,11 @@ pub struct PersistentVolumeSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub access_modes: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity: Option<BTreeMap<String, Quantity>>,
+    pub capacity: Option<Map<Quantity>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub claim_ref: Option<k8s::ObjectReference>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub csi: Option<k8s::CSIPersistentVolumeSource>,
+    pub csi: Option<CSIPersistentVolumeSource>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mount_options: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -67,6 +65,63 @@ pub struct PersistentVolumeSpec {
     pub vsphere_volume: Option<Box<k8s::VsphereVirtualDiskVolumeSource>>,
 }
 
+/// A volume's CSI source: the secret references (rarely set, five of
+/// them) boxed, the attributes a [`Map`].
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CSIPersistentVolumeSource {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller_expand_secret_ref: Option<Box<k8s::SecretReference>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller_publish_secret_ref: Option<Box<k8s::SecretReference>>,
+    pub driver: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fs_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_expand_secret_ref: Option<Box<k8s::SecretReference>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_publish_secret_ref: Option<Box<k8s::SecretReference>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_stage_secret_ref: Option<Box<k8s::SecretReference>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_attributes: Option<Map>,
+    pub volume_handle: String,
+}
+
+impl CSIPersistentVolumeSource {
+    fn to_object(&self) -> k8s::CSIPersistentVolumeSource {
+        k8s::CSIPersistentVolumeSource {
+            controller_expand_secret_ref: self.controller_expand_secret_ref.as_deref().cloned(),
+            controller_publish_secret_ref: self.controller_publish_secret_ref.as_deref().cloned(),
+            driver: self.driver.clone(),
+            fs_type: self.fs_type.clone(),
+            node_expand_secret_ref: self.node_expand_secret_ref.as_deref().cloned(),
+            node_publish_secret_ref: self.node_publish_secret_ref.as_deref().cloned(),
+            node_stage_secret_ref: self.node_stage_secret_ref.as_deref().cloned(),
+            read_only: self.read_only,
+            volume_attributes: self.volume_attributes.as_ref().map(Map::to_btree),
+            volume_handle: self.volume_handle.clone(),
+        }
+    }
+
+    fn project(csi: &k8s::CSIPersistentVolumeSource) -> Self {
+        CSIPersistentVolumeSource {
+            controller_expand_secret_ref: boxed(&csi.controller_expand_secret_ref),
+            controller_publish_secret_ref: boxed(&csi.controller_publish_secret_ref),
+            driver: csi.driver.clone(),
+            fs_type: csi.fs_type.clone(),
+            node_expand_secret_ref: boxed(&csi.node_expand_secret_ref),
+            node_publish_secret_ref: boxed(&csi.node_publish_secret_ref),
+            node_stage_secret_ref: boxed(&csi.node_stage_secret_ref),
+            read_only: csi.read_only,
+            volume_attributes: csi.volume_attributes.as_ref().map(Map::from),
+            volume_handle: csi.volume_handle.clone(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct PersistentVolumeStatus {
@@ -79,12 +134,12 @@ resource_of!(PersistentVolume, k8s::PersistentVolume);
 /// The spec's fields copied from `$spec` into `$target`: as they are, and
 /// the in-tree sources through `$source` (boxed in the projection).
 macro_rules! spec_fields {
-    ($spec:expr, $source:ident, $target:path $(, $rest:expr)?) => {{
+    ($spec:expr, $source:ident, $capacity:expr, $csi:expr, $target:path $(, $rest:expr)?) => {{
         $target {
             access_modes: $spec.access_modes.clone(),
-            capacity: $spec.capacity.clone(),
+            capacity: $spec.capacity.as_ref().map($capacity),
             claim_ref: $spec.claim_ref.clone(),
-            csi: $spec.csi.clone(),
+            csi: $spec.csi.as_ref().map($csi),
             mount_options: $spec.mount_options.clone(),
             node_affinity: $spec.node_affinity.clone(),
             persistent_volume_reclaim_policy: $spec.persistent_volume_reclaim_policy.clone(),
@@ -121,6 +176,8 @@ impl Projection for PersistentVolume {
                 spec_fields!(
                     s,
                     unbox,
+                    Map::to_btree,
+                    CSIPersistentVolumeSource::to_object,
                     k8s::PersistentVolumeSpec,
                     k8s::PersistentVolumeSpec::default()
                 )
@@ -134,11 +191,20 @@ impl Projection for PersistentVolume {
 
     fn project(pv: &k8s::PersistentVolume) -> Self {
         PersistentVolume {
-            metadata: meta::project(&pv.metadata, meta::all_but_last_applied),
-            spec: pv
-                .spec
-                .as_ref()
-                .map(|s| spec_fields!(s, boxed, PersistentVolumeSpec)),
+            metadata: meta::project_with_labels(
+                &pv.metadata,
+                meta::all_but_last_applied,
+                meta::volume_labels,
+            ),
+            spec: pv.spec.as_ref().map(|s| {
+                spec_fields!(
+                    s,
+                    boxed,
+                    Map::from,
+                    CSIPersistentVolumeSource::project,
+                    PersistentVolumeSpec
+                )
+            }),
             status: pv.status.as_ref().map(|s| PersistentVolumeStatus {
                 phase: s.phase.clone(),
             }),

@@ -1,10 +1,11 @@
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-};
+use k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource;
 
-use crate::projection::{EphemeralVolumeSource, PersistentVolumeSpec, PodSpec, PodStatus, Volume};
+use crate::projection::{
+    CSIPersistentVolumeSource, EphemeralVolumeSource, PersistentVolumeClaimSpec,
+    PersistentVolumeSpec, PodSpec, PodStatus, Volume,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
 use super::*;

@@ -88,17 +88,17 @@ fn reason(
 #[test]
 fn data_source_ref_prefers_data_source_over_ref() {
     let mut claim = claim();
-    claim_spec(&mut claim).data_source = Some(TypedLocalObjectReference {
+    claim_spec(&mut claim).data_source = Some(Box::new(TypedLocalObjectReference {
         api_group: None,
         kind: "PersistentVolumeClaim".to_owned(),
         name: "from-data-source".to_owned(),
-    });
-    claim_spec(&mut claim).data_source_ref = Some(TypedObjectReference {
+    }));
+    claim_spec(&mut claim).data_source_ref = Some(Box::new(TypedObjectReference {
         api_group: Some("snapshot.storage.k8s.io".to_owned()),
         kind: "VolumeSnapshot".to_owned(),
         name: "from-ref".to_owned(),
         namespace: None,
-    });
+    }));
     assert_eq!(
         data_source_ref(&claim, &config()),
         Ok(Some(claim_ref("from-data-source")))

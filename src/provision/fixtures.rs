@@ -4,13 +4,13 @@ use std::collections::BTreeMap;
 
 use crate::projection::StorageClass;
 use crate::projection::{
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimStatus, PersistentVolumeSpec,
-    PersistentVolumeStatus,
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::core::v1::{
-    AWSElasticBlockStoreVolumeSource, CSIPersistentVolumeSource, ObjectReference,
-    PersistentVolumeClaimSpec, TopologySelectorLabelRequirement, TopologySelectorTerm,
-    VolumeResourceRequirements,
+    AWSElasticBlockStoreVolumeSource, ObjectReference, TopologySelectorLabelRequirement,
+    TopologySelectorTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -106,10 +106,9 @@ pub fn claim() -> PersistentVolumeClaim {
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
             resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity("1Gi".to_owned()),
-                )])),
+                requests: Some(
+                    BTreeMap::from([("storage".to_owned(), Quantity("1Gi".to_owned()))]).into(),
+                ),
                 limits: None,
             }),
             storage_class_name: Some("fast".to_owned()),

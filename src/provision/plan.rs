@@ -240,7 +240,7 @@ pub fn plan_provision(
     let fs_type = fs_type(params, &config.default_fstype)?;
 
     let resources = spec.resources.as_ref();
-    let storage = |list: Option<&BTreeMap<String, _>>| {
+    let storage = |list: Option<&crate::projection::Map<_>>| {
         list.and_then(|list| list.get("storage"))
             .map(quantity_bytes)
     };

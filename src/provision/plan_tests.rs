@@ -469,11 +469,10 @@ fn with_resources(requests: Option<&str>, limits: Option<&str>) -> PersistentVol
     let storage = |value: Option<&str>| {
         value.map(|v| BTreeMap::from([("storage".to_owned(), Quantity(v.to_owned()))]))
     };
-    claim_spec(&mut claim).resources =
-        Some(k8s_openapi::api::core::v1::VolumeResourceRequirements {
-            requests: storage(requests),
-            limits: storage(limits),
-        });
+    claim_spec(&mut claim).resources = Some(crate::projection::VolumeResourceRequirements {
+        requests: storage(requests).map(Into::into),
+        limits: storage(limits).map(Into::into),
+    });
     claim
 }
 
@@ -522,7 +521,7 @@ fn capacity_from_requests_and_limits() {
 #[test]
 fn claim_shape_errors() {
     let mut selector = claim();
-    claim_spec(&mut selector).selector = Some(LabelSelector::default());
+    claim_spec(&mut selector).selector = Some(Box::new(LabelSelector::default()));
     assert_eq!(
         plan(&selector, &class(), &config()),
         Err(ProvisionError::SelectorNotSupported)
@@ -787,11 +786,11 @@ fn data_source_errors_before_reading_objects() {
     let class = class();
     let with_source = |kind: &str, group: Option<&str>, name: &str| {
         let mut claim = claim();
-        claim_spec(&mut claim).data_source = Some(TypedLocalObjectReference {
+        claim_spec(&mut claim).data_source = Some(Box::new(TypedLocalObjectReference {
             api_group: group.map(str::to_owned),
             kind: kind.to_owned(),
             name: name.to_owned(),
-        });
+        }));
         claim
     };
     let populator = plan(
@@ -868,11 +867,11 @@ fn clone_plan_and_cross_namespace_sources() {
         volume: Some(&source_pv),
     };
     let mut same_namespace = claim();
-    claim_spec(&mut same_namespace).data_source = Some(TypedLocalObjectReference {
+    claim_spec(&mut same_namespace).data_source = Some(Box::new(TypedLocalObjectReference {
         api_group: None,
         kind: "PersistentVolumeClaim".to_owned(),
         name: "source".to_owned(),
-    });
+    }));
     let plan = plan_provision(
         &ProvisionInputs {
             data_source: Some(objects),
@@ -904,12 +903,12 @@ fn clone_plan_and_cross_namespace_sources() {
 
     let mut cross = claim();
     claim_spec(&mut cross).data_source_ref =
-        Some(k8s_openapi::api::core::v1::TypedObjectReference {
+        Some(Box::new(k8s_openapi::api::core::v1::TypedObjectReference {
             api_group: None,
             kind: "PersistentVolumeClaim".to_owned(),
             name: "source".to_owned(),
             namespace: Some("other".to_owned()),
-        });
+        }));
     assert_eq!(
         plan_provision(&inputs(&cross, &class), &config()),
         Err(ProvisionError::CrossNamespaceSourceDisabled)

@@ -141,7 +141,7 @@ impl InfeasibleClaims {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
+    use crate::projection::PersistentVolumeClaimSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn claim(annotations: &[(&str, &str)], class: &str) -> PersistentVolumeClaim {

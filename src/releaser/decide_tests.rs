@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
-use crate::projection::{PersistentVolumeSpec, PersistentVolumeStatus};
-use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, ObjectReference};
+use crate::projection::{CSIPersistentVolumeSource, PersistentVolumeSpec, PersistentVolumeStatus};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::*;

@@ -2,13 +2,13 @@
 //! written out per row here, not computed, so a mistake in the decision
 //! cannot hide behind the same mistake in the test.
 
+use crate::projection::PersistentVolumeClaimSpec;
 use crate::projection::StorageClass;
 use crate::projection::{PersistentVolumeClaim, Pod};
 use crate::projection::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::apps::v1::{
     StatefulSetOrdinals, StatefulSetPersistentVolumeClaimRetentionPolicy,
 };
-use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 
