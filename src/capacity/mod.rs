@@ -76,6 +76,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
+use crate::api_calls::{ApiCall, LIST_WATCH, call, in_own_namespace};
 use crate::caches::{Caches, Kind};
 use crate::cli::Options;
 use crate::csi::{Driver, DriverInfo};
@@ -84,6 +85,28 @@ use crate::queue::WorkQueue;
 use crate::shared::{EmbeddedLoop, Shared};
 
 use decide::{Action, Pair, Publisher, Reported};
+
+/// The API calls of this loop (see [`crate::api_calls`]).
+pub const API_CALLS: &[ApiCall] = &[
+    // The shared caches it decides from (also the provisioner's).
+    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+    call("", "nodes", LIST_WATCH),
+    call("storage.k8s.io", "csinodes", LIST_WATCH),
+    // Its objects, in the sidecar's namespace: watched (by label), created,
+    // replaced when a value changes, deleted when stale.
+    in_own_namespace(
+        "storage.k8s.io",
+        "csistoragecapacities",
+        &["list", "watch", "create", "update", "delete"],
+    ),
+    // `--capacity-ownerref-level`: the owner chain from POD_NAME, read once
+    // at start ([`owner`]).
+    in_own_namespace("", "pods", &["get"]),
+    in_own_namespace("apps", "replicasets", &["get"]),
+    in_own_namespace("apps", "statefulsets", &["get"]),
+    in_own_namespace("apps", "daemonsets", &["get"]),
+    in_own_namespace("apps", "deployments", &["get"]),
+];
 
 /// Settings of the loop, from the flags and the environment.
 #[derive(Debug, Clone, PartialEq)]

@@ -39,12 +39,28 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 
+use crate::api_calls::{ApiCall, WATCH, call};
 use crate::caches::{Caches, Kind};
 use crate::events::{EventType, Recorder};
 use crate::informer::Change;
 use crate::queue::WorkQueue;
 use crate::shared::{EmbeddedLoop, Shared};
 use decide::{Claimant, ClaimedBy, OwnerKind, Step};
+
+/// The API calls of this loop (see [`crate::api_calls`]): pods and Jobs
+/// watched (and read live before a cleanup), PVCs created and deleted,
+/// events on pods and Jobs.
+pub const API_CALLS: &[ApiCall] = &[
+    call("", "pods", WATCH),
+    call("batch", "jobs", WATCH),
+    call(
+        "",
+        "persistentvolumeclaims",
+        &["list", "watch", "create", "delete"],
+    ),
+    // The shared recorder (`src/events.rs`).
+    call("", "events", &["create", "patch"]),
+];
 
 /// The loop's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]

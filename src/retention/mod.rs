@@ -48,12 +48,30 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 
+use crate::api_calls::{ApiCall, WATCH, call};
 use crate::caches::{Caches, Kind};
 use crate::informer::Change;
 use crate::queue::WorkQueue;
 use crate::shared::{EmbeddedLoop, Shared};
 
 use decide::{ClaimPlan, Decision, SetSkip};
+
+/// The API calls of this loop (see [`crate::api_calls`]).
+pub const API_CALLS: &[ApiCall] = &[
+    // Watched; `get` re-reads a set live before deleting a condemned claim
+    // or adding a reference to it.
+    call("apps", "statefulsets", WATCH),
+    // Watched; `get` re-reads a pod live likewise.
+    call("", "pods", WATCH),
+    // Owner references are patched; condemned claims whose pod is gone are
+    // deleted.
+    call(
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "patch", "delete"],
+    ),
+    call("storage.k8s.io", "storageclasses", WATCH),
+];
 
 /// Settings of the loop.
 #[derive(Debug, Clone)]

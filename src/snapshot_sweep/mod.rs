@@ -26,9 +26,22 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 
 use crate::api::snapshot::VolumeSnapshot;
+use crate::api_calls::{ApiCall, call};
 use crate::caches::Caches;
 use crate::shared::EmbeddedLoop;
 use crate::wellknown as wk;
+
+/// The API calls of the sweep (see [`crate::api_calls`]): one list of the
+/// VolumeSnapshots and, to confirm candidates, of every claim, in pages;
+/// merge patches of a snapshot's finalizers.
+pub const API_CALLS: &[ApiCall] = &[
+    call(
+        "snapshot.storage.k8s.io",
+        "volumesnapshots",
+        &["list", "patch"],
+    ),
+    call("", "persistentvolumeclaims", &["list"]),
+];
 
 pub struct Sweep {
     client: Client,

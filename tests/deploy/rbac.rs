@@ -235,16 +235,17 @@ pub const KNOWN_BASE_LOOPS: &[&str] = &[
     "deleter",
     "leader-election",
     "leaderelection",
+    "snapshot-sweep",
     "events",
     "metrics",
     "cloning-protection",
     "snapshot-protection",
 ];
 
-/// Granted in the manifests before the loop that needs it lists its calls
-/// in `src/api_calls.rs`. Such a grant is reported, not failed, while no
-/// loop claims it; once a loop lists calls on the same resource the grant is
-/// checked like any other.
+/// Granted in the manifests before the loop that needs it declares its
+/// calls (its `API_CALLS`, gathered by `src/api_calls.rs`). Such a grant is
+/// reported, not failed, while no loop claims it; once a loop lists calls on
+/// the same resource the grant is checked like any other.
 pub const PENDING: &[(Scope, &str, &str, &str)] = &[(
     Scope::OwnNamespace,
     "coordination.k8s.io",
