@@ -1,13 +1,15 @@
-//! The shape of a declared Kubernetes API call, and every loop's list of
-//! them gathered in one place. Each loop declares the calls it makes next to
-//! its code (`pub const API_CALLS` in its own module); [`all`] names them.
+//! The shape of a declared Kubernetes API call. Each loop declares the
+//! calls it makes next to its code (`pub const API_CALLS` in its own
+//! module); `crate::startup::api_calls` gathers them by loop name (there,
+//! not here: the loops import this module, and it imports none of them).
 //!
 //! Two checks read the declarations, so a call without its declaration (or
 //! a declaration without its RBAC rule) fails CI instead of a user's
 //! cluster: the deploy tests (`tests/deploy.rs`) check that the rules in
 //! `deploy/` grant each declared call (and nothing no loop needs), and the
 //! real-cluster harness (`tests/support/mod.rs`) checks every request of the
-//! sidecar in the API server's audit log against [`declaring`].
+//! sidecar in the API server's audit log against
+//! `crate::startup::declaring_api_call`.
 
 /// One (group, resource, verbs) a loop uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,36 +59,9 @@ pub const WATCH: &[&str] = &["get", "list", "watch"];
 /// A kind read only through the shared watch caches.
 pub const LIST_WATCH: &[&str] = &["list", "watch"];
 
-/// Every loop's calls, with the loop's name (the deploy tests map a name to
-/// the component of `deploy/` that grants it: tests/deploy/rbac.rs).
-pub fn all() -> Vec<(&'static str, &'static [ApiCall])> {
-    vec![
-        ("provisioner", crate::provisioner::API_CALLS),
-        ("leader-election", crate::leader::API_CALLS),
-        ("snapshot-sweep", crate::snapshot_sweep::API_CALLS),
-        ("pvc-protection", crate::protection::API_CALLS),
-        ("pv-releaser", crate::releaser::API_CALLS),
-        ("statefulset-retention", crate::retention::API_CALLS),
-        ("capacity", crate::capacity::API_CALLS),
-        (
-            "cross-namespace-data-source",
-            crate::provisioner::CROSS_NAMESPACE_API_CALLS,
-        ),
-        ("pod-pvc-provisioner", crate::pod_pvc::API_CALLS),
-    ]
-}
-
-/// The loops that declare `verb` on `resource` (with `/subresource`) of
-/// `group`; empty when none does. Besides [`all`], the read + update that
-/// stands in for a patch the stock upstream rules refuse
-/// ([`crate::writes::FALLBACK_API_CALLS`]) counts as declared.
-pub fn declaring(verb: &str, group: &str, resource: &str) -> Vec<&'static str> {
-    let mut loops = all();
-    loops.push(("patch-fallback", crate::writes::FALLBACK_API_CALLS));
-    declaring_in(&loops, verb, group, resource)
-}
-
-fn declaring_in(
+/// The loops among `loops` that declare `verb` on `resource` (with
+/// `/subresource`) of `group`; empty when none does.
+pub fn declaring(
     loops: &[(&'static str, &'static [ApiCall])],
     verb: &str,
     group: &str,
@@ -129,25 +104,10 @@ mod tests {
         ];
         for (verb, group, resource, want) in cases {
             assert_eq!(
-                declaring_in(&loops, verb, group, resource),
+                declaring(&loops, verb, group, resource),
                 *want,
                 "{verb} {group}/{resource}"
             );
-        }
-    }
-
-    #[test]
-    fn every_declared_verb_is_an_rbac_verb_and_every_loop_declares_something() {
-        const VERBS: &[&str] = &[
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ];
-        for (name, calls) in all() {
-            assert!(!calls.is_empty(), "{name} declares no call");
-            for c in calls {
-                for verb in c.verbs {
-                    assert!(VERBS.contains(verb), "{name}: {verb} on {}", c.resource);
-                }
-            }
         }
     }
 }

@@ -9,7 +9,7 @@
 //! a cache, calls the API server or the driver, or keeps state between
 //! calls; everything it needs comes in as arguments (objects read by the
 //! loop, the [`ProvisionerConfig`]), and what it decides goes out as data
-//! (plans, patches, [`events::EventNote`]s, errors) for the loop to carry
+//! (plans, patches, [`crate::events::EventNote`]s, errors) for the loop to carry
 //! out. The API object types it reads that `k8s-openapi` lacks (snapshots,
 //! ReferenceGrants) are in [`crate::api`].
 //!

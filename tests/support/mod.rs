@@ -16,7 +16,7 @@
 //! or a `400` or `422` of a write, fails the test with the request; a test
 //! that provokes one on purpose says so with [`Env::expect_refusals`]. Every
 //! request of those users must also be one that some loop declares in its
-//! `API_CALLS` (`src/api_calls.rs` gathers them): an undeclared (verb,
+//! `API_CALLS` (`api_calls` in src/startup.rs gathers them): an undeclared (verb,
 //! resource) fails the test by name ([`Env::assert_every_request_declared`]),
 //! with no opt-out, so the declarations the RBAC tests read stay complete.
 //!
@@ -240,7 +240,7 @@ fn is_stale_patch(r: &controlplane::audit::Request) -> bool {
 }
 
 /// A request of our sidecar that no loop declares
-/// (`csi_provisioner::api_calls::declaring`), as `(verb, resource)` with the
+/// (`csi_provisioner::startup::declaring_api_call`), as `(verb, resource)` with the
 /// group before a non-core resource (`(get, apps/statefulsets)`), or the URL
 /// of a request for no resource.
 ///
@@ -253,7 +253,9 @@ fn undeclared(r: &controlplane::audit::Request) -> Option<String> {
         return Some(format!("({}, non-resource URL {})", r.verb, r.request_uri));
     };
     let resource = r.resource();
-    if !csi_provisioner::api_calls::declaring(&r.verb, &object.api_group, &resource).is_empty() {
+    if !csi_provisioner::startup::declaring_api_call(&r.verb, &object.api_group, &resource)
+        .is_empty()
+    {
         return None;
     }
     let named = if object.api_group.is_empty() {
@@ -1003,7 +1005,7 @@ impl Env {
             .collect();
         panic!(
             "the sidecar made {} kind(s) of request that no loop declares in its API_CALLS \
-             (src/api_calls.rs gathers them; declare the call next to the loop's code):\n{}",
+             (api_calls in src/startup.rs gathers them; declare the call next to the loop's code):\n{}",
             found.len(),
             list.join("\n")
         );
