@@ -29,13 +29,13 @@ const ALLOWED: &[(&str, &[&str], &str)] = &[
     (
         // Not accepted for good: the one import closing it is in
         // src/relevance.rs (`crate::protection::decide::is_our_claim`), a
-        // file another change owns now. The fix: `is_our_claim` moves to
-        // src/provision beside `is_our_volume` (what "ours" means is the
-        // provision layer's), protection and relevance import it there,
-        // and this entry goes.
+        // file another change owns now. `is_our_claim` lives in
+        // src/provision/ours.rs; protection::decide re-exports it only for
+        // that import. Once it names `crate::provision::is_our_claim`, the
+        // re-export and this entry go.
         "",
         &["caches", "protection", "relevance", "shared"],
-        "relevance (under caches) asks protection's is_our_claim; to move to provision",
+        "relevance (under caches) imports is_our_claim through protection",
     ),
     (
         // The runner calls the checks, and every check reports through the

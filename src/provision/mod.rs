@@ -108,6 +108,7 @@ mod finalizer;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod node_deployment;
+mod ours;
 mod outcome;
 mod plan;
 mod pv;
@@ -132,6 +133,7 @@ pub use error::{DataSourceError, ProvisionError};
 pub use finalizer::{
     FinalizerChange, add_finalizer_patch, pv_finalizer_change, remove_finalizer_patch,
 };
+pub use ours::is_our_claim;
 pub use outcome::{
     CLEANUP_FINAL_ANSWERS, CleanupAfterError, CreateVolumeOutcome, classify_create_volume_error,
     cleanup_after_error, may_reschedule,
