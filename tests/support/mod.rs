@@ -16,9 +16,10 @@
 //! or a `400` or `422` of a write, fails the test with the request; a test
 //! that provokes one on purpose says so with [`Env::expect_refusals`]. Every
 //! request of those users must also be one that some loop declares in its
-//! `API_CALLS` (`api_calls` in src/startup.rs gathers them): an undeclared (verb,
-//! resource) fails the test by name ([`Env::assert_every_request_declared`]),
-//! with no opt-out, so the declarations the RBAC tests read stay complete.
+//! `API_CALLS` (`api_calls` in src/startup.rs gathers them): an undeclared
+//! (verb, resource) fails the test by name
+//! ([`Env::assert_every_request_declared`]), with no opt-out, so the
+//! declarations the RBAC tests read stay complete.
 //!
 //! Every test gets its own namespace, CSI driver name, node and StorageClass
 //! names (see [`Env::class`]), so tests sharing a real cluster cannot see
@@ -240,9 +241,9 @@ fn is_stale_patch(r: &controlplane::audit::Request) -> bool {
 }
 
 /// A request of our sidecar that no loop declares
-/// (`csi_provisioner::startup::declaring_api_call`), as `(verb, resource)` with the
-/// group before a non-core resource (`(get, apps/statefulsets)`), or the URL
-/// of a request for no resource.
+/// (`csi_provisioner::startup::declaring_api_call`), as `(verb, resource)`
+/// with the group before a non-core resource (`(get, apps/statefulsets)`),
+/// or the URL of a request for no resource.
 ///
 /// The audit record's verb is the RBAC verb the API server's authorizer
 /// checked, already mapped from the HTTP request (GET of one object: get; of
