@@ -9,6 +9,10 @@ use crate::projection::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
 use super::*;
+// Which claims are ours is decided in crate::provision; its cases stay here
+// with the fixtures they share with the protection verdicts.
+use crate::projection::{PersistentVolume, StorageClass};
+use crate::provision::{ProvisionerConfig, is_our_claim};
 
 const DRIVER: &str = "hostpath.csi.k8s.io";
 const POD_UID: &str = "pod-uid-1";
