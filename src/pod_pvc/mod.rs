@@ -446,7 +446,8 @@ impl PodPvcProvisioner {
         if !decide::claimant_gone(&by, live_uid.as_deref()) {
             return Ok(());
         }
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+            Api::namespaced(self.client.clone(), namespace);
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: claim.metadata.uid.clone(),

@@ -49,9 +49,9 @@ use std::time::Duration;
 
 use crate::projection::PersistentVolumeClaim;
 use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, ResourceExt};
 
 use crate::caches::{Caches, Kind};
 use crate::csi::Driver;

@@ -535,7 +535,7 @@ impl Context {
                 claim: name.to_owned(),
                 source,
             })?;
-        let api: Api<PersistentVolumeClaim> =
+        let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
         match api
             .patch(
@@ -620,7 +620,8 @@ impl Context {
             ordinal = plan.ordinal, replicas = ?decide::Ordinals::of(&live),
             "deleting the claim: its ordinal was scaled down, whenScaled=Delete, and its pod is gone"
         );
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &key.namespace);
+        let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+            Api::namespaced(self.client.clone(), &key.namespace);
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: claim.metadata.uid.clone(),
