@@ -44,6 +44,15 @@ impl EventType {
     }
 }
 
+/// An event to record on the object at hand: the decisions (e.g.
+/// `src/provision/events.rs`) word it, [`Recorder::record_note`] sends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventNote {
+    pub event_type: EventType,
+    pub reason: &'static str,
+    pub message: String,
+}
+
 /// Remembers, per object uid and reason, the last message recorded, so a
 /// repeat of the same event is suppressed even when other reasons are
 /// recorded in between (each retry of a failing provisioning records
@@ -402,7 +411,7 @@ impl Recorder {
 
     /// Records one of the provisioning flow's notes (reason and wording as
     /// upstream's).
-    pub async fn record_note<K>(&self, obj: &K, note: &crate::provision::events::EventNote) -> bool
+    pub async fn record_note<K>(&self, obj: &K, note: &EventNote) -> bool
     where
         K: Involved,
     {

@@ -35,6 +35,17 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::api_calls::{ApiCall, in_own_namespace};
+
+/// The API calls of leader election (with `--leader-election`): the Lease
+/// in the sidecar's namespace, read–modify–update as client-go does. See
+/// [`crate::api_calls`].
+pub const API_CALLS: &[ApiCall] = &[in_own_namespace(
+    "coordination.k8s.io",
+    "leases",
+    &["get", "create", "update"],
+)];
+
 /// csi-lib-utils' `defaultHealthCheckTimeout`: how much later than the lease
 /// duration a missed renewal makes `/healthz/leader-election` fail.
 pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(20);

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
 
 use crate::api::reference_grant::ReferenceGrant;
+use crate::api_calls::ApiCall;
 use crate::caches::Caches;
 use crate::cli::Options;
 use crate::csi::connection::{ConnectError, connect_and_probe};
@@ -568,6 +569,38 @@ impl EmbeddedLoops {
     }
 }
 
+/// Every loop's API calls (each declares them next to its code), with the
+/// loop's name: the deploy tests map a name to the component of `deploy/`
+/// whose RBAC rules must grant them (tests/deploy/rbac.rs). Gathered here,
+/// where the loops are wired, so that `crate::api_calls` stays below them.
+pub fn api_calls() -> Vec<(&'static str, &'static [ApiCall])> {
+    vec![
+        ("provisioner", crate::provisioner::API_CALLS),
+        ("leader-election", crate::leader::API_CALLS),
+        ("snapshot-sweep", crate::snapshot_sweep::API_CALLS),
+        ("pvc-protection", crate::protection::API_CALLS),
+        ("pv-releaser", crate::releaser::API_CALLS),
+        ("statefulset-retention", crate::retention::API_CALLS),
+        ("capacity", crate::capacity::API_CALLS),
+        (
+            "cross-namespace-data-source",
+            crate::provisioner::CROSS_NAMESPACE_API_CALLS,
+        ),
+        ("pod-pvc-provisioner", crate::pod_pvc::API_CALLS),
+    ]
+}
+
+/// The loops that declare `verb` on `resource` (with `/subresource`) of
+/// `group`; empty when none does (the real-cluster tests' audit check).
+/// Besides [`api_calls`], the read + update that stands in for a patch the
+/// stock upstream rules refuse ([`crate::writes::FALLBACK_API_CALLS`])
+/// counts as declared.
+pub fn declaring_api_call(verb: &str, group: &str, resource: &str) -> Vec<&'static str> {
+    let mut loops = api_calls();
+    loops.push(("patch-fallback", crate::writes::FALLBACK_API_CALLS));
+    crate::api_calls::declaring(&loops, verb, group, resource)
+}
+
 /// `--enable-capacity`: refuses a driver without GET_CAPACITY and a pod
 /// without the environment the loop needs, before anything else starts.
 fn capacity_settings(
@@ -691,6 +724,48 @@ pub fn termination_signal() -> impl Future<Output = ()> + Send + 'static {
                 tracing::error!(error = %e, "cannot install signal handlers; only Ctrl-C will stop the process");
                 let _ = tokio::signal::ctrl_c().await;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod api_call_tests {
+    use super::*;
+
+    #[test]
+    fn every_declared_verb_is_an_rbac_verb_and_every_loop_declares_something() {
+        const VERBS: &[&str] = &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ];
+        for (name, calls) in api_calls() {
+            assert!(!calls.is_empty(), "{name} declares no call");
+            for c in calls {
+                for verb in c.verbs {
+                    assert!(VERBS.contains(verb), "{name}: {verb} on {}", c.resource);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_patch_fallback_counts_as_declared_only_for_what_it_reads_and_updates() {
+        let cases: &[(&str, &str, &str, &[&str])] = &[
+            ("update", "", "persistentvolumeclaims", &["patch-fallback"]),
+            (
+                "patch",
+                "",
+                "persistentvolumeclaims",
+                &["provisioner", "pvc-protection", "statefulset-retention"],
+            ),
+            ("update", "", "persistentvolumes", &[]),
+            ("get", "", "pods/log", &[]),
+        ];
+        for (verb, group, resource, want) in cases {
+            assert_eq!(
+                declaring_api_call(verb, group, resource),
+                *want,
+                "{verb} {resource}"
+            );
         }
     }
 }

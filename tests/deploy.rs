@@ -6,7 +6,7 @@
 //! - every object deserializes into its k8s-openapi type and serializes back
 //!   to the same JSON (a misspelled or misplaced field shows up as lost);
 //! - the RBAC rules bound to the Deployment's ServiceAccount grant every
-//!   (loop, group, resource, verb) of `csi_provisioner::api_calls::all()`
+//!   (loop, group, resource, verb) of `csi_provisioner::startup::api_calls()`
 //!   that is active in that rendering (ungated loops: the base; gated loops:
 //!   their component), in the right scope, and nothing no active loop needs;
 //! - the csi-provisioner container's arguments are flags `csi-provisioner
@@ -277,7 +277,7 @@ fn rbac_grants_every_api_call() {
     let mut problems = Vec::new();
     let mut checked = 0;
     let mut mapping = Vec::new();
-    for (loop_name, _) in csi_provisioner::api_calls::all() {
+    for (loop_name, _) in csi_provisioner::startup::api_calls() {
         let target = rbac::component_of(loop_name)
             .map(|c| format!("components/{c}"))
             .unwrap_or_else(|| "base".into());
@@ -402,7 +402,7 @@ fn rbac_is_least_privilege() {
                 note(
                     format!(
                         "not checked yet in components/{component} (no loop of \
-                         src/api_calls.rs maps to it)"
+                         src/startup.rs api_calls() maps to it)"
                     ),
                     grant,
                 );
@@ -421,7 +421,7 @@ fn rbac_is_least_privilege() {
                 ""
             };
             problems.push(format!(
-                "{}: NOT NEEDED {grant} in {place}: no active loop of src/api_calls.rs \
+                "{}: NOT NEEDED {grant} in {place}: no active loop of src/startup.rs api_calls() \
                  makes this call{hint}",
                 r.name
             ));

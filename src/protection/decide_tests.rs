@@ -10,6 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 
 use super::*;
 use crate::projection::Meta;
+// Which claims are ours is decided in crate::provision; its cases stay here
+// with the fixtures they share with the protection verdicts.
+use crate::projection::{PersistentVolume, StorageClass};
+use crate::provision::{ProvisionerConfig, is_our_claim};
 
 const DRIVER: &str = "hostpath.csi.k8s.io";
 const POD_UID: &str = "pod-uid-1";

@@ -34,6 +34,7 @@ use std::time::Duration;
 use crate::projection::PersistentVolumeClaim;
 use kube::{Client, ResourceExt};
 
+use crate::api_calls::{ApiCall, LIST_WATCH, call};
 use crate::caches::{Caches, Kind};
 use crate::informer::Change;
 use crate::provision::{ProvisionerConfig, claim_class_name};
@@ -41,6 +42,16 @@ use crate::queue::WorkQueue;
 use crate::shared::{EmbeddedLoop, Shared};
 
 pub use decide::{Confirmation, Verdict};
+
+/// The API calls of this loop (see [`crate::api_calls`]): watches (the
+/// shared caches only list and watch), live lists of a namespace's pods
+/// ([`live`]), and JSON patches of claim finalizers ([`worker`]).
+pub const API_CALLS: &[ApiCall] = &[
+    call("", "persistentvolumeclaims", &["list", "watch", "patch"]),
+    call("", "pods", LIST_WATCH),
+    call("", "persistentvolumes", LIST_WATCH),
+    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+];
 
 /// How long askers gather before a namespace's pods are listed live.
 const LIVE_LIST_WINDOW: Duration = Duration::from_millis(20);

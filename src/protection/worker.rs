@@ -64,7 +64,8 @@ async fn reconcile(ctx: &Protection, key: &ClaimName) -> Result<(), ProtectionEr
         .and_then(|spec| spec.volume_name.as_deref())
         .filter(|name| !name.is_empty())
         .and_then(|name| ctx.caches.volumes.store().get(&ObjectRef::new(name)));
-    let ours = decide::is_our_claim(&claim, class.as_deref(), volume.as_deref(), &ctx.config);
+    let ours =
+        crate::provision::is_our_claim(&claim, class.as_deref(), volume.as_deref(), &ctx.config);
     let cached: Vec<Arc<Pod>> = if ours {
         let names = ctx
             .pods_by_claim

@@ -2,16 +2,8 @@
 //! users can search for what they know from the Go sidecar. The I/O layer
 //! records each at most once per transition, not once per retry.
 
-use crate::events::EventType;
+use crate::events::{EventNote, EventType};
 use crate::wellknown as wk;
-
-/// An event to record on the claim or volume at hand.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventNote {
-    pub event_type: EventType,
-    pub reason: &'static str,
-    pub message: String,
-}
 
 /// On the claim, when a provisioning attempt starts.
 pub fn provisioning_started(namespace: &str, name: &str) -> EventNote {

@@ -9,7 +9,7 @@
 //! a cache, calls the API server or the driver, or keeps state between
 //! calls; everything it needs comes in as arguments (objects read by the
 //! loop, the [`ProvisionerConfig`]), and what it decides goes out as data
-//! (plans, patches, [`events::EventNote`]s, errors) for the loop to carry
+//! (plans, patches, [`crate::events::EventNote`]s, errors) for the loop to carry
 //! out. The API object types it reads that `k8s-openapi` lacks (snapshots,
 //! ReferenceGrants) are in [`crate::api`].
 //!
@@ -108,6 +108,7 @@ mod finalizer;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod node_deployment;
+mod ours;
 mod outcome;
 mod plan;
 mod pv;
@@ -132,6 +133,7 @@ pub use error::{DataSourceError, ProvisionError};
 pub use finalizer::{
     FinalizerChange, add_finalizer_patch, pv_finalizer_change, remove_finalizer_patch,
 };
+pub use ours::is_our_claim;
 pub use outcome::{
     CLEANUP_FINAL_ANSWERS, CleanupAfterError, CreateVolumeOutcome, classify_create_volume_error,
     cleanup_after_error, may_reschedule,

@@ -35,8 +35,9 @@ use super::operations::InFlight;
 use super::{ClaimKey, Context, Next};
 use crate::api::snapshot::VolumeSnapshot;
 use crate::csi::{CsiError, grpc_error_text};
+use crate::events::EventNote;
 use crate::projection::{PersistentVolumeClaim, Projection, StorageClass};
-use crate::provision::events::{self as notes, EventNote};
+use crate::provision::events as notes;
 use crate::provision::{
     CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
     ProvisionDecision, ProvisionPlan, SourceFinalizer, build_pv, classify_create_volume_error,

@@ -53,6 +53,7 @@ use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
+use crate::api_calls::{ApiCall, WATCH, call, in_own_namespace};
 use crate::caches::{Caches, Kind};
 use crate::csi::Driver;
 use crate::events::Recorder;
@@ -67,6 +68,53 @@ use crate::shared::Shared;
 use infeasible::InfeasibleClaims;
 use journal::{JournalInbox, JournalStore};
 use operations::Operations;
+
+/// The API calls of this loop (checked by `tests/deploy.rs` against the
+/// RBAC rules and by the real-cluster tests against the audit log; see
+/// [`crate::api_calls`]).
+pub const API_CALLS: &[ApiCall] = &[
+    call(
+        "",
+        "persistentvolumes",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    // Watched; patched to drop the selected-node annotation (reschedule),
+    // for the clone-source finalizer, and (--node-deployment) to set the
+    // selected-node annotation to this node, guarded by resourceVersion
+    // (upstream uses update; a guarded patch needs no extra verb).
+    call(
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "patch"],
+    ),
+    call("storage.k8s.io", "storageclasses", WATCH),
+    // Not watched with --node-deployment (the driver's NodeGetInfo instead).
+    call("", "nodes", WATCH),
+    call("storage.k8s.io", "csinodes", WATCH),
+    call("storage.k8s.io", "volumeattributesclasses", WATCH),
+    call("storage.k8s.io", "volumeattachments", WATCH),
+    call("", "secrets", &["get"]),
+    // The shared recorder (`src/events.rs`).
+    call("", "events", &["create", "patch"]),
+    // The source-protection finalizer of a restore.
+    call(
+        "snapshot.storage.k8s.io",
+        "volumesnapshots",
+        &["get", "patch"],
+    ),
+    call(
+        "snapshot.storage.k8s.io",
+        "volumesnapshotcontents",
+        &["get"],
+    ),
+    // The write-ahead journal ([`journal`]), in the sidecar's namespace.
+    in_own_namespace("", "configmaps", &["list", "create", "update", "delete"]),
+];
+
+/// Cross-namespace data sources (gate `CrossNamespaceVolumeDataSource`):
+/// ReferenceGrants watched in every namespace, for this loop's decisions.
+pub const CROSS_NAMESPACE_API_CALLS: &[ApiCall] =
+    &[call("gateway.networking.k8s.io", "referencegrants", WATCH)];
 
 /// A claim, identified by name and uid: a new claim with the same name is
 /// different work.

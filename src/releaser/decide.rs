@@ -134,6 +134,18 @@ pub fn decide(
     }
 }
 
+/// Whether the last state of a departed claim, kept for the PV
+/// (`Releaser::departed`, src/releaser/mod.rs), is still kept once the PV
+/// got `verdict`. Only [`Verdict::Associate`] still needs it: until the
+/// association's write lands (a conflict retries it, deciding again from
+/// the same departed claim) the claim is the only reason the PV is ours to
+/// release. Every other verdict drops it: the PV is associated by now (its
+/// label or class says so, and the release needs no claim), or the departed
+/// claim was not this PV's, or the PV is not ours to act on at all.
+pub fn keep_departed(verdict: &Verdict) -> bool {
+    matches!(verdict, Verdict::Associate)
+}
+
 /// Whether `claim` is the claim the PV's claimRef names (namespace, name,
 /// and uid when the claimRef has one: a new claim of the same name is
 /// another claim) and is labelled for our controller id.

@@ -613,3 +613,62 @@ fn messages_and_claim_refs() {
     assert!(released_message(&without_claim_ref(pv()), ID).contains("(unnamed)"));
     assert!(DELETE_POLICY_MESSAGE.contains("reclaim policy is Delete"));
 }
+
+#[test]
+fn a_departed_claim_is_kept_only_while_the_pv_is_to_be_associated() {
+    let association = Association::Label;
+    let cases: &[(Verdict, bool)] = &[
+        (Verdict::Associate, true),
+        (Verdict::NotOurs, false),
+        (Verdict::Malformed, false),
+        (Verdict::BeingDeleted, false),
+        (
+            Verdict::OtherController {
+                id: "team-b".to_owned(),
+            },
+            false,
+        ),
+        (Verdict::NotAssociated, false),
+        (Verdict::NotReleased { association }, false),
+        (Verdict::RefuseDeletePolicy, false),
+        (
+            Verdict::Release {
+                association,
+                remove_label: true,
+            },
+            false,
+        ),
+    ];
+    for (verdict, keep) in cases {
+        assert_eq!(keep_departed(verdict), *keep, "{verdict:?}");
+    }
+}
+
+/// The departed claim through the decisions the worker makes from it: kept
+/// for the association, dropped once the PV carries our label (the release
+/// needs no claim) or when it was another claim of the same name.
+#[test]
+fn a_departed_claim_through_association_and_release() {
+    let mut replaced = claim(Some(ID));
+    replaced.metadata.uid = Some("another-uid".to_owned());
+    let cases: &[(&str, PersistentVolume, PersistentVolumeClaim, bool)] = &[
+        ("not associated yet", pv(), claim(Some(ID)), true),
+        (
+            "labelled by the association",
+            labelled(pv(), ID),
+            claim(Some(ID)),
+            false,
+        ),
+        ("another claim of the same name", pv(), replaced, false),
+        (
+            "a claim not managed by us",
+            pv(),
+            claim(Some("team-b")),
+            false,
+        ),
+    ];
+    for (what, pv, departed, keep) in cases {
+        let verdict = decide(pv, None, Some(departed), &config(true));
+        assert_eq!(keep_departed(&verdict), *keep, "{what}: {verdict:?}");
+    }
+}

@@ -36,6 +36,7 @@ use std::time::Duration;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 
+use crate::api_calls::{ApiCall, LIST_WATCH, call};
 use crate::caches::{Caches, Kind};
 use crate::events::Recorder;
 use crate::informer::Change;
@@ -44,6 +45,17 @@ use crate::queue::WorkQueue;
 use crate::shared::{EmbeddedLoop, Shared};
 
 pub use decide::{Association, ReleaserConfig, Verdict};
+
+/// The API calls of this loop (see [`crate::api_calls`]): watches, and
+/// merge patches of PV labels and claim references ([`worker`]); events on
+/// PVs.
+pub const API_CALLS: &[ApiCall] = &[
+    call("", "persistentvolumes", &["list", "watch", "patch"]),
+    call("", "persistentvolumeclaims", LIST_WATCH),
+    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+    // The shared recorder (`src/events.rs`).
+    call("", "events", &["create", "patch"]),
+];
 
 /// The releaser's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]

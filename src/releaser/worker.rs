@@ -74,8 +74,7 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
     }
 
     let verdict = decide::decide(&pv, class.as_deref(), claim.as_deref(), &ctx.config);
-    if departed.is_some() && verdict != Verdict::Associate {
-        // Associated by now (or the departed claim was not this PV's).
+    if departed.is_some() && !decide::keep_departed(&verdict) {
         ctx.departed
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,5 +1,5 @@
 //! The permissions a rendering gives the provisioner's ServiceAccount, and
-//! the comparison with `csi_provisioner::api_calls::all()`.
+//! the comparison with `csi_provisioner::startup::api_calls()`.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -74,7 +74,7 @@ pub fn grants(
                 }
                 if rule.resource_names.is_some() {
                     problems.push(format!(
-                        "{from}: resourceNames cannot be checked against src/api_calls.rs; \
+                        "{from}: resourceNames cannot be checked against the declared API calls; \
                      extend the test before using them"
                     ));
                 }
@@ -199,7 +199,7 @@ pub fn grants(
     (out, problems)
 }
 
-/// Which component's rules a loop of `api_calls::all()` is checked against:
+/// Which component's rules a loop of `startup::api_calls()` is checked against:
 /// None for the base (ungated loops), else the component directory. Names
 /// are compared without case or punctuation, so `pvc-protection`,
 /// `pvc_protection` and `PVCProtection` are the same.
@@ -235,16 +235,17 @@ pub const KNOWN_BASE_LOOPS: &[&str] = &[
     "deleter",
     "leader-election",
     "leaderelection",
+    "snapshot-sweep",
     "events",
     "metrics",
     "cloning-protection",
     "snapshot-protection",
 ];
 
-/// Granted in the manifests before the loop that needs it lists its calls
-/// in `src/api_calls.rs`. Such a grant is reported, not failed, while no
-/// loop claims it; once a loop lists calls on the same resource the grant is
-/// checked like any other.
+/// Granted in the manifests before the loop that needs it declares its
+/// calls (its `API_CALLS`, gathered by `api_calls` in src/startup.rs). Such a grant is
+/// reported, not failed, while no loop claims it; once a loop lists calls on
+/// the same resource the grant is checked like any other.
 pub const PENDING: &[(Scope, &str, &str, &str)] = &[(
     Scope::OwnNamespace,
     "coordination.k8s.io",
@@ -283,7 +284,7 @@ impl fmt::Display for Need {
 /// Every call of the loops active with `components`, flattened per verb.
 pub fn needs(components: &[&str]) -> Vec<Need> {
     let mut out = Vec::new();
-    for (loop_name, calls) in csi_provisioner::api_calls::all() {
+    for (loop_name, calls) in csi_provisioner::startup::api_calls() {
         let active = match component_of(loop_name) {
             None => true,
             Some(c) => components.contains(&c),
@@ -345,9 +346,9 @@ pub fn pending(all_needs: &[Need], grant: &Grant) -> Option<&'static str> {
         .map(|p| p.3)
 }
 
-/// Components none of whose loops are in `api_calls::all()` yet.
+/// Components none of whose loops are in `startup::api_calls()` yet.
 pub fn components_without_loops() -> BTreeSet<&'static str> {
-    let listed: BTreeSet<_> = csi_provisioner::api_calls::all()
+    let listed: BTreeSet<_> = csi_provisioner::startup::api_calls()
         .into_iter()
         .filter_map(|(l, _)| component_of(l))
         .collect();

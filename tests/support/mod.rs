@@ -14,7 +14,12 @@
 //! every [`e2e!`] and [`e2e_real!`] scenario gets it), the API server's audit
 //! log is read for the requests of our sidecar's users it refused: a `403`,
 //! or a `400` or `422` of a write, fails the test with the request; a test
-//! that provokes one on purpose says so with [`Env::expect_refusals`].
+//! that provokes one on purpose says so with [`Env::expect_refusals`]. Every
+//! request of those users must also be one that some loop declares in its
+//! `API_CALLS` (`api_calls` in src/startup.rs gathers them): an undeclared
+//! (verb, resource) fails the test by name
+//! ([`Env::assert_every_request_declared`]), with no opt-out, so the
+//! declarations the RBAC tests read stay complete.
 //!
 //! Every test gets its own namespace, CSI driver name, node and StorageClass
 //! names (see [`Env::class`]), so tests sharing a real cluster cannot see
@@ -233,6 +238,33 @@ fn is_stale_patch(r: &controlplane::audit::Request) -> bool {
                     .as_ref()
                     .is_none_or(|d| d.as_object().is_none_or(|o| o.is_empty()))
         })
+}
+
+/// A request of our sidecar that no loop declares
+/// (`csi_provisioner::startup::declaring_api_call`), as `(verb, resource)`
+/// with the group before a non-core resource (`(get, apps/statefulsets)`),
+/// or the URL of a request for no resource.
+///
+/// The audit record's verb is the RBAC verb the API server's authorizer
+/// checked, already mapped from the HTTP request (GET of one object: get; of
+/// a collection: list; with `watch=true`: watch; POST: create; PUT: update;
+/// PATCH: patch; DELETE: delete): the same words the declarations use.
+fn undeclared(r: &controlplane::audit::Request) -> Option<String> {
+    let Some(object) = &r.object_ref else {
+        return Some(format!("({}, non-resource URL {})", r.verb, r.request_uri));
+    };
+    let resource = r.resource();
+    if !csi_provisioner::startup::declaring_api_call(&r.verb, &object.api_group, &resource)
+        .is_empty()
+    {
+        return None;
+    }
+    let named = if object.api_group.is_empty() {
+        resource
+    } else {
+        format!("{}/{resource}", object.api_group)
+    };
+    Some(format!("({}, {named})", r.verb))
 }
 
 /// A refusal a test provokes on purpose ([`Env::expect_refusals`]).
@@ -874,28 +906,41 @@ impl Env {
         self.refusals().0
     }
 
-    /// (refusals not expected, expected refusals that did not happen).
-    fn refusals(&self) -> (Vec<Refused>, Vec<ExpectedRefusal>) {
+    /// Real cluster: every request of our sidecar's users (see
+    /// [`Env::check_refusals_of`]) in the audit log; empty on the test
+    /// server.
+    fn our_requests(&self) -> Vec<controlplane::audit::Request> {
         let Some(plane) = self.plane() else {
-            return (Vec::new(), Vec::new());
+            return Vec::new();
         };
         let users = self
             .our_users
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        if users.is_empty() {
+            return Vec::new();
+        }
+        plane
+            .audit()
+            .into_iter()
+            .filter(|r| users.contains(&r.user.username))
+            .collect()
+    }
+
+    /// (refusals not expected, expected refusals that did not happen).
+    fn refusals(&self) -> (Vec<Refused>, Vec<ExpectedRefusal>) {
+        if !self.is_real() {
+            return (Vec::new(), Vec::new());
+        }
         let expected = self
             .expected_refusals
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        if users.is_empty() {
-            return (Vec::new(), expected);
-        }
-        let refused: Vec<Refused> = plane
-            .audit()
+        let refused: Vec<Refused> = self
+            .our_requests()
             .into_iter()
-            .filter(|r| users.contains(&r.user.username))
             .filter(|r| {
                 let code = r.code();
                 (code == 403 && !r.during_startup())
@@ -932,6 +977,38 @@ impl Env {
             refused.len(),
             list.join("\n"),
             self.logs()
+        );
+    }
+
+    /// Real cluster: fails when our sidecar's users (see
+    /// [`Env::check_refusals_of`]) made a request that no loop declares in
+    /// its `API_CALLS` ([`undeclared`]), naming each (verb, resource) once
+    /// with how often and one example. Runs at the end of every test (when
+    /// its [`Env`] is dropped). A failure means a declaration is missing:
+    /// add it next to the loop's code (and the RBAC rule the deploy tests
+    /// then ask for), never an exception here.
+    pub fn assert_every_request_declared(&self) {
+        let mut found: std::collections::BTreeMap<String, (usize, String)> = Default::default();
+        for r in self.our_requests() {
+            if let Some(call) = undeclared(&r) {
+                let entry = found
+                    .entry(call)
+                    .or_insert_with(|| (0, format!("{} by {}", r.request_uri, r.user.username)));
+                entry.0 += 1;
+            }
+        }
+        if found.is_empty() {
+            return;
+        }
+        let list: Vec<String> = found
+            .iter()
+            .map(|(call, (n, example))| format!("  {call}: {n} request(s), e.g. {example}"))
+            .collect();
+        panic!(
+            "the sidecar made {} kind(s) of request that no loop declares in its API_CALLS \
+             (api_calls in src/startup.rs gathers them; declare the call next to the loop's code):\n{}",
+            found.len(),
+            list.join("\n")
         );
     }
 
@@ -1424,6 +1501,7 @@ impl Drop for Env {
         drop(self.driver_in_process.take());
         if !std::thread::panicking() {
             self.assert_nothing_refused();
+            self.assert_every_request_declared();
             // An opt-out must name a refusal that happens: one that did not
             // is stale, and would hide the next real one.
             let (_, unseen) = self.refusals();

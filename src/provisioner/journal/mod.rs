@@ -828,6 +828,23 @@ mod tests {
             )
         }
 
+        /// A journal on `server` with `limits`, loaded (empty) and started.
+        async fn started(server: &TestServer, limits: Limits) -> Journal {
+            let mut store = JournalStore::with_limits(server.client(), "ns", DRIVER, limits);
+            assert!(store.load().await.expect("load").is_empty());
+            store.start()
+        }
+
+        /// A started journal on `server` holding `uid-0`, with `uid-1`
+        /// recorded and forgotten: one removal waiting for its write.
+        async fn with_a_waiting_removal(server: &TestServer) -> Journal {
+            let journal = started(server, Limits::default()).await;
+            journal.record("uid-0", entry(0)).await.expect("recorded");
+            journal.record("uid-1", entry(1)).await.expect("recorded");
+            journal.forget("uid-1");
+            journal
+        }
+
         fn segments(server: &TestServer) -> BTreeMap<String, usize> {
             server
                 .list::<ConfigMap>(Some("ns"))
@@ -846,9 +863,7 @@ mod tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn ten_thousand_in_flight_with_bounded_writes_and_oversized_entries_refused() {
             let server = TestServer::new();
-            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
-            assert!(store.load().await.expect("load").is_empty());
-            let journal = store.start();
+            let journal = started(&server, Limits::default()).await;
             let mut tasks = Vec::new();
             for i in 0..10_000 {
                 let journal = journal.clone();
@@ -910,9 +925,7 @@ mod tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_deleted_journal_is_written_again() {
             let server = TestServer::new();
-            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
-            store.load().await.expect("load");
-            let journal = store.start();
+            let journal = started(&server, Limits::default()).await;
             journal.record("uid-1", entry(1)).await.expect("recorded");
             for name in segments(&server).keys() {
                 server
@@ -955,9 +968,7 @@ mod tests {
                 segment_entries: 2,
                 ..Limits::default()
             };
-            let mut store = JournalStore::with_limits(server.client(), "ns", DRIVER, limits);
-            store.load().await.expect("load");
-            let journal = store.start();
+            let journal = started(&server, limits).await;
             // a, b fill segment 1 (closed); c, d in segment 2; e, f in
             // segment 3 (open).
             for i in 0..6 {
@@ -1007,12 +1018,7 @@ mod tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_failed_record_again_does_not_keep_the_entry_it_replaced() {
             let server = TestServer::new();
-            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
-            store.load().await.expect("load");
-            let journal = store.start();
-            journal.record("uid-0", entry(0)).await.expect("recorded");
-            journal.record("uid-1", entry(1)).await.expect("recorded");
-            journal.forget("uid-1");
+            let journal = with_a_waiting_removal(&server).await;
             server.fail_next(
                 1,
                 kube_testserver::RequestMatch::new(Verb::Update, "configmaps"),
@@ -1029,12 +1035,7 @@ mod tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_flush_tries_again_while_its_caller_waits() {
             let server = TestServer::new();
-            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
-            store.load().await.expect("load");
-            let journal = store.start();
-            journal.record("uid-0", entry(0)).await.expect("recorded");
-            journal.record("uid-1", entry(1)).await.expect("recorded");
-            journal.forget("uid-1");
+            let journal = with_a_waiting_removal(&server).await;
             server.fail_next(
                 3,
                 kube_testserver::RequestMatch::new(Verb::Update, "configmaps"),
@@ -1054,9 +1055,7 @@ mod tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_stream_of_removals_does_not_put_off_their_write() {
             let server = TestServer::new();
-            let mut store = JournalStore::new(server.client(), "ns", DRIVER);
-            store.load().await.expect("load");
-            let journal = store.start();
+            let journal = started(&server, Limits::default()).await;
             for i in 0..8 {
                 journal
                     .record(&format!("uid-{i}"), entry(i))
