@@ -232,11 +232,12 @@ pub(super) fn trimmed<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::
 }
 
 /// Metadata of pods and Jobs: only the pod/Job PVC provisioner's
-/// annotations.
+/// annotations, no labels (no loop reads a pod's or a Job's labels; a pod
+/// has a few, and a cached map costs a few hundred bytes).
 pub(super) fn with_loop_annotations<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<ObjectMeta, D::Error> {
-    decode(d, loop_annotations, all_labels)
+    decode(d, loop_annotations, no_labels)
 }
 
 /// Metadata of nodes: no annotations.
@@ -309,6 +310,10 @@ pub(super) fn no_annotations(_: &str) -> bool {
 
 fn all_labels(_: &str) -> bool {
     true
+}
+
+pub(super) fn no_labels(_: &str) -> bool {
+    false
 }
 
 /// The labels of a volume that a loop reads: the PV releaser's own

@@ -211,7 +211,9 @@ fn a_pod_keeps_only_the_loops_annotations_and_every_volume_by_name() {
     .to_string();
     let pod: Pod = agrees(&json);
     let meta = &pod.metadata;
-    assert!(meta.labels.is_some() && meta.owner_references.is_some());
+    // No loop reads a pod's labels.
+    assert_eq!(meta.labels, None);
+    assert!(meta.owner_references.is_some());
     assert!(meta.deletion_timestamp.is_some());
     assert_eq!(meta.deletion_grace_period_seconds, Some(0));
     let annotations = meta.annotations.clone().unwrap_or_default();
