@@ -166,6 +166,31 @@ impl Caches {
     pub fn start(&self, client: &Client) {
         // Cluster-wide for both scopes: `Api::all` lists namespaced kinds
         // in every namespace.
+        // `W`: the type the API client reads (a projection, or a
+        // `Wire` around one with a `Meta`); `K`: what the cache keeps.
+        fn spawn_reading<W, K>(
+            informer: &Arc<Informer<K>>,
+            client: &Client,
+            resync: Option<std::time::Duration>,
+        ) where
+            W: kube::Resource<DynamicType = ()>
+                + Clone
+                + serde::de::DeserializeOwned
+                + std::fmt::Debug
+                + Send
+                + Sync
+                + 'static,
+            K: kube::runtime::reflector::Lookup<DynamicType = ()>
+                + From<W>
+                + Clone
+                + Send
+                + Sync
+                + 'static,
+        {
+            let informer = Arc::clone(informer);
+            let api: Api<W> = Api::all(client.clone());
+            tokio::spawn(async move { informer.run(api, list_watch_config(), resync).await });
+        }
         fn spawn<K>(
             informer: &Arc<Informer<K>>,
             client: &Client,
@@ -179,10 +204,9 @@ impl Caches {
                 + Sync
                 + 'static,
         {
-            let informer = Arc::clone(informer);
-            let api: Api<K> = Api::all(client.clone());
-            tokio::spawn(async move { informer.run(api, list_watch_config(), resync).await });
+            spawn_reading::<K, K>(informer, client, resync);
         }
+        use crate::projection::Wire;
         let wanted = self.wanted();
         for kind in wanted.iter().copied() {
             match kind {
@@ -196,11 +220,15 @@ impl Caches {
                         if let Some(classes) = classes {
                             classes.wait_until_ready().await;
                         }
-                        spawn(&claims, &client, Some(RESYNC_PERIOD));
+                        spawn_reading::<Wire<_>, _>(&claims, &client, Some(RESYNC_PERIOD));
                     });
                 }
-                Kind::Claims => spawn(&self.claims, client, Some(RESYNC_PERIOD)),
-                Kind::Volumes => spawn(&self.volumes, client, Some(RESYNC_PERIOD)),
+                Kind::Claims => {
+                    spawn_reading::<Wire<_>, _>(&self.claims, client, Some(RESYNC_PERIOD))
+                }
+                Kind::Volumes => {
+                    spawn_reading::<Wire<_>, _>(&self.volumes, client, Some(RESYNC_PERIOD))
+                }
                 Kind::Classes => spawn(&self.classes, client, None),
                 Kind::Nodes => spawn(&self.nodes, client, None),
                 Kind::CsiNodes => spawn(&self.csi_nodes, client, None),

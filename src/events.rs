@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -100,6 +100,45 @@ impl TransitionFilter {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// An object events can be about: any API type, and the cached volumes and
+/// claims (whose metadata is a [`crate::projection::Meta`]).
+pub trait Involved {
+    /// The reference to put in `involvedObject`.
+    fn involved(&self) -> ObjectReference;
+}
+
+impl<K: Resource<DynamicType = ()>> Involved for K {
+    fn involved(&self) -> ObjectReference {
+        object_reference(self)
+    }
+}
+
+fn cached_reference<S: crate::projection::Cached>(obj: &S) -> ObjectReference {
+    use k8s_openapi::Resource as _;
+    let meta = obj.cached_meta();
+    ObjectReference {
+        api_version: Some(S::Object::API_VERSION.to_owned()),
+        kind: Some(S::Object::KIND.to_owned()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        field_path: None,
+    }
+}
+
+impl Involved for crate::projection::PersistentVolume {
+    fn involved(&self) -> ObjectReference {
+        cached_reference(self)
+    }
+}
+
+impl Involved for crate::projection::PersistentVolumeClaim {
+    fn involved(&self) -> ObjectReference {
+        cached_reference(self)
     }
 }
 
@@ -300,14 +339,16 @@ impl Recorder {
         message: &str,
     ) -> bool
     where
-        K: Resource<DynamicType = ()>,
+        K: Involved,
     {
-        let uid = obj.uid().unwrap_or_default();
+        let involved = obj.involved();
+        let uid = involved.uid.clone().unwrap_or_default();
         if !self.filter.should_record(&uid, reason, message) {
             return false;
         }
+        let name = involved.name.clone().unwrap_or_default();
         let event = build_event(
-            object_reference(obj),
+            involved,
             event_type,
             reason,
             message,
@@ -334,7 +375,7 @@ impl Recorder {
             Pushed::Coalesced => crate::metrics::count_event_coalesced(),
             Pushed::DroppedOldest => {
                 crate::metrics::count_event_dropped();
-                tracing::debug!(object = %obj.name_any(), reason, "event queue full: dropped the oldest event");
+                tracing::debug!(object = %name, reason, "event queue full: dropped the oldest event");
             }
         }
         self.start_senders();
@@ -372,7 +413,7 @@ impl Recorder {
     /// upstream's).
     pub async fn record_note<K>(&self, obj: &K, note: &EventNote) -> bool
     where
-        K: Resource<DynamicType = ()>,
+        K: Involved,
     {
         self.record(obj, note.event_type, note.reason, &note.message)
             .await

@@ -25,7 +25,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::reflector::{self, Lookup, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher::{self, Event, InitialListStrategy};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -56,7 +56,7 @@ pub enum Waiting {
 /// A shared cache of one resource type.
 pub struct Informer<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: Lookup<DynamicType = ()> + Clone + 'static,
 {
     store: Store<K>,
     writer: std::sync::Mutex<Option<Writer<K>>>,
@@ -75,7 +75,7 @@ where
 
 impl<K> Default for Informer<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: Lookup<DynamicType = ()> + Clone + 'static,
 {
     fn default() -> Self {
         Self::new()
@@ -84,7 +84,7 @@ where
 
 impl<K> Informer<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: Lookup<DynamicType = ()> + Clone + 'static,
 {
     pub fn new() -> Self {
         Self::sharing(Arc::default())
@@ -200,16 +200,30 @@ where
     /// Runs the watch until the stream ends (it does not, unless the task is
     /// dropped). Watch errors are logged (once per kind of error) and
     /// retried with backoff. `resync` re-announces every cached object
-    /// periodically.
-    pub async fn run(&self, api: Api<K>, config: watcher::Config, resync: Option<Duration>)
+    /// periodically. Objects are read as `W` (what the API client decodes:
+    /// the projection itself, or a [`crate::projection::Wire`] around it)
+    /// and kept as `K`.
+    pub async fn run<W>(&self, api: Api<W>, config: watcher::Config, resync: Option<Duration>)
     where
-        K: DeserializeOwned + std::fmt::Debug + Send + Sync,
+        W: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        K: From<W> + Send + Sync,
     {
         let Some(mut writer) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             tracing::error!(kind = %K::kind(&()), "informer started twice; the second run does nothing");
             return;
         };
-        let open = |config: watcher::Config| watcher(api.clone(), config).default_backoff().boxed();
+        let open = |config: watcher::Config| {
+            watcher(api.clone(), config)
+                .default_backoff()
+                .map(kept_as::<W, K>)
+                .boxed()
+        };
         let refused = || self.streaming_refused.load(Ordering::Relaxed);
         let mut streaming =
             config.initial_list_strategy == InitialListStrategy::StreamingList && !refused();
@@ -217,6 +231,7 @@ where
             open(config.clone())
         } else {
             from_watch_cache(api.clone(), config.clone())
+                .map(kept_as::<W, K>)
                 .chain(open(paged(config.clone())))
                 .boxed()
         };
@@ -259,6 +274,7 @@ where
                             open(paged(config.clone()))
                         } else {
                             from_watch_cache(api.clone(), config.clone())
+                                .map(kept_as::<W, K>)
                                 .chain(open(paged(config.clone())))
                                 .boxed()
                         };
@@ -319,6 +335,20 @@ where
             }
         }
     }
+}
+
+/// An event of objects read as `W`, with the objects as the cache keeps
+/// them.
+fn kept_as<W, K: From<W>>(
+    event: Result<Event<W>, watcher::Error>,
+) -> Result<Event<K>, watcher::Error> {
+    event.map(|event| match event {
+        Event::Apply(obj) => Event::Apply(obj.into()),
+        Event::Delete(obj) => Event::Delete(obj.into()),
+        Event::Init => Event::Init,
+        Event::InitApply(obj) => Event::InitApply(obj.into()),
+        Event::InitDone => Event::InitDone,
+    })
 }
 
 /// Whether a watch error says the API server cannot serve streaming lists:
@@ -512,11 +542,11 @@ where
                         // The server's timeout: watch again from where we are.
                         None => Phase::Watch(version),
                         Some(Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj))) => {
-                            let version = obj.resource_version().unwrap_or(version);
+                            let version = ResourceExt::resource_version(&obj).unwrap_or(version);
                             return Some((Ok(Event::Apply(obj)), Phase::Watching(stream, version)));
                         }
                         Some(Ok(WatchEvent::Deleted(obj))) => {
-                            let version = obj.resource_version().unwrap_or(version);
+                            let version = ResourceExt::resource_version(&obj).unwrap_or(version);
                             return Some((
                                 Ok(Event::Delete(obj)),
                                 Phase::Watching(stream, version),
@@ -571,7 +601,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let runner = {
             let informer = Arc::clone(&informer);
-            let api: Api<PersistentVolume> = Api::all(server.client());
+            let api: Api<crate::projection::Wire<PersistentVolume>> = Api::all(server.client());
             tokio::spawn(async move { informer.run(api, watcher::Config::default(), None).await })
         };
         for waiter in waiters {
@@ -628,7 +658,7 @@ mod tests {
         }
         let runner = {
             let informer = Arc::clone(&informer);
-            let api: Api<PersistentVolume> = Api::all(server.client());
+            let api: Api<crate::projection::Wire<PersistentVolume>> = Api::all(server.client());
             tokio::spawn(async move { informer.run(api, watcher::Config::default(), None).await })
         };
         tokio::time::timeout(Duration::from_secs(5), informer.wait_until_ready())
@@ -685,7 +715,7 @@ mod tests {
         server: &kube_testserver::TestServer,
     ) -> tokio::task::JoinHandle<()> {
         let informer = Arc::clone(informer);
-        let api: Api<PersistentVolume> = Api::all(server.client());
+        let api: Api<crate::projection::Wire<PersistentVolume>> = Api::all(server.client());
         tokio::spawn(async move {
             informer
                 .run(api, crate::caches::list_watch_config(), None)

@@ -45,7 +45,7 @@ use crate::projection::{PersistentVolume, PersistentVolumeClaim, Pod, PodSpec};
 
 use crate::migration::InTreePlugin;
 use crate::projection::POD_ANNOTATION_PREFIX;
-use crate::protection::decide::is_our_claim;
+use crate::provision::is_our_claim;
 use crate::provision::{ProvisionerConfig, annotated_provisioner, claim_class_name, is_our_volume};
 use crate::wellknown as wk;
 

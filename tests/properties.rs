@@ -105,7 +105,7 @@ proptest! {
             pv_name: "pvc-1",
             pvc_name: &pvc_name,
             pvc_namespace: "ns",
-            pvc_annotations: Some(&annotations),
+            pvc_annotations: Some(&csi_provisioner::projection::Map::from(annotations.clone())),
         };
         let _ = resolve_secret_ref(SecretKind::Provisioner, &params, &context);
     }

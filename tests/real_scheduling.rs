@@ -1282,15 +1282,18 @@ async fn capacity_owner_follows_the_level_as_the_go_image(backend: Backend) {
             c.kubeconfig = kubeconfig;
             c.sidecar_kind = kind;
             // Each case starts without objects (an object of another owner
-            // would be adopted, which is not what is compared here).
-            for o in c.capacities("local").await.into_values() {
-                let name = o.metadata.name.clone().unwrap_or_default();
-                c.env
-                    .delete("storage.k8s.io/v1", "CSIStorageCapacity", &c.env.ns, &name)
-                    .await;
-            }
+            // would be adopted, which is not what is compared here). Deleted
+            // again on each look: on a loaded machine a delete request can
+            // fail, and nothing runs that would re-create them.
             c.wait_for("no capacity object", Duration::from_secs(30), || async {
-                c.capacities("local").await.is_empty().then_some(())
+                let left = c.capacities("local").await;
+                for o in left.values() {
+                    let name = o.metadata.name.clone().unwrap_or_default();
+                    c.env
+                        .delete("storage.k8s.io/v1", "CSIStorageCapacity", &c.env.ns, &name)
+                        .await;
+                }
+                left.is_empty().then_some(())
             })
             .await;
             let level_flag = format!("--capacity-ownerref-level={level}");

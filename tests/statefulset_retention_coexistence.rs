@@ -321,17 +321,16 @@ impl Harness {
     /// our loop decides on the other's last write (as it would, a moment
     /// later, in a real cluster).
     async fn caches_synced(&self) {
-        fn same<K, C>(server: &[K], cache: &Store<C>) -> bool
+        fn same<K, C>(server: &[K], cache: &Store<C>, version: fn(&C) -> Option<String>) -> bool
         where
             K: kube::Resource<DynamicType = ()>,
-            C: kube::Resource<DynamicType = ()> + Clone,
+            C: kube::runtime::reflector::Lookup<DynamicType = ()> + Clone,
         {
             cache.state().len() == server.len()
                 && server.iter().all(|o| {
                     let key = ObjectRef::new(o.meta().name.as_deref().unwrap_or_default())
                         .within(o.meta().namespace.as_deref().unwrap_or_default());
-                    cache.get(&key).map(|c| c.meta().resource_version.clone())
-                        == Some(o.meta().resource_version.clone())
+                    cache.get(&key).map(|c| version(&c)) == Some(o.meta().resource_version.clone())
                 })
         }
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -340,10 +339,13 @@ impl Harness {
             let claims = self.server.list::<PersistentVolumeClaim>(None);
             let pods = self.server.list::<Pod>(None);
             let sets = self.server.list::<StatefulSet>(None);
-            if same(&claims, &caches.claims.store())
-                && same(&pods, &caches.pods.store())
-                && same(&sets, &caches.stateful_sets.store())
-            {
+            if same(&claims, &caches.claims.store(), |c| {
+                c.metadata.resource_version.clone()
+            }) && same(&pods, &caches.pods.store(), |c| {
+                c.metadata.resource_version.clone()
+            }) && same(&sets, &caches.stateful_sets.store(), |c| {
+                c.metadata.resource_version.clone()
+            }) {
                 return;
             }
             assert!(Instant::now() < deadline, "caches did not catch up");

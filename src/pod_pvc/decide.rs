@@ -246,7 +246,6 @@ fn claim_for(
     let meta = &mut claim.metadata;
     meta.name = Some(claim_name.to_owned());
     meta.namespace = Some(claimant.namespace.to_owned());
-    meta.generate_name = None;
     meta.resource_version = None;
     meta.uid = None;
     meta.owner_references = Some(vec![OwnerReference {
@@ -257,7 +256,7 @@ fn claim_for(
         controller: Some(true),
         block_owner_deletion: Some(true),
     }]);
-    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    let labels = meta.labels.get_or_insert_with(Default::default);
     labels.insert(LABEL_CLAIMED_BY.to_owned(), claimant.name.to_owned());
     labels.insert(
         LABEL_CLAIMED_BY_KIND.to_owned(),

@@ -299,7 +299,8 @@ fn managed(labels: &[(&str, &str)], owner_uid: Option<&str>) -> PersistentVolume
                 }]
             }),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         ..PersistentVolumeClaim::default()
     }
 }

@@ -5,7 +5,6 @@
 use crate::projection::Job;
 use crate::projection::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 
@@ -215,7 +214,8 @@ impl PodPvcProvisioner {
         if !decide::claimant_gone(&by, live_uid.as_deref()) {
             return Ok(());
         }
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+            Api::namespaced(self.client.clone(), namespace);
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: claim.metadata.uid.clone(),

@@ -4,19 +4,15 @@
 
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::{Deserialize, Serialize};
 
-use super::{Map, Projection, meta, resource_of};
+use super::{Map, Meta, Projection, cached_as, meta};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct PersistentVolumeClaim {
-    #[serde(
-        default,
-        deserialize_with = "meta::trimmed",
-        serialize_with = "meta::serialize"
-    )]
-    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "meta::trimmed_meta")]
+    pub metadata: Meta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<PersistentVolumeClaimSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,14 +101,14 @@ pub struct PersistentVolumeClaimStatus {
     pub phase: Option<String>,
 }
 
-resource_of!(PersistentVolumeClaim, k8s::PersistentVolumeClaim);
+cached_as!(PersistentVolumeClaim, k8s::PersistentVolumeClaim);
 
 impl Projection for PersistentVolumeClaim {
     type Object = k8s::PersistentVolumeClaim;
 
     fn to_object(&self) -> k8s::PersistentVolumeClaim {
         k8s::PersistentVolumeClaim {
-            metadata: self.metadata.clone(),
+            metadata: self.metadata.to_object_meta(),
             spec: self.spec.as_ref().map(PersistentVolumeClaimSpec::to_object),
             status: self
                 .status
@@ -126,7 +122,7 @@ impl Projection for PersistentVolumeClaim {
 
     fn project(claim: &k8s::PersistentVolumeClaim) -> Self {
         PersistentVolumeClaim {
-            metadata: meta::project(&claim.metadata, meta::all_but_last_applied),
+            metadata: meta::project(&claim.metadata, meta::all_but_last_applied).into(),
             spec: claim.spec.as_ref().map(PersistentVolumeClaimSpec::project),
             status: claim.status.as_ref().map(|s| PersistentVolumeClaimStatus {
                 phase: s.phase.clone(),

@@ -8,8 +8,9 @@
 //! than the objects themselves. A `Map` is one allocation of exactly its
 //! entries, sorted by key. It reads like a `BTreeMap` (`get`, `iter`,
 //! `contains_key` with the same types), so code reading a projection looks
-//! the same as code reading the full object; it is never written after it
-//! is decoded.
+//! the same as code reading the full object. It is rarely written (a claim
+//! built from a template, a copy with one more annotation): an insert
+//! copies the entries.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -18,7 +19,7 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 /// Sorted `(key, value)` pairs, keys unique.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Map<V = String> {
     entries: Box<[(String, V)]>,
 }
@@ -59,6 +60,28 @@ impl<V> Map<V> {
         self.entries.iter().map(|(_, v)| v)
     }
 
+    /// Sets `key` to `value`, as `BTreeMap::insert` (without the old
+    /// value).
+    pub fn insert(&mut self, key: String, value: V) {
+        match self.position(&key) {
+            Ok(at) => self.entries[at].1 = value,
+            Err(at) => {
+                let mut entries = std::mem::take(&mut self.entries).into_vec();
+                entries.insert(at, (key, value));
+                self.entries = entries.into_boxed_slice();
+            }
+        }
+    }
+
+    /// Removes `key`, as `BTreeMap::remove`.
+    pub fn remove(&mut self, key: &str) -> Option<V> {
+        let at = self.position(key).ok()?;
+        let mut entries = std::mem::take(&mut self.entries).into_vec();
+        let (_, value) = entries.remove(at);
+        self.entries = entries.into_boxed_slice();
+        Some(value)
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -72,6 +95,22 @@ impl<V: Clone> Map<V> {
     /// The same entries in a `BTreeMap` (for the full API types).
     pub fn to_btree(&self) -> BTreeMap<String, V> {
         self.entries.iter().cloned().collect()
+    }
+}
+
+impl<V> Extend<(String, V)> for Map<V> {
+    fn extend<I: IntoIterator<Item = (String, V)>>(&mut self, iter: I) {
+        let entries = std::mem::take(&mut self.entries).into_vec();
+        *self = entries.into_iter().chain(iter).collect();
+    }
+}
+
+impl<V> std::ops::Index<&str> for Map<V> {
+    type Output = V;
+
+    /// As `BTreeMap`'s: panics when `key` is absent.
+    fn index(&self, key: &str) -> &V {
+        self.get(key).expect("no entry for the key in the Map")
     }
 }
 
@@ -206,6 +245,15 @@ mod tests {
                 ("c".to_owned(), "3".to_owned()),
             ])
         );
+    }
+
+    #[test]
+    fn insert_keeps_the_keys_sorted_and_unique() {
+        let mut m = map(&[("b", "2")]);
+        m.insert("c".to_owned(), "3".to_owned());
+        m.insert("a".to_owned(), "1".to_owned());
+        m.insert("b".to_owned(), "two".to_owned());
+        assert_eq!(m, map(&[("a", "1"), ("b", "two"), ("c", "3")]));
     }
 
     #[test]

@@ -11,7 +11,78 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use super::Map;
 use crate::wellknown as wk;
+
+/// Object metadata as the caches of volumes and claims keep it: the fields
+/// of `ObjectMeta` that some loop reads, under the same names, with labels
+/// and annotations as [`Map`]s. `ObjectMeta` itself is 360 bytes and
+/// allocates a 544-byte node for the first entry of each of its maps; a
+/// volume or claim has two of them, and a cluster tens of thousands of
+/// volumes and claims.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Meta {
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub generation: Option<i64>,
+    pub creation_timestamp: Option<Time>,
+    pub deletion_timestamp: Option<Time>,
+    pub deletion_grace_period_seconds: Option<i64>,
+    pub labels: Option<Map>,
+    pub annotations: Option<Map>,
+    pub finalizers: Option<Vec<String>>,
+    pub owner_references: Option<Vec<OwnerReference>>,
+}
+
+impl Meta {
+    /// The same fields in an `ObjectMeta`.
+    pub fn to_object_meta(&self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            uid: self.uid.clone(),
+            resource_version: self.resource_version.clone(),
+            generation: self.generation,
+            creation_timestamp: self.creation_timestamp.clone(),
+            deletion_timestamp: self.deletion_timestamp.clone(),
+            deletion_grace_period_seconds: self.deletion_grace_period_seconds,
+            labels: self.labels.as_ref().map(Map::to_btree),
+            annotations: self.annotations.as_ref().map(Map::to_btree),
+            finalizers: self.finalizers.clone(),
+            owner_references: self.owner_references.clone(),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+impl From<ObjectMeta> for Meta {
+    /// Keeps every field a `Meta` has (the filtering of labels and
+    /// annotations is the projection's: [`project_meta`]).
+    fn from(meta: ObjectMeta) -> Self {
+        Meta {
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            generation: meta.generation,
+            creation_timestamp: meta.creation_timestamp,
+            deletion_timestamp: meta.deletion_timestamp,
+            deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+            labels: meta.labels.map(Map::from),
+            annotations: meta.annotations.map(Map::from),
+            finalizers: meta.finalizers,
+            owner_references: meta.owner_references,
+        }
+    }
+}
+
+impl Serialize for Meta {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_object_meta().serialize(s)
+    }
+}
 
 /// The annotation kubectl writes on `apply`: a copy of the whole object.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -26,7 +97,7 @@ pub const POD_ANNOTATION_PREFIX: &str = "dynamic-pvc-provisioner.kubernetes.io/"
 struct Filtered(fn(&str) -> bool);
 
 impl<'de> serde::de::DeserializeSeed<'de> for Filtered {
-    type Value = Option<BTreeMap<String, String>>;
+    type Value = Option<Map>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_option(self)
@@ -34,7 +105,7 @@ impl<'de> serde::de::DeserializeSeed<'de> for Filtered {
 }
 
 impl<'de> Visitor<'de> for Filtered {
-    type Value = Option<BTreeMap<String, String>>;
+    type Value = Option<Map>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a map of strings")
@@ -49,15 +120,15 @@ impl<'de> Visitor<'de> for Filtered {
         deserializer.deserialize_map(self)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut kept = BTreeMap::new();
+        let mut kept = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
             if (self.0)(&key) {
-                kept.insert(key, map.next_value::<String>()?);
+                kept.push((key, map.next_value::<String>()?));
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok((!kept.is_empty()).then_some(kept))
+        Ok((!kept.is_empty()).then(|| kept.into_iter().collect()))
     }
 }
 
@@ -69,7 +140,7 @@ struct Fields {
 }
 
 impl<'de> serde::de::DeserializeSeed<'de> for Fields {
-    type Value = ObjectMeta;
+    type Value = Meta;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(self)
@@ -77,16 +148,16 @@ impl<'de> serde::de::DeserializeSeed<'de> for Fields {
 }
 
 impl<'de> Visitor<'de> for Fields {
-    type Value = ObjectMeta;
+    type Value = Meta;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("object metadata")
     }
     fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(ObjectMeta::default())
+        Ok(Meta::default())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut meta = ObjectMeta::default();
+        let mut meta = Meta::default();
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             match key.as_ref() {
                 "name" => meta.name = map.next_value()?,
@@ -125,6 +196,14 @@ fn decode<'de, D: Deserializer<'de>>(
     annotations: fn(&str) -> bool,
     labels: fn(&str) -> bool,
 ) -> Result<ObjectMeta, D::Error> {
+    decode_meta(d, annotations, labels).map(|meta| meta.to_object_meta())
+}
+
+fn decode_meta<'de, D: Deserializer<'de>>(
+    d: D,
+    annotations: fn(&str) -> bool,
+    labels: fn(&str) -> bool,
+) -> Result<Meta, D::Error> {
     serde::de::DeserializeSeed::deserialize(
         Fields {
             annotations,
@@ -134,24 +213,31 @@ fn decode<'de, D: Deserializer<'de>>(
     )
 }
 
+/// [`trimmed`], as a [`Meta`].
+pub(super) fn trimmed_meta<'de, D: Deserializer<'de>>(d: D) -> Result<Meta, D::Error> {
+    decode_meta(d, all_but_last_applied, all_labels)
+}
+
+/// Metadata of volumes as a [`Meta`]: every annotation but the
+/// last-applied copy, and only the labels a loop reads
+/// ([`volume_labels`]).
+pub(super) fn of_volume<'de, D: Deserializer<'de>>(d: D) -> Result<Meta, D::Error> {
+    decode_meta(d, all_but_last_applied, volume_labels)
+}
+
 /// Metadata of claims and classes: every label, every annotation but the
 /// last-applied copy.
 pub(super) fn trimmed<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     decode(d, all_but_last_applied, all_labels)
 }
 
-/// Metadata of volumes: every annotation but the last-applied copy, and
-/// only the labels a loop reads ([`volume_labels`]).
-pub(super) fn of_volume<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    decode(d, all_but_last_applied, volume_labels)
-}
-
 /// Metadata of pods and Jobs: only the pod/Job PVC provisioner's
-/// annotations.
+/// annotations, no labels (no loop reads a pod's or a Job's labels; a pod
+/// has a few, and a cached map costs a few hundred bytes).
 pub(super) fn with_loop_annotations<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<ObjectMeta, D::Error> {
-    decode(d, loop_annotations, all_labels)
+    decode(d, loop_annotations, no_labels)
 }
 
 /// Metadata of nodes: no annotations.
@@ -162,6 +248,15 @@ pub(super) fn without_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<Obj
 /// Projects metadata read live the way the caches would keep it.
 pub(super) fn project(meta: &ObjectMeta, annotations: fn(&str) -> bool) -> ObjectMeta {
     project_with_labels(meta, annotations, all_labels)
+}
+
+/// [`project_with_labels`] as a [`Meta`].
+pub(super) fn project_meta(
+    meta: &ObjectMeta,
+    annotations: fn(&str) -> bool,
+    labels: fn(&str) -> bool,
+) -> Meta {
+    project_with_labels(meta, annotations, labels).into()
 }
 
 /// [`project`] with labels filtered by key too.
@@ -215,6 +310,10 @@ pub(super) fn no_annotations(_: &str) -> bool {
 
 fn all_labels(_: &str) -> bool {
     true
+}
+
+pub(super) fn no_labels(_: &str) -> bool {
+    false
 }
 
 /// The labels of a volume that a loop reads: the PV releaser's own

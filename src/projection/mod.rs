@@ -33,7 +33,7 @@ pub use claim::{
     VolumeResourceRequirements,
 };
 pub use map::Map;
-pub use meta::{LAST_APPLIED, POD_ANNOTATION_PREFIX};
+pub use meta::{LAST_APPLIED, Meta, POD_ANNOTATION_PREFIX};
 pub use pod::{EphemeralVolumeSource, Job, JobSpec, JobTemplate, Pod, PodSpec, PodStatus, Volume};
 pub use small::{
     CSINode, CSIStorageCapacity, Node, StatefulSet, StatefulSetSpec, StorageClass,
@@ -42,6 +42,8 @@ pub use small::{
 pub use volume::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus,
 };
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// A cached projection of a `k8s-openapi` type.
 pub trait Projection: Sized {
@@ -91,6 +93,168 @@ macro_rules! resource_of {
     };
 }
 pub(crate) use resource_of;
+
+/// A projection whose metadata is a [`Meta`] (volumes and claims, the
+/// kinds that scale with the cluster): kept in the caches as it is, read
+/// from the API as a [`Wire`].
+pub trait Cached: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// The full API type: kind, group, version, plural and scope.
+    type Object: k8s_openapi::Resource;
+
+    fn cached_meta(&self) -> &Meta;
+}
+
+/// A [`Cached`] projection as the API client reads it: `kube::Api` and its
+/// watcher need an `ObjectMeta`, of which they read the identity and the
+/// resourceVersion. That copy lives only until the object reaches a cache
+/// (`From<Wire<S>>` hands out the projection alone).
+#[derive(Clone, Debug)]
+pub struct Wire<S> {
+    metadata: ObjectMeta,
+    pub object: S,
+}
+
+impl<S: Cached> Wire<S> {
+    pub fn new(object: S) -> Self {
+        let meta = object.cached_meta();
+        Wire {
+            metadata: ObjectMeta {
+                name: meta.name.clone(),
+                namespace: meta.namespace.clone(),
+                uid: meta.uid.clone(),
+                resource_version: meta.resource_version.clone(),
+                ..ObjectMeta::default()
+            },
+            object,
+        }
+    }
+}
+
+impl<'de, S: Cached + serde::Deserialize<'de>> serde::Deserialize<'de> for Wire<S> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        S::deserialize(d).map(Wire::new)
+    }
+}
+
+impl<S: serde::Serialize> serde::Serialize for Wire<S> {
+    fn serialize<Ser: serde::Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+        self.object.serialize(s)
+    }
+}
+
+impl<S: Cached> kube::Resource for Wire<S> {
+    type DynamicType = ();
+    type Scope = <S::Object as k8s_openapi::Resource>::Scope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::KIND)
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::GROUP)
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::VERSION)
+    }
+    fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::API_VERSION)
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::URL_PATH_SEGMENT)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Implements [`Cached`] and the store's `Lookup` for a projection with a
+/// [`Meta`], and the `kube::ResourceExt` methods that reading code calls
+/// (as inherent methods of the same names).
+macro_rules! cached_as {
+    ($projection:ty, $object:ty) => {
+        impl $crate::projection::Cached for $projection {
+            type Object = $object;
+
+            fn cached_meta(&self) -> &$crate::projection::Meta {
+                &self.metadata
+            }
+        }
+
+        impl From<$crate::projection::Wire<$projection>> for $projection {
+            fn from(wire: $crate::projection::Wire<$projection>) -> Self {
+                wire.object
+            }
+        }
+
+        impl kube::runtime::reflector::Lookup for $projection {
+            type DynamicType = ();
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::KIND)
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::GROUP)
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::VERSION)
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::URL_PATH_SEGMENT)
+            }
+            fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
+                self.metadata
+                    .name
+                    .as_deref()
+                    .map(std::borrow::Cow::Borrowed)
+            }
+            fn namespace(&self) -> Option<std::borrow::Cow<'_, str>> {
+                self.metadata
+                    .namespace
+                    .as_deref()
+                    .map(std::borrow::Cow::Borrowed)
+            }
+            // Neither is part of a store key's identity (kind, namespace
+            // and name); left out, the key of each cached object holds two
+            // strings fewer.
+            fn resource_version(&self) -> Option<std::borrow::Cow<'_, str>> {
+                None
+            }
+            fn uid(&self) -> Option<std::borrow::Cow<'_, str>> {
+                None
+            }
+        }
+
+        impl $projection {
+            /// As `kube::ResourceExt::name_any`.
+            pub fn name_any(&self) -> String {
+                self.metadata.name.clone().unwrap_or_default()
+            }
+            /// As `kube::ResourceExt::namespace`.
+            pub fn namespace(&self) -> Option<String> {
+                self.metadata.namespace.clone()
+            }
+            /// As `kube::ResourceExt::uid`.
+            pub fn uid(&self) -> Option<String> {
+                self.metadata.uid.clone()
+            }
+            /// As `kube::ResourceExt::resource_version`.
+            pub fn resource_version(&self) -> Option<String> {
+                self.metadata.resource_version.clone()
+            }
+            /// As `kube::ResourceExt::finalizers`.
+            pub fn finalizers(&self) -> &[String] {
+                self.metadata.finalizers.as_deref().unwrap_or_default()
+            }
+            /// As `kube::ResourceExt::annotations`, `None` for none.
+            pub fn annotation(&self, key: &str) -> Option<&String> {
+                self.metadata.annotations.as_ref()?.get(key)
+            }
+        }
+    };
+}
+pub(crate) use cached_as;
 
 #[cfg(test)]
 #[path = "tests.rs"]

@@ -135,7 +135,11 @@ impl Projection for Pod {
 
     fn project(pod: &k8s::Pod) -> Self {
         Pod {
-            metadata: meta::project(&pod.metadata, meta::loop_annotations),
+            metadata: meta::project_with_labels(
+                &pod.metadata,
+                meta::loop_annotations,
+                meta::no_labels,
+            ),
             spec: pod.spec.as_ref().map(project_spec),
             status: pod.status.as_ref().map(|s| PodStatus {
                 phase: s.phase.clone(),
@@ -163,7 +167,11 @@ impl Projection for Job {
 
     fn project(job: &k8s_batch::Job) -> Self {
         Job {
-            metadata: meta::project(&job.metadata, meta::loop_annotations),
+            metadata: meta::project_with_labels(
+                &job.metadata,
+                meta::loop_annotations,
+                meta::no_labels,
+            ),
             spec: job.spec.as_ref().map(|s| JobSpec {
                 template: JobTemplate {
                     spec: s.template.spec.as_ref().map(project_spec),

@@ -4,19 +4,14 @@
 
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use super::{Map, Projection, meta, resource_of};
+use super::{Map, Meta, Projection, cached_as, meta};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct PersistentVolume {
-    #[serde(
-        default,
-        deserialize_with = "meta::of_volume",
-        serialize_with = "meta::serialize"
-    )]
-    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "meta::of_volume")]
+    pub metadata: Meta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<PersistentVolumeSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,7 +124,7 @@ pub struct PersistentVolumeStatus {
     pub phase: Option<String>,
 }
 
-resource_of!(PersistentVolume, k8s::PersistentVolume);
+cached_as!(PersistentVolume, k8s::PersistentVolume);
 
 /// The spec's fields copied from `$spec` into `$target`: as they are, and
 /// the in-tree sources through `$source` (boxed in the projection).
@@ -171,7 +166,7 @@ impl Projection for PersistentVolume {
 
     fn to_object(&self) -> k8s::PersistentVolume {
         k8s::PersistentVolume {
-            metadata: self.metadata.clone(),
+            metadata: self.metadata.to_object_meta(),
             spec: self.spec.as_ref().map(|s| {
                 spec_fields!(
                     s,
@@ -191,7 +186,7 @@ impl Projection for PersistentVolume {
 
     fn project(pv: &k8s::PersistentVolume) -> Self {
         PersistentVolume {
-            metadata: meta::project_with_labels(
+            metadata: meta::project_meta(
                 &pv.metadata,
                 meta::all_but_last_applied,
                 meta::volume_labels,

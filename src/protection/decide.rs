@@ -37,11 +37,6 @@ pub enum Confirmation {
     InUse { pods: Vec<String> },
 }
 
-/// Kept here for `src/relevance.rs`, which imports it by this path; it
-/// goes once that import names [`crate::provision::is_our_claim`] (the
-/// cycle caches → relevance → protection → caches, tests/module_cycles.rs).
-pub use crate::provision::is_our_claim;
-
 /// Decides from cached state. `ours` is
 /// [`is_our_claim`](crate::provision::is_our_claim); `pods` are the
 /// cached pods (any namespace: those of other namespaces never count).

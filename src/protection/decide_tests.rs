@@ -9,6 +9,7 @@ use crate::projection::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
 use super::*;
+use crate::projection::Meta;
 // Which claims are ours is decided in crate::provision; its cases stay here
 // with the fixtures they share with the protection verdicts.
 use crate::projection::{PersistentVolume, StorageClass};
@@ -32,7 +33,8 @@ fn claim(name: &str) -> PersistentVolumeClaim {
             namespace: Some("ns".to_owned()),
             uid: Some(format!("uid-{name}")),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         spec: Some(PersistentVolumeClaimSpec {
             storage_class_name: Some("fast".to_owned()),
             ..PersistentVolumeClaimSpec::default()
@@ -83,7 +85,8 @@ fn csi_volume(name: &str, driver: &str) -> PersistentVolume {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         spec: Some(PersistentVolumeSpec {
             csi: Some(CSIPersistentVolumeSource {
                 driver: driver.to_owned(),
@@ -184,10 +187,9 @@ fn ownership() {
     };
     let beta_class = {
         let mut c = claim("data");
-        c.metadata.annotations = Some(BTreeMap::from([(
-            wk::ANN_BETA_STORAGE_CLASS.to_owned(),
-            "fast".to_owned(),
-        )]));
+        c.metadata.annotations = Some(
+            BTreeMap::from([(wk::ANN_BETA_STORAGE_CLASS.to_owned(), "fast".to_owned())]).into(),
+        );
         if let Some(spec) = c.spec.as_mut() {
             spec.storage_class_name = None;
         }
@@ -205,10 +207,13 @@ fn ownership() {
         ..claim("data")
     };
     let mut provisioned_by_other = csi_volume("pv-1", DRIVER);
-    provisioned_by_other.metadata.annotations = Some(BTreeMap::from([(
-        wk::ANN_PROVISIONED_BY.to_owned(),
-        "other.csi.example.com".to_owned(),
-    )]));
+    provisioned_by_other.metadata.annotations = Some(
+        BTreeMap::from([(
+            wk::ANN_PROVISIONED_BY.to_owned(),
+            "other.csi.example.com".to_owned(),
+        )])
+        .into(),
+    );
     let not_csi = PersistentVolume {
         spec: Some(PersistentVolumeSpec::default()),
         ..csi_volume("pv-1", DRIVER)
@@ -220,7 +225,8 @@ fn ownership() {
         } else {
             wk::ANN_STORAGE_PROVISIONER
         };
-        c.metadata.annotations = Some(BTreeMap::from([(key.to_owned(), provisioner.to_owned())]));
+        c.metadata.annotations =
+            Some(BTreeMap::from([(key.to_owned(), provisioner.to_owned())]).into());
         c
     };
     let cases: Vec<OwnershipCase> = vec![
@@ -447,7 +453,7 @@ fn finalizer_verdicts() {
         (
             "no namespace",
             PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     namespace: None,
                     ..claim("data").metadata
                 },
@@ -460,7 +466,7 @@ fn finalizer_verdicts() {
         (
             "empty namespace",
             PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     namespace: Some(String::new()),
                     ..claim("data").metadata
                 },
@@ -473,7 +479,7 @@ fn finalizer_verdicts() {
         (
             "no name",
             PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     name: None,
                     ..claim("data").metadata
                 },
@@ -486,7 +492,7 @@ fn finalizer_verdicts() {
         (
             "no uid",
             PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     uid: None,
                     ..claim("data").metadata
                 },
@@ -651,7 +657,7 @@ fn which_pods_use_a_claim() {
             "claim without namespace".into(),
             named(),
             PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     namespace: None,
                     ..data.metadata.clone()
                 },
@@ -663,7 +669,7 @@ fn which_pods_use_a_claim() {
             "claim without name".into(),
             named(),
             PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     name: None,
                     ..data.metadata.clone()
                 },

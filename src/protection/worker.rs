@@ -152,7 +152,8 @@ async fn apply(
     };
     let patch: json_patch::Patch = serde_json::from_value(patch)
         .map_err(|source| ProtectionError::BadPatch { what, source })?;
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+        Api::namespaced(ctx.client.clone(), &key.namespace);
     match api
         .patch(
             &key.name,

@@ -254,7 +254,7 @@ pub fn copied_claim_metadata(
 ) -> Result<CopiedMetadata, ClaimMetadataError> {
     let copy = |annotation: &'static str,
                 what: &'static str,
-                from: Option<&BTreeMap<String, String>>|
+                from: Option<&crate::projection::Map>|
      -> Result<BTreeMap<String, String>, ClaimMetadataError> {
         let mut out = BTreeMap::new();
         for key in listed(class_annotations, annotation) {

@@ -3,7 +3,7 @@ use crate::provision::fixtures::{claim, map};
 
 const PV: &str = "pvc-0a1b";
 
-fn context(annotations: Option<&BTreeMap<String, String>>) -> TemplateContext<'_> {
+fn context(annotations: Option<&crate::projection::Map>) -> TemplateContext<'_> {
     TemplateContext {
         pv_name: PV,
         pvc_name: "data",
@@ -19,6 +19,7 @@ fn template_resolution() {
         ("example.com/owner", "alice"),
         ("empty", ""),
     ]);
+    let annotations = crate::projection::Map::from(annotations);
     let ctx = context(Some(&annotations));
     let malformed = |template: &str, problem| {
         Err(ClaimMetadataError::MalformedTemplate {
@@ -85,7 +86,7 @@ fn template_resolution() {
 
 #[test]
 fn missing_annotations_name_the_key() {
-    let annotations = map(&[("other", "x")]);
+    let annotations = crate::projection::Map::from(map(&[("other", "x")]));
     for annotations in [None, Some(&annotations)] {
         assert_eq!(
             resolve_template(
@@ -296,11 +297,14 @@ fn label_and_annotation_keys() {
 #[test]
 fn copies_only_listed_keys_the_claim_has() {
     let mut claim = claim();
-    claim.metadata.labels = Some(map(&[
-        ("team", "storage"),
-        ("cost-center", "cc-42"),
-        ("unlisted", "x"),
-    ]));
+    claim.metadata.labels = Some(
+        map(&[
+            ("team", "storage"),
+            ("cost-center", "cc-42"),
+            ("unlisted", "x"),
+        ])
+        .into(),
+    );
     claim
         .metadata
         .annotations

@@ -68,7 +68,7 @@ fn ownership() {
         (
             "static in-tree PV migrated to us",
             edit(|pv| {
-                pv.metadata.annotations = Some(map(&[(wk::ANN_MIGRATED_TO, DRIVER)]));
+                pv.metadata.annotations = Some(map(&[(wk::ANN_MIGRATED_TO, DRIVER)]).into());
                 pv.spec.as_mut().expect("spec").csi = None;
             }),
             true,
@@ -441,7 +441,8 @@ fn migrated_volume_ownership() {
         (
             "provisioned-by in-tree, no migrated-to yet",
             migrated(|pv| {
-                pv.metadata.annotations = Some(map(&[(wk::ANN_PROVISIONED_BY, AWS_EBS_PLUGIN)]))
+                pv.metadata.annotations =
+                    Some(map(&[(wk::ANN_PROVISIONED_BY, AWS_EBS_PLUGIN)]).into())
             }),
             &ebs,
             true,
@@ -449,7 +450,7 @@ fn migrated_volume_ownership() {
         (
             "static in-tree PV migrated to us",
             migrated(|pv| {
-                pv.metadata.annotations = Some(map(&[(wk::ANN_MIGRATED_TO, EBS_DRIVER)]))
+                pv.metadata.annotations = Some(map(&[(wk::ANN_MIGRATED_TO, EBS_DRIVER)]).into())
             }),
             &ebs,
             true,
@@ -464,7 +465,7 @@ fn migrated_volume_ownership() {
             "provisioned by another in-tree plugin",
             migrated(|pv| {
                 pv.metadata.annotations =
-                    Some(map(&[(wk::ANN_PROVISIONED_BY, "kubernetes.io/gce-pd")]))
+                    Some(map(&[(wk::ANN_PROVISIONED_BY, "kubernetes.io/gce-pd")]).into())
             }),
             &ebs,
             false,
@@ -484,7 +485,7 @@ fn migrated_volume_ownership() {
         (
             "a driver that took over no plugin: an in-tree PV is never ours",
             migrated(|pv| {
-                pv.metadata.annotations = Some(map(&[(wk::ANN_PROVISIONED_BY, DRIVER)]));
+                pv.metadata.annotations = Some(map(&[(wk::ANN_PROVISIONED_BY, DRIVER)]).into());
                 in_tree_source(pv).portworx_volume = Some(Box::new(PortworxVolumeSource {
                     volume_id: "px".into(),
                     ..Default::default()
@@ -586,10 +587,8 @@ fn migrated_delete_plans() {
     // they are missing, and then translated (Portworx's auth secret becomes
     // the provisioner secret).
     let portworx = migrated(|pv| {
-        pv.metadata.annotations = Some(map(&[(
-            wk::ANN_PROVISIONED_BY,
-            "kubernetes.io/portworx-volume",
-        )]));
+        pv.metadata.annotations =
+            Some(map(&[(wk::ANN_PROVISIONED_BY, "kubernetes.io/portworx-volume")]).into());
         in_tree_source(pv).portworx_volume = Some(Box::new(PortworxVolumeSource {
             volume_id: "px-1".into(),
             ..Default::default()

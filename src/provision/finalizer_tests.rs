@@ -130,10 +130,9 @@ fn migrated_volumes_have_the_finalizer_too() {
     };
     let before_migrated_to = {
         let mut pv = bound_migrated("Delete", false);
-        pv.metadata.annotations = Some(crate::provision::fixtures::map(&[(
-            wk::ANN_PROVISIONED_BY,
-            AWS_EBS_PLUGIN,
-        )]));
+        pv.metadata.annotations = Some(
+            crate::provision::fixtures::map(&[(wk::ANN_PROVISIONED_BY, AWS_EBS_PLUGIN)]).into(),
+        );
         pv
     };
     let ebs = ebs_config();

@@ -102,7 +102,8 @@ pub fn claim() -> PersistentVolumeClaim {
             resource_version: Some("42".to_owned()),
             annotations: Some(map(&[(wk::ANN_STORAGE_PROVISIONER, DRIVER)])),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
             resources: Some(VolumeResourceRequirements {
@@ -122,11 +123,30 @@ pub fn claim_spec(claim: &mut PersistentVolumeClaim) -> &mut PersistentVolumeCla
     claim.spec.get_or_insert_with(Default::default)
 }
 
-pub fn annotate(metadata: &mut ObjectMeta, key: &str, value: &str) {
-    metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(key.to_owned(), value.to_owned());
+pub fn annotate(metadata: &mut impl Annotated, key: &str, value: &str) {
+    metadata.annotate(key, value);
+}
+
+/// Metadata of either shape: `ObjectMeta` (API objects) or `Meta` (cached
+/// volumes and claims).
+pub trait Annotated {
+    fn annotate(&mut self, key: &str, value: &str);
+}
+
+impl Annotated for ObjectMeta {
+    fn annotate(&mut self, key: &str, value: &str) {
+        self.annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.to_owned(), value.to_owned());
+    }
+}
+
+impl Annotated for crate::projection::Meta {
+    fn annotate(&mut self, key: &str, value: &str) {
+        self.annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.to_owned(), value.to_owned());
+    }
 }
 
 /// Class `fast` of our driver, Immediate binding, no parameters.
@@ -160,7 +180,8 @@ pub fn source_volume() -> PersistentVolume {
         metadata: ObjectMeta {
             name: Some("pv-source".to_owned()),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         spec: Some(PersistentVolumeSpec {
             csi: Some(CSIPersistentVolumeSource {
                 driver: DRIVER.to_owned(),
@@ -189,7 +210,8 @@ pub fn released_volume() -> PersistentVolume {
             annotations: Some(map(&[(wk::ANN_PROVISIONED_BY, DRIVER)])),
             finalizers: Some(vec![wk::FINALIZER_PV.to_owned()]),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         spec: Some(PersistentVolumeSpec {
             csi: Some(CSIPersistentVolumeSource {
                 driver: DRIVER.to_owned(),
@@ -248,10 +270,13 @@ pub fn gp2_class() -> StorageClass {
 /// does for a migrated class: the CSI driver's name, no migrated-to.
 pub fn gp2_claim() -> PersistentVolumeClaim {
     let mut claim = claim();
-    claim.metadata.annotations = Some(map(&[
-        (wk::ANN_STORAGE_PROVISIONER, EBS_DRIVER),
-        (wk::ANN_BETA_STORAGE_PROVISIONER, EBS_DRIVER),
-    ]));
+    claim.metadata.annotations = Some(
+        map(&[
+            (wk::ANN_STORAGE_PROVISIONER, EBS_DRIVER),
+            (wk::ANN_BETA_STORAGE_PROVISIONER, EBS_DRIVER),
+        ])
+        .into(),
+    );
     claim_spec(&mut claim).storage_class_name = Some("gp2".to_owned());
     claim
 }
@@ -269,7 +294,8 @@ pub fn migrated_volume() -> PersistentVolume {
             ])),
             finalizers: Some(vec![wk::FINALIZER_PV.to_owned()]),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         spec: Some(PersistentVolumeSpec {
             aws_elastic_block_store: Some(Box::new(AWSElasticBlockStoreVolumeSource {
                 volume_id: "aws://us-east-1a/vol-0123".to_owned(),

@@ -21,7 +21,6 @@
 //!   guarded by the claim's resourceVersion and uid: the first writer wins,
 //!   the others get a conflict.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::projection::Node;
@@ -239,7 +238,7 @@ pub fn claim_owned_by(claim: &PersistentVolumeClaim, node: &str) -> PersistentVo
     owned
         .metadata
         .annotations
-        .get_or_insert_with(BTreeMap::new)
+        .get_or_insert_with(Default::default)
         .insert(wk::ANN_SELECTED_NODE.to_owned(), node.to_owned());
     owned
 }

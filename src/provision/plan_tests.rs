@@ -295,7 +295,7 @@ fn claim_metadata_inputs() -> (PersistentVolumeClaim, StorageClass) {
         ANN_COPY_CLAIM_ANNOTATIONS, ANN_COPY_CLAIM_LABELS, ANN_PARAMETER_TEMPLATES,
     };
     let mut claim = claim();
-    claim.metadata.labels = Some(map(&[("team", "storage"), ("other", "x")]));
+    claim.metadata.labels = Some(map(&[("team", "storage"), ("other", "x")]).into());
     annotate(&mut claim.metadata, "cost-center", "cc-42");
     let mut class = class_with(&[
         ("tags", "cost-center=${pvc.annotations['cost-center']}"),

@@ -337,7 +337,7 @@ mod tests {
             .collect()
     }
 
-    fn context(annotations: Option<&BTreeMap<String, String>>) -> TemplateContext<'_> {
+    fn context(annotations: Option<&crate::projection::Map>) -> TemplateContext<'_> {
         TemplateContext {
             pv_name: "pvc-1234",
             pvc_name: "data",
@@ -482,6 +482,7 @@ mod tests {
             ("example.com/key".to_owned(), "from-annotation".to_owned()),
             ("bad".to_owned(), "Not_A_Name".to_owned()),
         ]);
+        let annotations = crate::projection::Map::from(annotations);
         let ctx = context(Some(&annotations));
         let resolve = |name: &str, namespace: &str| {
             resolve_secret_ref(

@@ -61,10 +61,9 @@ fn decisions() {
     };
     let beta_only = {
         let mut claim = claim();
-        claim.metadata.annotations = Some(crate::provision::fixtures::map(&[(
-            wk::ANN_BETA_STORAGE_PROVISIONER,
-            DRIVER,
-        )]));
+        claim.metadata.annotations = Some(
+            crate::provision::fixtures::map(&[(wk::ANN_BETA_STORAGE_PROVISIONER, DRIVER)]).into(),
+        );
         claim
     };
     let ga_wins_over_beta = {
@@ -83,10 +82,13 @@ fn decisions() {
     };
     let migrated_only = {
         let mut claim = claim();
-        claim.metadata.annotations = Some(crate::provision::fixtures::map(&[
-            (wk::ANN_STORAGE_PROVISIONER, "kubernetes.io/gce-pd"),
-            (wk::ANN_MIGRATED_TO, DRIVER),
-        ]));
+        claim.metadata.annotations = Some(
+            crate::provision::fixtures::map(&[
+                (wk::ANN_STORAGE_PROVISIONER, "kubernetes.io/gce-pd"),
+                (wk::ANN_MIGRATED_TO, DRIVER),
+            ])
+            .into(),
+        );
         claim
     };
     let other_class = StorageClass {
@@ -303,7 +305,7 @@ fn migrated_claims() {
     let skip = ProvisionDecision::Skip;
     let annotated = |pairs: &[(&str, &str)]| {
         let mut claim = gp2_claim();
-        claim.metadata.annotations = Some(map(pairs));
+        claim.metadata.annotations = Some(map(pairs).into());
         claim
     };
     let class_of = |provisioner: &str| StorageClass {

@@ -12,8 +12,6 @@
 //! The tokens are the same for both: `${pv.name}`, `${pvc.name}`,
 //! `${pvc.namespace}`, `${pvc.annotations['KEY']}`.
 
-use std::collections::BTreeMap;
-
 /// What the templates may refer to. At deletion time only the claim's name
 /// and namespace from the PV's claimRef are known, so `annotations` is empty
 /// and annotation tokens fail, as upstream.
@@ -22,7 +20,7 @@ pub struct TemplateContext<'a> {
     pub pv_name: &'a str,
     pub pvc_name: &'a str,
     pub pvc_namespace: &'a str,
-    pub pvc_annotations: Option<&'a BTreeMap<String, String>>,
+    pub pvc_annotations: Option<&'a crate::projection::Map>,
 }
 
 /// A token of a template.
@@ -249,7 +247,7 @@ mod tests {
 
     #[test]
     fn values() {
-        let annotations = BTreeMap::from([("k".to_owned(), "v".to_owned())]);
+        let annotations = crate::projection::Map::from([("k".to_owned(), "v".to_owned())]);
         let context = TemplateContext {
             pv_name: "pvc-1",
             pvc_name: "data",

@@ -587,7 +587,7 @@ async fn create_failed(
 /// Lets the scheduler pick another node: drop the selected-node annotation.
 /// A claim that is gone needs nothing.
 async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), ()> {
-    let api: Api<PersistentVolumeClaim> =
+    let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
         Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
     let patch = serde_json::json!({"metadata": {"annotations": {wk::ANN_SELECTED_NODE: null}}});
     match crate::writes::merge_patch(&api, &claim.name_any(), &patch).await {
@@ -616,12 +616,14 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     }
     // Saved as a PV after all: the PV owns the volume now. Asked live: the
     // cache may not have seen a PV whose create just committed.
-    match Api::<crate::projection::PersistentVolume>::all(ctx.client.clone())
-        .get_opt(&op.frozen.request.name)
-        .await
+    match Api::<crate::projection::Wire<crate::projection::PersistentVolume>>::all(
+        ctx.client.clone(),
+    )
+    .get_opt(&op.frozen.request.name)
+    .await
     {
-        Ok(Some(pv)) if claim_uid_of(&pv) == Some(key.uid.as_str()) => {
-            tracing::info!(claim = %key, volume = %pv.name_any(), "the claim's PV was saved after all; it owns the volume");
+        Ok(Some(pv)) if claim_uid_of(&pv.object) == Some(key.uid.as_str()) => {
+            tracing::info!(claim = %key, volume = %pv.object.name_any(), "the claim's PV was saved after all; it owns the volume");
             ctx.operations.finish(&key.uid);
             return Next::Done;
         }
@@ -867,7 +869,7 @@ async fn edit_source_finalizers(
     }
     match finalizer.kind {
         DataSourceKind::Claim => {
-            let api: Api<PersistentVolumeClaim> =
+            let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
                 Api::namespaced(ctx.client.clone(), &finalizer.namespace);
             edit(api, &finalizer.name, finalizer.finalizer, add).await
         }

@@ -157,7 +157,8 @@ mod tests {
                         .collect()
                 }),
                 ..ObjectMeta::default()
-            },
+            }
+            .into(),
             spec: Some(PersistentVolumeClaimSpec {
                 storage_class_name: Some(class.into()),
                 ..PersistentVolumeClaimSpec::default()

@@ -49,9 +49,9 @@ use std::time::Duration;
 
 use crate::projection::PersistentVolumeClaim;
 use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, ResourceExt};
 
 use crate::api_calls::{ApiCall, WATCH, call, in_own_namespace};
 use crate::caches::{Caches, Kind};

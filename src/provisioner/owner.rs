@@ -79,7 +79,8 @@ pub(super) async fn become_owner(ctx: &Arc<Context>, key: &ClaimKey, class: &Sto
             return Next::Retry;
         };
         let patch = become_owner_patch(&node.node_name, resource_version, &key.uid);
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+            Api::namespaced(ctx.client.clone(), &key.namespace);
         match crate::writes::merge_patch(&api, &key.name, &patch).await {
             Ok(_) => {
                 ctx.forget_owner_attempts(&key.uid);

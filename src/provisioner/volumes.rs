@@ -49,7 +49,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         tracing::debug!(volume = %name, "not on this node: left to the node that holds it");
         return Ok(());
     }
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let api: Api<crate::projection::Wire<PersistentVolume>> = Api::all(ctx.client.clone());
 
     if let Some(change) = pv_finalizer_change(&pv, &ctx.config) {
         let patch = match change {
@@ -262,7 +262,7 @@ fn guard_uid(patch: serde_json::Value, uid: &str) -> serde_json::Value {
 /// fails (422) when the cache was stale; the update event that made it
 /// stale queues the PV again, so that is not an error. NotFound is done.
 async fn apply_json_patch(
-    api: &Api<PersistentVolume>,
+    api: &Api<crate::projection::Wire<PersistentVolume>>,
     name: &str,
     patch: serde_json::Value,
     what: &str,

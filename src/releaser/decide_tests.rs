@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::*;
+use crate::projection::Meta;
 
 const DRIVER: &str = "hostpath.csi.k8s.io";
 const ID: &str = "team-a";
@@ -35,7 +36,8 @@ fn pv() -> PersistentVolume {
             resource_version: Some("7".to_owned()),
             annotations: labels(&[(wk::ANN_PROVISIONED_BY, DRIVER)]),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         spec: Some(PersistentVolumeSpec {
             storage_class_name: Some("keep".to_owned()),
             persistent_volume_reclaim_policy: Some("Retain".to_owned()),
@@ -60,7 +62,7 @@ fn pv() -> PersistentVolume {
 }
 
 fn labelled(mut pv: PersistentVolume, id: &str) -> PersistentVolume {
-    pv.metadata.labels = labels(&[(wk::LABEL_PV_RELEASER_MANAGED_BY, id)]);
+    pv.metadata.labels = labels(&[(wk::LABEL_PV_RELEASER_MANAGED_BY, id)]).map(Into::into);
     pv
 }
 
@@ -106,13 +108,15 @@ fn claim(id: Option<&str>) -> PersistentVolumeClaim {
             uid: Some("claim-uid".to_owned()),
             labels: id.and_then(|id| labels(&[(wk::LABEL_PVC_MANAGED_BY, id)])),
             ..ObjectMeta::default()
-        },
+        }
+        .into(),
         ..PersistentVolumeClaim::default()
     }
 }
 
 fn other_driver(mut pv: PersistentVolume) -> PersistentVolume {
-    pv.metadata.annotations = labels(&[(wk::ANN_PROVISIONED_BY, "other.csi.example.com")]);
+    pv.metadata.annotations =
+        labels(&[(wk::ANN_PROVISIONED_BY, "other.csi.example.com")]).map(Into::into);
     if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
         csi.driver = "other.csi.example.com".to_owned();
     }
@@ -404,7 +408,7 @@ fn verdicts() {
             bound.clone(),
             None,
             Some(PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     uid: Some("new-uid".to_owned()),
                     ..claim(Some(ID)).metadata
                 },
@@ -418,7 +422,7 @@ fn verdicts() {
             bound.clone(),
             None,
             Some(PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     name: Some("other".to_owned()),
                     ..claim(Some(ID)).metadata
                 },
@@ -432,7 +436,7 @@ fn verdicts() {
             bound.clone(),
             None,
             Some(PersistentVolumeClaim {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     namespace: Some("elsewhere".to_owned()),
                     ..claim(Some(ID)).metadata
                 },
@@ -505,7 +509,7 @@ fn verdicts() {
         (
             "no name",
             PersistentVolume {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     name: None,
                     ..labelled(pv(), ID).metadata
                 },
@@ -519,7 +523,7 @@ fn verdicts() {
         (
             "no resourceVersion",
             PersistentVolume {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     resource_version: None,
                     ..labelled(pv(), ID).metadata
                 },
@@ -533,7 +537,7 @@ fn verdicts() {
         (
             "being deleted",
             PersistentVolume {
-                metadata: ObjectMeta {
+                metadata: Meta {
                     deletion_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
                     ..labelled(pv(), ID).metadata
                 },

@@ -176,7 +176,7 @@ async fn patch(
     body: serde_json::Value,
     what: &'static str,
 ) -> Result<(), ReleaseError> {
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let api: Api<crate::projection::Wire<PersistentVolume>> = Api::all(ctx.client.clone());
     match api
         .patch(name, &PatchParams::default(), &Patch::Merge(&body))
         .await

@@ -576,9 +576,9 @@ pub fn plan_set<'p>(
 /// operator selects nothing.
 pub fn selector_matches(
     selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
-    labels: Option<&std::collections::BTreeMap<String, String>>,
+    labels: Option<&crate::projection::Map>,
 ) -> bool {
-    let empty = std::collections::BTreeMap::new();
+    let empty = crate::projection::Map::default();
     let labels = labels.unwrap_or(&empty);
     let simple = selector
         .match_labels

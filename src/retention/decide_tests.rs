@@ -593,7 +593,8 @@ fn claim_with_class(name: &str, class: Option<&str>) -> PersistentVolumeClaim {
             namespace: Some("ns".into()),
             uid: Some(format!("uid-{name}")),
             ..Default::default()
-        },
+        }
+        .into(),
         spec: Some(PersistentVolumeClaimSpec {
             storage_class_name: class.map(str::to_owned),
             ..Default::default()
@@ -924,7 +925,10 @@ fn label_selectors_match_as_in_kubernetes() {
     ];
     for (selector, want) in cases {
         assert_eq!(
-            selector_matches(&selector, Some(&labels)),
+            selector_matches(
+                &selector,
+                Some(&crate::projection::Map::from(labels.clone()))
+            ),
             want,
             "{selector:?}"
         );

@@ -9,7 +9,6 @@ use crate::projection::StatefulSet;
 use crate::projection::StorageClass;
 use crate::projection::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 
@@ -304,7 +303,7 @@ impl Context {
                 claim: name.to_owned(),
                 source,
             })?;
-        let api: Api<PersistentVolumeClaim> =
+        let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
         match api
             .patch(
@@ -389,7 +388,8 @@ impl Context {
             ordinal = plan.ordinal, replicas = ?decide::Ordinals::of(&live),
             "deleting the claim: its ordinal was scaled down, whenScaled=Delete, and its pod is gone"
         );
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &key.namespace);
+        let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+            Api::namespaced(self.client.clone(), &key.namespace);
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: claim.metadata.uid.clone(),

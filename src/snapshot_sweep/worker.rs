@@ -15,12 +15,15 @@ impl Sweep {
     /// The snapshots that pending claims of any driver restore from, from a
     /// live list of every claim in pages of 500 (only the pairs are kept).
     async fn live_pending(&self) -> Result<BTreeSet<String>, kube::Error> {
-        let api: Api<PersistentVolumeClaim> = Api::all(self.client.clone());
+        let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+            Api::all(self.client.clone());
         let mut pending = BTreeSet::new();
         let mut params = ListParams::default().limit(500);
         loop {
             let page = api.list(&params).await?;
-            pending.extend(decide::pending_snapshots(page.items.iter()));
+            pending.extend(decide::pending_snapshots(
+                page.items.iter().map(|w| &w.object),
+            ));
             match page.metadata.continue_.filter(|token| !token.is_empty()) {
                 Some(token) => params = params.continue_token(&token),
                 None => return Ok(pending),
