@@ -437,6 +437,10 @@ fn the_maps_of_volumes_and_claims_are_compact() {
             .as_ref()
             .is_some_and(|a| !a.is_empty())
     );
-    assert!(size_of::<PersistentVolume>() <= 960);
-    assert!(size_of::<PersistentVolumeClaim>() <= 600);
+    assert!(size_of::<PersistentVolume>() <= 840);
+    assert!(size_of::<PersistentVolumeClaim>() <= 480);
+    assert!(
+        size_of::<Meta>()
+            < size_of::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>()
+    );
 }
