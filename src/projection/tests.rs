@@ -440,7 +440,6 @@ fn the_maps_of_volumes_and_claims_are_compact() {
     assert!(size_of::<PersistentVolume>() <= 840);
     assert!(size_of::<PersistentVolumeClaim>() <= 480);
     assert!(
-        size_of::<Meta>()
-            < size_of::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>()
+        size_of::<Meta>() < size_of::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>()
     );
 }

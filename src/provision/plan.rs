@@ -61,7 +61,7 @@ pub fn selected_node_name(claim: &PersistentVolumeClaim) -> Option<&str> {
     let annotations = claim.metadata.annotations.as_ref()?;
     [wk::ANN_SELECTED_NODE, wk::ANN_ALPHA_SELECTED_NODE]
         .iter()
-        .find_map(|key| annotations.get(*key))
+        .find_map(|key| annotations.get(key))
         .map(String::as_str)
         .filter(|node| !node.is_empty())
 }
