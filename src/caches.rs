@@ -164,6 +164,27 @@ impl Caches {
 
     /// Starts one watch per wanted kind.
     pub fn start(&self, client: &Client) {
+        /// What the API client can read for a cache.
+        trait Readable:
+            kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static
+        {
+        }
+        impl<T> Readable for T where
+            T: kube::Resource<DynamicType = ()>
+                + Clone
+                + serde::de::DeserializeOwned
+                + std::fmt::Debug
+                + Send
+                + Sync
+                + 'static
+        {
+        }
         // Cluster-wide for both scopes: `Api::all` lists namespaced kinds
         // in every namespace.
         // `W`: the type the API client reads (a projection, or a
@@ -173,13 +194,7 @@ impl Caches {
             client: &Client,
             resync: Option<std::time::Duration>,
         ) where
-            W: kube::Resource<DynamicType = ()>
-                + Clone
-                + serde::de::DeserializeOwned
-                + std::fmt::Debug
-                + Send
-                + Sync
-                + 'static,
+            W: Readable,
             K: kube::runtime::reflector::Lookup<DynamicType = ()>
                 + From<W>
                 + Clone
@@ -191,19 +206,11 @@ impl Caches {
             let api: Api<W> = Api::all(client.clone());
             tokio::spawn(async move { informer.run(api, list_watch_config(), resync).await });
         }
-        fn spawn<K>(
+        fn spawn<K: Readable>(
             informer: &Arc<Informer<K>>,
             client: &Client,
             resync: Option<std::time::Duration>,
-        ) where
-            K: kube::Resource<DynamicType = ()>
-                + Clone
-                + serde::de::DeserializeOwned
-                + std::fmt::Debug
-                + Send
-                + Sync
-                + 'static,
-        {
+        ) {
             spawn_reading::<K, K>(informer, client, resync);
         }
         use crate::projection::Wire;

@@ -58,6 +58,29 @@ pub trait Projection: Sized {
     fn project(object: &Self::Object) -> Self;
 }
 
+/// The type functions of `kube::Resource` and of the store's `Lookup`
+/// (kind, group, version, apiVersion, plural), from the full API type.
+macro_rules! type_info {
+    ($object:ty) => {
+        fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+            std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::KIND)
+        }
+        fn group(_: &()) -> std::borrow::Cow<'_, str> {
+            std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::GROUP)
+        }
+        fn version(_: &()) -> std::borrow::Cow<'_, str> {
+            std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::VERSION)
+        }
+        fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
+            std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::API_VERSION)
+        }
+        fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+            std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::URL_PATH_SEGMENT)
+        }
+    };
+}
+pub(crate) use type_info;
+
 /// Implements `kube::Resource` for a projection, with the kind, group,
 /// version and plural of the full type it projects.
 macro_rules! resource_of {
@@ -66,21 +89,7 @@ macro_rules! resource_of {
             type DynamicType = ();
             type Scope = <$object as k8s_openapi::Resource>::Scope;
 
-            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::KIND)
-            }
-            fn group(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::GROUP)
-            }
-            fn version(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::VERSION)
-            }
-            fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::API_VERSION)
-            }
-            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::URL_PATH_SEGMENT)
-            }
+            $crate::projection::type_info!($object);
             fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &self.metadata
             }
@@ -146,21 +155,7 @@ impl<S: Cached> kube::Resource for Wire<S> {
     type DynamicType = ();
     type Scope = <S::Object as k8s_openapi::Resource>::Scope;
 
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::KIND)
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::GROUP)
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::VERSION)
-    }
-    fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
-        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::API_VERSION)
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        std::borrow::Cow::Borrowed(<S::Object as k8s_openapi::Resource>::URL_PATH_SEGMENT)
-    }
+    type_info!(S::Object);
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
@@ -191,18 +186,7 @@ macro_rules! cached_as {
         impl kube::runtime::reflector::Lookup for $projection {
             type DynamicType = ();
 
-            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::KIND)
-            }
-            fn group(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::GROUP)
-            }
-            fn version(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::VERSION)
-            }
-            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-                std::borrow::Cow::Borrowed(<$object as k8s_openapi::Resource>::URL_PATH_SEGMENT)
-            }
+            $crate::projection::type_info!($object);
             fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
                 self.metadata
                     .name
