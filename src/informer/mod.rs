@@ -23,11 +23,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use kube::Resource;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Lookup, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher::{self, Event, InitialListStrategy};
-use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 mod watch_cache;
