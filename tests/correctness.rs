@@ -1,7 +1,7 @@
 //! Ways to leak a volume, lose data or get stuck, each reproduced by a
 //! test named after the case; the case numbers are those of the numbered
 //! hazards of docs/design.md. Cases 1, 4, 5 and 13 are (also) in
-//! `tests/api_server_restart.rs`, `src/informer.rs`, the journal's unit
+//! `tests/api_server_restart.rs`, `src/informer/mod.rs`, the journal's unit
 //! tests and `src/projection/` / `src/protection/index.rs`. Set
 //! `CSI_PROVISIONER_BIN` to run these against another build of the sidecar
 //! (a build from before the fixes fails them).
