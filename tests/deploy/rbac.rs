@@ -245,13 +245,8 @@ pub const KNOWN_BASE_LOOPS: &[&str] = &[
 /// Granted in the manifests before the loop that needs it declares its
 /// calls (its `API_CALLS`, gathered by `api_calls` in src/startup.rs). Such a grant is
 /// reported, not failed, while no loop claims it; once a loop lists calls on
-/// the same resource the grant is checked like any other.
-pub const PENDING: &[(Scope, &str, &str, &str)] = &[(
-    Scope::OwnNamespace,
-    "coordination.k8s.io",
-    "leases",
-    "leader election (DESIGN §8) lists no calls yet; upstream's verbs plus patch",
-)];
+/// the same resource the grant is checked like any other. None today.
+pub const PENDING: &[(Scope, &str, &str, &str)] = &[];
 
 /// A needed (scope, group, resource, verb), with the loop that needs it.
 #[derive(Debug, Clone)]
