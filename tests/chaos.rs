@@ -850,6 +850,7 @@ impl Run {
         let serving = self.healthy_replicas(Duration::from_secs(10)).await;
         self.arm_driver_fault(rule.clone(), fault);
         let index = self.armed_driver_faults.len() - 1;
+        self.confirm_driver_fault(index).await;
         for _ in 0..rounds {
             for &replica in &serving {
                 let (status, body) = support::http_get(self.ports[replica], "/healthz").await;
@@ -1029,25 +1030,41 @@ impl Run {
         self.env.set_faults(rules);
     }
 
-    /// Ends the armed rule at `index` (its firings counted). The driver
-    /// rewrites the file as a rule fires, from what it read just before:
-    /// one firing of another rule at that instant would bring this one
-    /// back, so the file is read again until it holds the rule ended.
+    /// Ends the armed rule at `index` (its firings counted).
     async fn disarm_driver_fault(&mut self, index: usize) {
+        self.count_driver_firings();
+        self.armed_driver_faults[index].left = 0;
+        self.write_driver_faults();
+        self.confirm_driver_fault(index).await;
+    }
+
+    /// Waits until the faults file holds the armed rule at `index` as the
+    /// runner left it (in force, or ended). The driver rewrites the file
+    /// as a rule fires, from what it read just before: one firing of
+    /// another rule at the instant the runner writes would undo the
+    /// runner's write, so the file is read again, and written again, until
+    /// it holds the rule. A Probe fault's invariant needs its rule in
+    /// force exactly while it lasts.
+    async fn confirm_driver_fault(&mut self, index: usize) {
         for _ in 0..20 {
-            self.count_driver_firings();
-            self.armed_driver_faults[index].left = 0;
-            self.write_driver_faults();
             tokio::time::sleep(Duration::from_millis(20)).await;
-            let ended = csi_hostpath::faults::Faults::load(&self.env.driver.faults_file)
+            let armed = &self.armed_driver_faults[index];
+            let written = csi_hostpath::faults::Faults::load(&self.env.driver.faults_file)
                 .ok()
-                .and_then(|file| file.rules.get(index).map(|rule| rule.count == Some(0)));
-            if ended == Some(true) {
+                .and_then(|file| {
+                    file.rules.get(index).map(|rule| {
+                        rule.method == armed.fault.method
+                            && (rule.count == Some(0)) == (armed.left == 0)
+                    })
+                });
+            if written == Some(true) {
                 return;
             }
+            self.count_driver_firings();
+            self.write_driver_faults();
         }
         self.violations.push(format!(
-            "cannot end the driver's fault rule {}: the faults file keeps it",
+            "the driver's faults file does not keep the rule {} as written",
             self.armed_driver_faults[index].rule
         ));
     }
