@@ -7,15 +7,21 @@
 //! while faults strike at random instants: SIGKILL of the
 //! sidecar, of the leader of two replicas, every gRPC error code from the
 //! driver, driver calls slower than `--timeout`, the driver process ending
-//! between its backend change and its reply, and either API answers 409 /
+//! between its backend change and its reply (on `CreateVolume` and
+//! `DeleteVolume`, and in every fifth seed on one of `Probe`, polled through
+//! every replica's `/healthz`; `GetCapacity`, with capacity tracking on; and
+//! the start-up calls, each met by a restart), and either API answers 409 /
 //! 500 / 429 (watches: 500 / 429 / 410), latency on every request or one
 //! resource's, network partitions, dropped watches and compaction (our API
 //! test server) or restarts of kube-apiserver (also after an etcd
 //! compaction), SIGKILL and restart of etcd and restarts of
 //! kube-controller-manager (a real control plane). Once quiet, nothing may
-//! be leaked, lost or stuck (`chaos/invariants.rs`); a claim in use must
-//! stay protected throughout, and the sidecar never exits on its own but
-//! after losing its Lease (two replicas).
+//! be leaked, lost or stuck (`chaos/invariants.rs`), the published
+//! CSIStorageCapacity objects show the driver's capacity and every
+//! `/healthz` passes; a claim in use must stay protected throughout,
+//! `/healthz` must fail while `Probe` does, and the sidecar never exits on
+//! its own but after losing its Lease (two replicas) or when a fault made
+//! one of its start-up calls fail (exit 1, the call named).
 //!
 //! The sidecar runs as a process (`csi-provisioner`), the driver as a
 //! process (`csi-hostpath`), against a fresh test server per seed or the
@@ -50,7 +56,9 @@ use std::time::{Duration, Instant};
 use controlplane::GuardedChild;
 use csi_hostpath::faults::Fault as DriverFault;
 use futures_util::StreamExt;
-use invariants::{ClaimFact, ClaimRecord, JournalFact, KeptClaim, PvFact, SetRecord, World};
+use invariants::{
+    CapacityFact, ClaimFact, ClaimRecord, JournalFact, KeptClaim, PvFact, SetRecord, World,
+};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -91,6 +99,38 @@ const LOOP_RUNNING: &str = "provisioning loop running";
 
 /// The sidecar's last log line when it exits because it lost its Lease.
 const LEASE_LOST: &str = "leader election lost";
+
+/// The sidecar's last log line when a start-up call failed (exit 1, see
+/// `tests/csi_client.rs`): the one other exit a seed accepts, from a
+/// replica that met a fault on that call.
+const STARTUP_FAILURES: [(&str, &str); 4] = [
+    ("Probe", "CSI driver probe failed: Probe: rpc error"),
+    (
+        "GetPluginInfo",
+        "error getting CSI driver name: GetPluginInfo: rpc error",
+    ),
+    (
+        "GetPluginCapabilities",
+        "error getting CSI driver capabilities: GetPluginCapabilities: rpc error",
+    ),
+    (
+        "ControllerGetCapabilities",
+        "error getting CSI driver capabilities: ControllerGetCapabilities: rpc error",
+    ),
+];
+
+/// How long `/healthz` may take to answer 200 again once a Probe fault has
+/// ended (a driver it ended restarted meanwhile, a replica restarting).
+const HEALTHY_AGAIN_WITHIN: Duration = Duration::from_secs(15);
+
+/// The driver's capacity pool in seeds that track capacity: far more than
+/// the claims take (1 MiB each), so that no provisioning fails for room.
+const POOL: &str = "pool";
+const POOL_BYTES: u64 = 1 << 30;
+
+/// A Probe rule lasts for its rounds of `/healthz`: armed with this many
+/// firings, which no round uses up, and disarmed after.
+const PROBE_FIRINGS: u32 = 10_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn seeds_on_the_test_server() {
@@ -355,6 +395,12 @@ struct Run {
     armed_driver_faults: Vec<ArmedFault>,
     /// API latencies in force (test server), each ended at its instant.
     latencies: Vec<Latency>,
+    /// Replica → the `--http-endpoint` port of its current process.
+    ports: Vec<u16>,
+    /// Replica → the start-up calls ([`plan::STARTUP_METHODS`]) a driver
+    /// fault was armed on during its current process's life: the calls
+    /// whose failure may end it.
+    startup_faults: Vec<BTreeSet<&'static str>>,
 }
 
 /// An API latency in force (`Fault::ApiLatency`).
@@ -367,6 +413,10 @@ struct Latency {
 impl Run {
     async fn new(plan: Plan, backend: Backend) -> Run {
         let mut env = Env::new(backend).await;
+        if plan.capacity {
+            // No class names a kind: every volume comes from the pool.
+            env.driver.capacity.insert(POOL.to_owned(), POOL_BYTES);
+        }
         env.run_driver_as_process().await;
         for class in plan::Class::ALL {
             let binding = match class.binding {
@@ -384,6 +434,14 @@ impl Run {
             format!("--timeout={}ms", plan::SIDECAR_TIMEOUT_MS),
             "--feature-gates=PVCProtection=true,StatefulSetAutoDeletePVC=true".to_owned(),
         ];
+        if plan.capacity {
+            // No owner: the replicas are processes, not pods.
+            sidecar_args.extend([
+                "--enable-capacity".to_owned(),
+                "--capacity-poll-interval=1s".to_owned(),
+                "--capacity-ownerref-level=-1".to_owned(),
+            ]);
+        }
         if plan.replicas > 1 {
             sidecar_args.extend([
                 "--leader-election".to_owned(),
@@ -410,8 +468,12 @@ impl Run {
             kept: BTreeMap::new(),
             armed_driver_faults: Vec::new(),
             latencies: Vec::new(),
+            ports: Vec::new(),
+            startup_faults: Vec::new(),
         };
         run.replica_logs = vec![PathBuf::new(); run.plan.replicas];
+        run.ports = vec![0; run.plan.replicas];
+        run.startup_faults = vec![BTreeSet::new(); run.plan.replicas];
         for replica in 0..run.plan.replicas {
             run.start_replica(replica).await;
         }
@@ -419,7 +481,18 @@ impl Run {
     }
 
     async fn start_replica(&mut self, replica: usize) {
-        let args: Vec<&str> = self.sidecar_args.iter().map(String::as_str).collect();
+        // Each process its own port: the last one's may still linger.
+        self.ports[replica] = support::free_port();
+        self.count_driver_firings();
+        self.startup_faults[replica] = self
+            .armed_driver_faults
+            .iter()
+            .filter(|armed| armed.left > 0)
+            .filter_map(|armed| startup_method(&armed.fault.method))
+            .collect();
+        let endpoint = format!("--http-endpoint=127.0.0.1:{}", self.ports[replica]);
+        let mut args: Vec<&str> = self.sidecar_args.iter().map(String::as_str).collect();
+        args.push(&endpoint);
         let pod_name = format!("replica-{replica}");
         // The kubelet sets both to the pod's name; the Lease holder's
         // identity starts with the host name (how faults find the leader).
@@ -558,8 +631,10 @@ impl Run {
         }
         // A sidecar that ended on its own is restarted as the kubelet
         // would; one killed by a fault is down (`None`) until the fault
-        // restarts it. Only a lost lease may end it (exit 1, two replicas,
-        // said in its log): any other exit fails the seed.
+        // restarts it. Only a lost lease (exit 1, two replicas, said in its
+        // log) or a start-up call that a fault made fail (exit 1, said in
+        // its last line: `startup_failure`) may end it: any other exit
+        // fails the seed.
         for replica in 0..self.replicas.len() {
             let exited = self.replicas[replica]
                 .as_mut()
@@ -570,6 +645,8 @@ impl Run {
                     self.plan.replicas == 2 && status.code() == Some(1) && log.contains(LEASE_LOST);
                 let what = if lost_lease {
                     "sidecar lost its lease, exited 1 and restarted".to_owned()
+                } else if let Some(method) = self.startup_failure(replica, status, &log) {
+                    format!("sidecar's {method} failed at start-up, exited 1 and restarted")
                 } else {
                     self.violations.push(format!(
                         "sidecar replica-{replica} exited on its own ({status}) without losing its lease; its last lines:\n{}",
@@ -635,24 +712,36 @@ impl Run {
                 code,
                 count,
             } => {
-                let mut fault = DriverFault::error(method, tonic::Code::Unknown).times(count);
+                let mut fault = DriverFault::error(method, tonic::Code::Unknown);
                 fault.code = Some(code.to_owned());
-                self.arm_driver_fault(rule, fault);
+                if method == "Probe" {
+                    self.probe_fault(rule, fault.times(PROBE_FIRINGS), count)
+                        .await;
+                } else {
+                    self.arm_driver_fault(rule, fault.times(count));
+                }
             }
             Fault::DriverSlow {
                 method,
                 delay_ms,
                 count,
-            } => self.arm_driver_fault(
-                rule,
-                DriverFault::delay(method, Duration::from_millis(delay_ms)).times(count),
-            ),
+            } => {
+                let fault = DriverFault::delay(method, Duration::from_millis(delay_ms));
+                if method == "Probe" {
+                    self.probe_fault(rule, fault.times(PROBE_FIRINGS), count)
+                        .await;
+                } else {
+                    self.arm_driver_fault(rule, fault.times(count));
+                }
+            }
             Fault::DriverExit { method, down_ms } => {
                 self.driver_down = Duration::from_millis(down_ms);
-                self.arm_driver_fault(
-                    rule,
-                    DriverFault::exit_after_backend_change(method).times(1),
-                );
+                let fault = DriverFault::exit_after_backend_change(method).times(1);
+                if method == "Probe" {
+                    self.probe_fault(rule, fault, 1).await;
+                } else {
+                    self.arm_driver_fault(rule, fault);
+                }
             }
             Fault::Api {
                 verb,
@@ -749,6 +838,158 @@ impl Run {
         }
     }
 
+    /// A Probe fault: `fault` lasts `rounds` rounds of `/healthz` to every
+    /// replica that answered 200 just before, and each answer must be an
+    /// error (`/healthz` asks the driver's `Probe`: `src/http.rs`); once
+    /// the fault is disarmed, each must answer 200 again within
+    /// [`HEALTHY_AGAIN_WITHIN`] (a driver the fault ended restarted
+    /// meanwhile). A replica starting meanwhile meets the fault at its own
+    /// `Probe`: it waits, or exits 1 on a code that waiting cannot fix
+    /// (`startup_failure`).
+    async fn probe_fault(&mut self, rule: String, fault: DriverFault, rounds: u32) {
+        let serving = self.healthy_replicas(Duration::from_secs(10)).await;
+        self.arm_driver_fault(rule.clone(), fault);
+        let index = self.armed_driver_faults.len() - 1;
+        self.confirm_driver_fault(index).await;
+        for _ in 0..rounds {
+            for &replica in &serving {
+                let (status, body) = support::http_get(self.ports[replica], "/healthz").await;
+                // 0: nothing listens (the process ended, or restarts).
+                if status == 200 {
+                    self.violations.push(format!(
+                        "replica-{replica}'s /healthz answered 200 while the driver's Probe failed ({rule}): {}",
+                        body.trim()
+                    ));
+                }
+            }
+            self.pause(Duration::from_millis(100)).await;
+        }
+        self.disarm_driver_fault(index).await;
+        for replica in serving {
+            let deadline = Instant::now() + HEALTHY_AGAIN_WITHIN;
+            loop {
+                let (status, body) = support::http_get(self.ports[replica], "/healthz").await;
+                if status == 200 {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    self.violations.push(format!(
+                        "replica-{replica}'s /healthz still answers {status} {HEALTHY_AGAIN_WITHIN:?} after the Probe fault ({rule}) ended: {}",
+                        body.trim()
+                    ));
+                    break;
+                }
+                self.pause(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    /// The running replicas whose `/healthz` answers 200, waiting up to
+    /// `within` for every running one to.
+    async fn healthy_replicas(&mut self, within: Duration) -> Vec<usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut healthy = Vec::new();
+            let mut running = 0;
+            for replica in 0..self.replicas.len() {
+                if self.replicas[replica].is_some() {
+                    running += 1;
+                    if support::http_get(self.ports[replica], "/healthz").await.0 == 200 {
+                        healthy.push(replica);
+                    }
+                }
+            }
+            if healthy.len() == running || Instant::now() >= deadline {
+                return healthy;
+            }
+            self.pause(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Every running replica's `/healthz` that does not answer 200, once
+    /// quiet (no Probe fault lasts beyond its step).
+    async fn health_violations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for replica in 0..self.replicas.len() {
+            if self.replicas[replica].is_some() {
+                let (status, body) = support::http_get(self.ports[replica], "/healthz").await;
+                if status != 200 {
+                    out.push(format!(
+                        "replica-{replica}'s /healthz answers {status} at quiescence: {}",
+                        body.trim()
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// The start-up call whose failure ended `replica` with `status`, when
+    /// that is exactly such an exit: code 1, the log's last line naming
+    /// the call ([`STARTUP_FAILURES`]), and a driver fault armed on it
+    /// while the process lived.
+    fn startup_failure(
+        &self,
+        replica: usize,
+        status: std::process::ExitStatus,
+        log: &str,
+    ) -> Option<&'static str> {
+        if status.code() != Some(1) {
+            return None;
+        }
+        let last = log.lines().rev().find(|line| !line.trim().is_empty())?;
+        STARTUP_FAILURES
+            .iter()
+            .find(|(method, text)| {
+                last.contains(text) && self.startup_faults[replica].contains(method)
+            })
+            .map(|(method, _)| *method)
+    }
+
+    /// With capacity tracking: what is wrong with the published
+    /// CSIStorageCapacity objects (`invariants::capacity_violations`).
+    async fn capacity_violations(&self) -> Result<Vec<String>, String> {
+        if !self.plan.capacity {
+            return Ok(Vec::new());
+        }
+        let objects = self
+            .env
+            .capacities()
+            .await
+            .map_err(|e| format!("list CSIStorageCapacity: {e}"))?;
+        let quantity = |q: Option<k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+            q.and_then(|q| csi_proto::quantity::parse_quantity(&q.0).ok())
+        };
+        let facts: Vec<CapacityFact> = objects
+            .into_iter()
+            .map(|o| CapacityFact {
+                name: o.metadata.name.unwrap_or_default(),
+                class: o.storage_class_name,
+                capacity: quantity(o.capacity),
+                maximum: quantity(o.maximum_volume_size),
+            })
+            .collect();
+        // What the driver's GetCapacity answers (no kind: the pool's free
+        // bytes, also the largest volume), from its records.
+        let used: u64 = self
+            .env
+            .backend_volumes()
+            .iter()
+            .filter(|v| v.kind == POOL)
+            .map(|v| v.capacity_bytes)
+            .sum();
+        let classes: Vec<String> = plan::Class::ALL
+            .iter()
+            .filter(|c| c.binding == Binding::WaitForFirstConsumer)
+            .map(|c| self.env.class(c.short()))
+            .collect();
+        Ok(invariants::capacity_violations(
+            &facts,
+            &classes,
+            POOL_BYTES.saturating_sub(used),
+        ))
+    }
+
     /// The replica holding the Lease (replica 0 when none is seen).
     async fn leader(&self) -> usize {
         let holder = self.env.lease_holder().await.unwrap_or_default();
@@ -764,17 +1005,68 @@ impl Run {
     fn arm_driver_fault(&mut self, rule: String, fault: DriverFault) {
         self.count_driver_firings();
         self.armed_driver_faults.retain(|armed| armed.left > 0);
+        if let Some(method) = startup_method(&fault.method) {
+            // Any process may meet it now, even one started before (still
+            // waiting for the driver).
+            for faults in &mut self.startup_faults {
+                faults.insert(method);
+            }
+        }
         self.armed_driver_faults.push(ArmedFault {
             rule,
             left: fault.count.unwrap_or(0),
             fault,
         });
+        self.write_driver_faults();
+    }
+
+    /// Writes the armed rules with what is left of each.
+    fn write_driver_faults(&self) {
         let rules = self
             .armed_driver_faults
             .iter()
             .map(|armed| armed.fault.clone().times(armed.left))
             .collect();
         self.env.set_faults(rules);
+    }
+
+    /// Ends the armed rule at `index` (its firings counted).
+    async fn disarm_driver_fault(&mut self, index: usize) {
+        self.count_driver_firings();
+        self.armed_driver_faults[index].left = 0;
+        self.write_driver_faults();
+        self.confirm_driver_fault(index).await;
+    }
+
+    /// Waits until the faults file holds the armed rule at `index` as the
+    /// runner left it (in force, or ended). The driver rewrites the file
+    /// as a rule fires, from what it read just before: one firing of
+    /// another rule at the instant the runner writes would undo the
+    /// runner's write, so the file is read again, and written again, until
+    /// it holds the rule. A Probe fault's invariant needs its rule in
+    /// force exactly while it lasts.
+    async fn confirm_driver_fault(&mut self, index: usize) {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let armed = &self.armed_driver_faults[index];
+            let written = csi_hostpath::faults::Faults::load(&self.env.driver.faults_file)
+                .ok()
+                .and_then(|file| {
+                    file.rules.get(index).map(|rule| {
+                        rule.method == armed.fault.method
+                            && (rule.count == Some(0)) == (armed.left == 0)
+                    })
+                });
+            if written == Some(true) {
+                return;
+            }
+            self.count_driver_firings();
+            self.write_driver_faults();
+        }
+        self.violations.push(format!(
+            "the driver's faults file does not keep the rule {} as written",
+            self.armed_driver_faults[index].rule
+        ));
     }
 
     /// Counts the firings of the armed driver rules since last looked: the
@@ -843,29 +1135,38 @@ impl Run {
     /// journal it leaves may hold no entry whose PV is saved. Returns
     /// whether a process was running to be ended.
     async fn terminate(&mut self, replica: usize) -> bool {
-        let Some(mut child) = self.replicas[replica].take() else {
-            return false;
-        };
-        if child.try_wait().is_some() {
-            // Ended on its own before the signal: that is revive_exited's.
+        // A process that ends on its own before the signal is
+        // revive_exited's (a start-up fault crash-loops it): the one it
+        // starts instead is terminated, once it runs.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (mut child, leads, running) = loop {
+            let Some(mut child) = self.replicas[replica].take() else {
+                return false;
+            };
+            if child.try_wait().is_none() {
+                // A leader whose workers run has loaded the journal: what
+                // it holds at exit is then this process's doing.
+                let leads = self.leads(replica).await;
+                let mut running = false;
+                if leads {
+                    while Instant::now() < deadline && child.is_running() {
+                        if self.replica_log(replica).contains(LOOP_RUNNING) {
+                            running = true;
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                if child.try_wait().is_none() {
+                    break (child, leads, running);
+                }
+            }
             self.replicas[replica] = Some(child);
             self.revive_exited().await;
-            return false;
-        }
-        // A leader whose workers run has loaded the journal: what it holds
-        // at exit is then this process's doing.
-        let leads = self.leads(replica).await;
-        let mut running = false;
-        if leads {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && child.is_running() {
-                if self.replica_log(replica).contains(LOOP_RUNNING) {
-                    running = true;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            if Instant::now() >= deadline {
+                return false;
             }
-        }
+        };
         child.signal("TERM");
         let asked = Instant::now();
         let status = loop {
@@ -896,6 +1197,8 @@ impl Run {
             // Lost its lease while it shut down: it stops at once, writing
             // nothing more (never two writers).
             Some(1) if self.plan.replicas == 2 && log.contains(LEASE_LOST) => return true,
+            // A start-up call failed (a fault on it) just as the signal came.
+            Some(1) if self.startup_failure(replica, status, &log).is_some() => return true,
             // Ended by the signal itself: only before its handlers were
             // installed, which is before its first log line.
             None if std::os::unix::process::ExitStatusExt::signal(&status) == Some(15)
@@ -1519,6 +1822,13 @@ impl Run {
                     }));
                     last = invariants::violations(&world, &records);
                     last.extend(invariants::set_violations(&world, &self.sets));
+                    match self.capacity_violations().await {
+                        Ok(found) => last.extend(found),
+                        Err(e) => last.push(e),
+                    }
+                    if last.is_empty() {
+                        last.extend(self.health_violations().await);
+                    }
                     if let Err(e) = &reconciled {
                         last.push(e.clone());
                     }
@@ -1738,4 +2048,12 @@ fn test_server_verb(verb: ApiVerb) -> Verb {
 fn last_lines(log: &str, n: usize) -> String {
     let lines: Vec<&str> = log.lines().rev().take(n).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+/// `method` as a start-up call ([`plan::STARTUP_METHODS`]), if it is one.
+fn startup_method(method: &str) -> Option<&'static str> {
+    plan::STARTUP_METHODS
+        .iter()
+        .copied()
+        .find(|startup| *startup == method)
 }

@@ -243,6 +243,56 @@ async fn a_replayed_entry_never_deletes_a_retained_volume() {
     env.assert_consistent().await;
 }
 
+/// Case 14 again, past the grace: a worker still saving its PV when the
+/// shutdown grace (`--timeout` + 2 s) ends saves it during the journal's
+/// last flush, and forgets its entry too late for that flush (chaos seed 21
+/// of tests/chaos.rs). The flush is written again once such workers are
+/// done, within the flush's own bound (3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pv_saved_after_the_shutdown_grace_leaves_no_journal_entry() {
+    // Needs the API test server: the PV's create is made slow.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&["--timeout=1s"]).await;
+    // The grace is 3 s: the PV is saved a second after it, while the
+    // journal's last flush may still take 3 s.
+    env.api().add_latency(
+        RequestMatch::new(Verb::Create, "persistentvolumes").remote(),
+        Duration::from_secs(4),
+    );
+    let claim = env
+        .create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    let uid = claim.metadata.uid.clone().expect("uid");
+    env.wait_for("the volume made", Duration::from_secs(30), || async {
+        env.backend_volumes()
+            .iter()
+            .any(|v| v.name == format!("pvc-{uid}"))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+    let logs = env.logs();
+    assert!(
+        logs.contains("operations still running at shutdown"),
+        "the PV was saved within the grace: the case is not met\n{logs}"
+    );
+    assert!(
+        env.pv(&format!("pvc-{uid}")).await.is_some(),
+        "the PV was not saved before the exit\n{logs}"
+    );
+    let journal = env.journal().await;
+    assert!(
+        !journal.contains_key(&uid),
+        "the entry of a claim whose PV is saved outlived the sidecar: {journal:?}\n{logs}"
+    );
+    env.api().clear_faults();
+    env.start_sidecar(&[]).await;
+    env.wait_bound(&env.ns, "data").await;
+    env.assert_consistent().await;
+}
+
 /// Case 11: the JSON patch that removes our finalizer applies only to the
 /// PV it was made for: a PV re-created under the same name fails its test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

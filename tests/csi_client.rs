@@ -293,24 +293,52 @@ async fn drivers_that_cannot_provision_are_refused() {
 
     // The binary exits non-zero and names the capability. (As upstream, it
     // builds its API client first; nothing is sent before the check.)
-    let kubeconfig = unreachable_kubeconfig(dir.path());
-    let output = tokio::task::spawn_blocking({
-        let socket = socket.clone();
-        move || {
-            Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
-                .arg(format!("--csi-address={}", socket.display()))
-                .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .env_remove("KUBECONFIG")
-                .env_remove("RUST_LOG")
-                .output()
-                .expect("run")
-        }
-    })
-    .await
-    .expect("join");
+    let output = run_to_its_end(&socket, dir.path(), &[]).await;
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("CONTROLLER_SERVICE"), "{stderr}");
+}
+
+/// A start-up call that fails stops the binary with exit 1 and says what it
+/// was asking, in the Go image's words ("Error getting CSI driver name" for
+/// `GetPluginInfo`, "… capabilities" for the two capability calls); no
+/// retry, as the Go image (the kubelet restarts the container). The chaos
+/// harness accepts exactly these exits when it faulted that call
+/// (`tests/chaos.rs`, `startup_failure`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_up_call_exits_1_naming_what_it_asked() {
+    let cases = [
+        (
+            "Probe",
+            "CSI driver probe failed: Probe: rpc error: code = Internal",
+        ),
+        (
+            "GetPluginInfo",
+            "error getting CSI driver name: GetPluginInfo: rpc error: code = Internal",
+        ),
+        (
+            "GetPluginCapabilities",
+            "error getting CSI driver capabilities: GetPluginCapabilities: rpc error: code = Internal",
+        ),
+        (
+            "ControllerGetCapabilities",
+            "error getting CSI driver capabilities: ControllerGetCapabilities: rpc error: code = Internal",
+        ),
+    ];
+    for (method, want) in cases {
+        let driver = RunningDriver::start(|_| {});
+        driver.faults(Faults::with_rules(vec![
+            Fault::error(method, Code::Internal).with_message("refused for the test"),
+        ]));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let output = run_to_its_end(&driver.config.endpoint, dir.path(), &["--timeout=2s"]).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{method}: {stderr}");
+        assert!(
+            stderr.contains(want) && stderr.contains("refused for the test"),
+            "{method}: want {want:?} in\n{stderr}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,6 +405,27 @@ fn sigterm_while_waiting_for_the_driver_exits_0() {
     assert_eq!(output.status.code(), Some(0));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("socket does not exist yet"), "{stderr}");
+}
+
+/// Runs the binary against the driver at `socket` (its API server
+/// unreachable, see [`unreachable_kubeconfig`], written into `dir`) with
+/// `extra` flags until it exits by itself.
+async fn run_to_its_end(
+    socket: &std::path::Path,
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> std::process::Output {
+    let kubeconfig = unreachable_kubeconfig(dir);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+    command
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(extra)
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG");
+    tokio::task::spawn_blocking(move || command.output().expect("run"))
+        .await
+        .expect("join")
 }
 
 /// A kubeconfig naming a server nobody listens on: enough to build the

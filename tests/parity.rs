@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use csi_hostpath::faults::Fault;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -1306,19 +1305,10 @@ fn tail(text: &str, lines: usize) -> String {
 
 /// The CSIStorageCapacity objects of `env`'s driver, normalized, by name.
 async fn capacity_objects(env: &Env) -> BTreeMap<String, Value> {
-    Api::<CSIStorageCapacity>::namespaced(env.client.clone(), &env.ns)
-        .list(&ListParams::default())
+    env.capacities()
         .await
         .expect("list capacities")
-        .items
         .into_iter()
-        .filter(|o| {
-            o.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("csi.storage.k8s.io/drivername"))
-                .is_some_and(|d| *d == env.driver_name)
-        })
         .map(|o| {
             let name = o.metadata.name.clone().unwrap_or_default();
             let mut value = serde_json::to_value(o).expect("json");

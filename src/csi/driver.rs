@@ -27,8 +27,15 @@ use super::{request, with_deadline, with_deadline_migrated};
 /// Why the sidecar cannot run against this driver.
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
+    /// `GetPluginInfo` failed. Worded as the Go image's fatal start-up
+    /// error, so that a search for it finds this one too.
     #[error("error getting CSI driver name: {0}")]
-    Csi(#[from] CsiError),
+    Name(#[source] CsiError),
+    /// `GetPluginCapabilities` or `ControllerGetCapabilities` failed (the
+    /// Go image's other fatal start-up error): not the name, which was
+    /// learned by then.
+    #[error("error getting CSI driver capabilities: {0}")]
+    Capabilities(#[source] CsiError),
     #[error("CSI driver returned an empty name in GetPluginInfo")]
     EmptyName,
     #[error("CSI driver name {name:?} is invalid: {reason}")]
@@ -160,7 +167,8 @@ impl Driver {
             timeout,
             identity.get_plugin_info(request(GetPluginInfoRequest {}, timeout)),
         )
-        .await?;
+        .await
+        .map_err(StartupError::Name)?;
         validate_driver_name(&plugin_info.name)?;
         // The calls below count under the driver's name, as the Go sidecar's
         // (which names its metrics right after GetPluginInfo).
@@ -171,7 +179,8 @@ impl Driver {
             timeout,
             identity.get_plugin_capabilities(request(GetPluginCapabilitiesRequest {}, timeout)),
         )
-        .await?;
+        .await
+        .map_err(StartupError::Capabilities)?;
         let mut plugin = PluginCapabilities::default();
         for cap in caps.capabilities {
             match cap.r#type {
@@ -210,7 +219,8 @@ impl Driver {
                     timeout,
                 )),
             )
-            .await?;
+            .await
+            .map_err(StartupError::Capabilities)?;
             for cap in answer.capabilities {
                 if let Some(controller_service_capability::Type::Rpc(rpc)) = cap.r#type {
                     controller_caps.0.insert(rpc.r#type);

@@ -193,6 +193,24 @@ pub struct Context {
     worker_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
+/// A worker task being waited for by [`Context::drained`], put back
+/// for the next wait if this one is dropped first.
+struct Unfinished<'a> {
+    tasks: &'a Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            self.tasks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(task);
+        }
+    }
+}
+
 impl Context {
     /// Counts an attempt to take claim `uid`; returns how many came before.
     pub fn next_owner_attempt(&self, uid: &str) -> u32 {
@@ -509,12 +527,28 @@ impl Context {
     }
 
     /// Completes when every worker has finished its current key (after
-    /// [`shut_down`](Self::shut_down)).
+    /// [`shut_down`](Self::shut_down)). Cancel-safe: dropped before that
+    /// (the shutdown grace is over), the workers still running are waited
+    /// for again by the next call, as the journal's last flush does
+    /// (src/startup.rs).
     pub async fn drained(&self) {
-        let tasks =
-            std::mem::take(&mut *self.worker_tasks.lock().unwrap_or_else(|p| p.into_inner()));
-        for task in tasks {
-            let _ = task.await;
+        loop {
+            let next = self
+                .worker_tasks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
+            let Some(task) = next else {
+                return;
+            };
+            let mut waiting = Unfinished {
+                tasks: &self.worker_tasks,
+                task: Some(task),
+            };
+            if let Some(task) = waiting.task.as_mut() {
+                let _ = task.await;
+            }
+            waiting.task = None;
         }
     }
 

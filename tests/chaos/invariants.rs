@@ -138,6 +138,59 @@ pub fn journal_violations(entries: &[JournalFact], pvs: &[PvFact]) -> Vec<String
         .collect()
 }
 
+/// A CSIStorageCapacity object of the run's driver.
+#[derive(Debug, Clone, Default)]
+pub struct CapacityFact {
+    pub name: String,
+    pub class: String,
+    /// `capacity` in bytes (`None`: absent, or not a quantity).
+    pub capacity: Option<u64>,
+    /// `maximumVolumeSize` in bytes.
+    pub maximum: Option<u64>,
+}
+
+/// With capacity tracking, once quiet: exactly one object for each class
+/// of `classes` (the run's WaitForFirstConsumer classes, on its one node)
+/// showing what the driver's `GetCapacity` answers now (`free` bytes, as
+/// capacity and as the largest volume), and none for another class. A
+/// `GetCapacity` that failed (a fault) may leave an object stale for a
+/// while, never for good.
+pub fn capacity_violations(objects: &[CapacityFact], classes: &[String], free: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    for class in classes {
+        let of_class: Vec<&CapacityFact> = objects.iter().filter(|o| &o.class == class).collect();
+        match of_class.as_slice() {
+            [] => out.push(format!(
+                "class {class} has no CSIStorageCapacity object: lost"
+            )),
+            [object] => {
+                if object.capacity != Some(free) || object.maximum != Some(free) {
+                    out.push(format!(
+                        "CSIStorageCapacity {} of class {class} shows capacity {:?}, maximumVolumeSize {:?}; the driver has {free} bytes free: stale",
+                        object.name, object.capacity, object.maximum
+                    ));
+                }
+            }
+            many => {
+                let names: Vec<&str> = many.iter().map(|o| o.name.as_str()).collect();
+                out.push(format!(
+                    "class {class} has {} CSIStorageCapacity objects {names:?}: duplicated",
+                    many.len()
+                ));
+            }
+        }
+    }
+    for object in objects {
+        if !classes.contains(&object.class) {
+            out.push(format!(
+                "CSIStorageCapacity {} is of class {}, which needs none",
+                object.name, object.class
+            ));
+        }
+    }
+    out
+}
+
 /// The StatefulSet retention rules (KEP-1847) at quiescence.
 pub fn set_violations(world: &World, sets: &[SetRecord]) -> Vec<String> {
     let mut out = Vec::new();
@@ -546,6 +599,60 @@ mod tests {
                 None => assert!(found.is_empty(), "{what}: {found:?}"),
                 Some(text) => assert!(found.iter().any(|v| v.contains(text)), "{what}: {found:?}"),
             }
+        }
+    }
+
+    /// Each way the published capacity can be wrong is named; the right
+    /// one passes.
+    #[test]
+    fn capacity_objects_must_show_the_drivers_capacity() {
+        let classes = ["wffc-a".to_owned(), "wffc-b".to_owned()];
+        let object = |name: &str, class: &str, bytes: u64| CapacityFact {
+            name: name.to_owned(),
+            class: class.to_owned(),
+            capacity: Some(bytes),
+            maximum: Some(bytes),
+        };
+        let good = vec![object("x", "wffc-a", 100), object("y", "wffc-b", 100)];
+        assert_eq!(
+            capacity_violations(&good, &classes, 100),
+            Vec::<String>::new()
+        );
+        let stale_maximum = {
+            let mut objects = good.clone();
+            objects[1].maximum = Some(200);
+            objects
+        };
+        let cases: [(&str, Vec<CapacityFact>); 5] = [
+            (
+                "stale",
+                vec![object("x", "wffc-a", 100), object("y", "wffc-b", 99)],
+            ),
+            ("stale", stale_maximum),
+            ("lost", vec![object("x", "wffc-a", 100)]),
+            (
+                "duplicated",
+                vec![
+                    object("x", "wffc-a", 100),
+                    object("y", "wffc-b", 100),
+                    object("z", "wffc-b", 100),
+                ],
+            ),
+            (
+                "needs none",
+                vec![
+                    object("x", "wffc-a", 100),
+                    object("y", "wffc-b", 100),
+                    object("i", "immediate", 100),
+                ],
+            ),
+        ];
+        for (want, objects) in cases {
+            let found = capacity_violations(&objects, &classes, 100);
+            assert!(
+                found.iter().any(|v| v.contains(want)),
+                "want {want:?}, got {found:?}"
+            );
         }
     }
 

@@ -126,21 +126,27 @@ pub enum Fault {
     TermLeader {
         down_ms: u64,
     },
-    /// The next `count` calls of `method` fail with gRPC `code`.
+    /// The next `count` calls of `method` fail with gRPC `code`. On
+    /// `Probe`: every call fails for `count` rounds of `/healthz` requests
+    /// to each replica (the runner's own, see `Run::probe_fault` in
+    /// `tests/chaos.rs`), then none.
     DriverError {
         method: &'static str,
         code: &'static str,
         count: u32,
     },
     /// The next `count` calls of `method` take `delay_ms` (beyond the
-    /// sidecar's `--timeout`) and then succeed in the backend.
+    /// sidecar's `--timeout`, and beyond the 1 s `/healthz` gives `Probe`)
+    /// and then succeed in the backend. On `Probe`: every call, for `count`
+    /// rounds of `/healthz`, as `DriverError`.
     DriverSlow {
         method: &'static str,
         delay_ms: u64,
         count: u32,
     },
-    /// The next call of `method` changes the backend and the driver exits
-    /// before replying; it is restarted after `down_ms`.
+    /// The next call of `method` changes the backend (if the call changes
+    /// anything) and the driver exits before replying; it is restarted
+    /// after `down_ms`.
     DriverExit {
         method: &'static str,
         down_ms: u64,
@@ -239,6 +245,13 @@ pub struct Plan {
     pub backend: Backend,
     /// 1, or 2 with leader election.
     pub replicas: usize,
+    /// Capacity tracking on (`--enable-capacity`, the driver with a
+    /// capacity pool): the sidecar calls `GetCapacity`, and once quiet its
+    /// CSIStorageCapacity objects must show the driver's capacity.
+    pub capacity: bool,
+    /// The driver call outside the volumes' that this seed faults
+    /// ([`FOCUS_METHODS`]), once with each kind of driver fault.
+    pub focus: &'static str,
     pub steps: Vec<Step>,
 }
 
@@ -329,6 +342,9 @@ pub enum AimedAt {
     FirstProvisioning,
     /// A re-watch of every cache: the plan ends every watch right after.
     Rewatch,
+    /// A sidecar's start-up (`GetPluginInfo` and the capability calls are
+    /// made then only): the plan restarts the leader right after.
+    Restart,
 }
 
 impl Fault {
@@ -338,7 +354,11 @@ impl Fault {
             | Fault::DriverSlow { method, .. }
             | Fault::DriverExit { method, .. } => match *method {
                 "DeleteVolume" => AimedAt::Deletion,
-                _ => AimedAt::Provisioning,
+                "CreateVolume" => AimedAt::Provisioning,
+                // Probe: the runner's /healthz requests, in the fault's own
+                // step; GetCapacity: polled every second.
+                "Probe" | "GetCapacity" => AimedAt::Anything,
+                _ => AimedAt::Restart,
             },
             Fault::Api { verb, resource, .. } => match (verb, *resource) {
                 (ApiVerb::Watch, _) => AimedAt::Rewatch,
@@ -366,7 +386,7 @@ pub fn latency_rule(resource: Option<&str>) -> String {
 /// Every rule a plan against `backend` may hold.
 pub fn rules(backend: Backend) -> Vec<String> {
     let mut rules = Vec::new();
-    for method in DRIVER_METHODS {
+    for method in VOLUME_METHODS.iter().chain(&FOCUS_METHODS) {
         for kind in ["DriverError", "DriverSlow", "DriverExit"] {
             rules.push(format!("{kind} {method}"));
         }
@@ -395,13 +415,35 @@ pub fn rules(backend: Backend) -> Vec<String> {
     rules
 }
 
-/// The driver calls that faults hit: those the sidecar makes once started.
-/// `GetPluginInfo`, `GetPluginCapabilities` and `ControllerGetCapabilities`
-/// are asked once, at start-up (`Driver::discover`); `Probe` at start-up
-/// and then only by `/healthz` (no `--http-endpoint` in a chaos run);
-/// `GetCapacity` only with capacity tracking or a capacity check, which a
-/// chaos run does not enable. A fault on any of them could never fire.
-const DRIVER_METHODS: [&str; 2] = ["CreateVolume", "DeleteVolume"];
+/// The driver calls of the workload's claims, faulted in every seed (aimed
+/// at a provisioning or a deletion).
+const VOLUME_METHODS: [&str; 2] = ["CreateVolume", "DeleteVolume"];
+
+/// The sidecar's other driver calls, each faulted (once with each kind of
+/// fault) in every fifth seed, its focus: seeds 1 to 5 of either backend
+/// plan every rule. `Probe` is called at start-up and by `/healthz` (every
+/// replica serves `--http-endpoint`, which the runner polls while a Probe
+/// fault lasts); `GetCapacity` with capacity tracking, which a seed of
+/// that focus turns on; `GetPluginInfo` and the capability calls at
+/// start-up only (`Driver::discover` in `src/csi/driver.rs`): the plan
+/// restarts the leader right after such a fault.
+pub const FOCUS_METHODS: [&str; 5] = [
+    "Probe",
+    "GetCapacity",
+    "GetPluginInfo",
+    "GetPluginCapabilities",
+    "ControllerGetCapabilities",
+];
+
+/// The calls a sidecar makes before it works, whose failure (as the Go
+/// image's) ends it: `Probe` with a code that waiting cannot fix, any
+/// failure of the others.
+pub const STARTUP_METHODS: [&str; 4] = [
+    "Probe",
+    "GetPluginInfo",
+    "GetPluginCapabilities",
+    "ControllerGetCapabilities",
+];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ClaimState {
@@ -413,17 +455,35 @@ enum ClaimState {
 pub fn plan(seed: u64, backend: Backend) -> Plan {
     let mut rng = Rng::new(seed);
     let replicas = if rng.chance(30) { 2 } else { 1 };
+    let focus = FOCUS_METHODS[(seed % FOCUS_METHODS.len() as u64) as usize];
+    let capacity = focus == "GetCapacity" || rng.chance(40);
     let mut claims: Vec<ClaimState> = Vec::new();
     let mut pods = std::collections::BTreeSet::new();
     // Set index → alive.
     let mut sets: Vec<bool> = Vec::new();
     let mut steps = Vec::new();
     let length = rng.between(14, 26);
-    for _ in 0..length {
+    // The steps (by index) that fault the focus, and the kind of each.
+    let mut focus_at = std::collections::BTreeMap::new();
+    while focus_at.len() < 3 {
+        let at = rng.below(length);
+        if !focus_at.contains_key(&at) {
+            focus_at.insert(at, focus_at.len() as u64);
+        }
+    }
+    for index in 0..length {
         let live: Vec<usize> = (0..claims.len())
             .filter(|&i| matches!(claims[i], ClaimState::Live(_)))
             .collect();
-        let roll = rng.below(100);
+        // A step of the focus is a fault step with that fault.
+        let focus_fault = focus_at
+            .get(&index)
+            .map(|&kind| driver_fault(&mut rng, kind, focus));
+        let roll = if focus_fault.is_some() {
+            68
+        } else {
+            rng.below(100)
+        };
         let step = match roll {
             0..=34 => {
                 let class = rng.pick(&Class::ALL);
@@ -490,67 +550,19 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
                 }
             }
             68..=89 => {
-                let fault = fault(&mut rng, backend, replicas);
-                let aimed_at = fault.aimed_at();
-                if aimed_at == AimedAt::Deletion {
-                    // A claim of a Delete class not in use (one made for it
-                    // when there is none, given time to be bound first).
-                    let deletable: Vec<usize> = live
-                        .iter()
-                        .copied()
-                        .filter(|c| {
-                            !pods.contains(c)
-                                && matches!(claims[*c], ClaimState::Live(class) if class.reclaim == Reclaim::Delete)
-                        })
-                        .collect();
-                    let claim = if deletable.is_empty() {
-                        let class = Class::new(Binding::Immediate, Reclaim::Delete);
-                        claims.push(ClaimState::Live(class));
-                        steps.push(Step::CreateClaim {
-                            claim: claims.len() - 1,
-                            class,
-                        });
-                        steps.push(Step::Pause {
-                            ms: rng.between(300, 800),
-                        });
-                        claims.len() - 1
-                    } else {
-                        rng.pick(&deletable)
-                    };
-                    claims[claim] = ClaimState::Gone;
-                    steps.push(Step::Fault(fault));
-                    steps.push(Step::Pause {
-                        ms: rng.between(200, 600),
-                    });
-                    Step::DeleteBoundClaim { claim }
-                } else if aimed_at == AimedAt::Anything {
-                    Step::Fault(fault)
-                } else if aimed_at == AimedAt::Rewatch {
-                    steps.push(Step::Fault(fault));
-                    Step::Fault(Fault::CloseWatches)
-                } else {
-                    steps.push(Step::Fault(fault));
-                    if aimed_at == AimedAt::FirstProvisioning {
-                        let down_ms = rng.between(0, 500);
-                        steps.push(Step::Fault(if replicas == 2 {
-                            Fault::TermLeader { down_ms }
-                        } else {
-                            Fault::TermSidecar {
-                                replica: 0,
-                                down_ms,
-                            }
-                        }));
-                    }
-                    steps.push(Step::Pause {
-                        ms: rng.between(20, 300),
-                    });
-                    let class = rng.pick(&Class::ALL);
-                    claims.push(ClaimState::Live(class));
-                    Step::CreateClaim {
-                        claim: claims.len() - 1,
-                        class,
-                    }
-                }
+                let fault = match focus_fault {
+                    Some(fault) => fault,
+                    None => fault(&mut rng, backend, replicas),
+                };
+                aim(
+                    fault,
+                    &mut rng,
+                    replicas,
+                    &mut claims,
+                    &live,
+                    &pods,
+                    &mut steps,
+                )
             }
             _ => Step::Pause {
                 ms: rng.between(100, 800),
@@ -570,27 +582,131 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
         seed,
         backend,
         replicas,
+        capacity,
+        focus,
         steps,
     }
 }
 
-fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
-    let driver_method = |rng: &mut Rng| rng.pick(&DRIVER_METHODS);
-    match rng.below(11) {
-        0 | 1 => Fault::DriverError {
-            method: driver_method(rng),
+/// The steps that bring `fault` what it is aimed at: pushed to `steps`,
+/// but for the last, which is returned.
+fn aim(
+    fault: Fault,
+    rng: &mut Rng,
+    replicas: usize,
+    claims: &mut Vec<ClaimState>,
+    live: &[usize],
+    pods: &std::collections::BTreeSet<usize>,
+    steps: &mut Vec<Step>,
+) -> Step {
+    let aimed_at = fault.aimed_at();
+    match aimed_at {
+        AimedAt::Deletion => {
+            // A claim of a Delete class not in use (one made for it when
+            // there is none, given time to be bound first).
+            let deletable: Vec<usize> = live
+                .iter()
+                .copied()
+                .filter(|c| {
+                    !pods.contains(c)
+                        && matches!(claims[*c], ClaimState::Live(class) if class.reclaim == Reclaim::Delete)
+                })
+                .collect();
+            let claim = if deletable.is_empty() {
+                let class = Class::new(Binding::Immediate, Reclaim::Delete);
+                claims.push(ClaimState::Live(class));
+                steps.push(Step::CreateClaim {
+                    claim: claims.len() - 1,
+                    class,
+                });
+                steps.push(Step::Pause {
+                    ms: rng.between(300, 800),
+                });
+                claims.len() - 1
+            } else {
+                rng.pick(&deletable)
+            };
+            claims[claim] = ClaimState::Gone;
+            steps.push(Step::Fault(fault));
+            steps.push(Step::Pause {
+                ms: rng.between(200, 600),
+            });
+            Step::DeleteBoundClaim { claim }
+        }
+        AimedAt::Anything => Step::Fault(fault),
+        AimedAt::Rewatch => {
+            steps.push(Step::Fault(fault));
+            Step::Fault(Fault::CloseWatches)
+        }
+        AimedAt::Restart => {
+            steps.push(Step::Fault(fault));
+            let down_ms = rng.between(0, 500);
+            let term = rng.chance(50);
+            Step::Fault(match (replicas, term) {
+                (2, false) => Fault::KillLeader { down_ms },
+                (2, true) => Fault::TermLeader { down_ms },
+                (_, false) => Fault::KillSidecar {
+                    replica: 0,
+                    down_ms,
+                },
+                (_, true) => Fault::TermSidecar {
+                    replica: 0,
+                    down_ms,
+                },
+            })
+        }
+        AimedAt::Provisioning | AimedAt::FirstProvisioning => {
+            steps.push(Step::Fault(fault));
+            if aimed_at == AimedAt::FirstProvisioning {
+                let down_ms = rng.between(0, 500);
+                steps.push(Step::Fault(if replicas == 2 {
+                    Fault::TermLeader { down_ms }
+                } else {
+                    Fault::TermSidecar {
+                        replica: 0,
+                        down_ms,
+                    }
+                }));
+            }
+            steps.push(Step::Pause {
+                ms: rng.between(20, 300),
+            });
+            let class = rng.pick(&Class::ALL);
+            claims.push(ClaimState::Live(class));
+            Step::CreateClaim {
+                claim: claims.len() - 1,
+                class,
+            }
+        }
+    }
+}
+
+/// A driver fault of `kind` (0: error, 1: slowness, 2: exit) on `method`.
+fn driver_fault(rng: &mut Rng, kind: u64, method: &'static str) -> Fault {
+    match kind {
+        0 => Fault::DriverError {
+            method,
             code: rng.pick(GRPC_CODES).1,
             count: rng.between(1, 3) as u32,
         },
-        2 => Fault::DriverSlow {
-            method: driver_method(rng),
+        1 => Fault::DriverSlow {
+            method,
             delay_ms: rng.between(SIDECAR_TIMEOUT_MS + 200, SIDECAR_TIMEOUT_MS * 3),
             count: rng.between(1, 2) as u32,
         },
-        3 => Fault::DriverExit {
-            method: driver_method(rng),
+        _ => Fault::DriverExit {
+            method,
             down_ms: rng.between(0, 500),
         },
+    }
+}
+
+fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
+    match rng.below(11) {
+        kind @ 0..=3 => {
+            let method = rng.pick(&VOLUME_METHODS);
+            driver_fault(rng, kind.saturating_sub(1), method)
+        }
         4 if replicas == 2 => Fault::KillLeader {
             down_ms: rng.between(0, 1500),
         },
@@ -774,6 +890,15 @@ mod tests {
                     AimedAt::Rewatch => {
                         matches!(steps.get(i + 1), Some(Step::Fault(Fault::CloseWatches)))
                     }
+                    AimedAt::Restart => matches!(
+                        steps.get(i + 1),
+                        Some(Step::Fault(
+                            Fault::KillSidecar { .. }
+                                | Fault::KillLeader { .. }
+                                | Fault::TermSidecar { .. }
+                                | Fault::TermLeader { .. }
+                        ))
+                    ),
                     AimedAt::Deletion => matches!(next, Some(Step::DeleteBoundClaim { .. })),
                     AimedAt::Provisioning | AimedAt::FirstProvisioning => {
                         matches!(next, Some(Step::CreateClaim { .. }))
@@ -782,6 +907,72 @@ mod tests {
                 assert!(followed, "seed {seed}: {fault:?} then {next:?}");
             }
         }
+    }
+
+    /// Every seed faults its focus call once with each kind of driver
+    /// fault, and seeds 1 to 5 (of the real cluster's sample, the
+    /// smallest) together plan every rule of every focus call.
+    #[test]
+    fn every_seed_faults_its_focus_and_five_seeds_cover_every_call() {
+        for backend in [Backend::TestServer, Backend::Real] {
+            let mut planned = std::collections::BTreeSet::new();
+            for seed in 0..300 {
+                let plan = plan(seed, backend);
+                let mut kinds = std::collections::BTreeSet::new();
+                for step in &plan.steps {
+                    if let Step::Fault(fault) = step {
+                        let rule = fault.rule();
+                        if let Some((kind, method)) = rule.split_once(' ')
+                            && method == plan.focus
+                        {
+                            kinds.insert(kind.to_owned());
+                        }
+                        if (1..=5).contains(&seed) {
+                            planned.insert(rule);
+                        }
+                    }
+                }
+                assert_eq!(kinds.len(), 3, "seed {seed}: {kinds:?}");
+            }
+            for method in FOCUS_METHODS {
+                for kind in ["DriverError", "DriverSlow", "DriverExit"] {
+                    let rule = format!("{kind} {method}");
+                    assert!(planned.contains(&rule), "{backend:?}: {rule} not planned");
+                }
+            }
+        }
+    }
+
+    /// `GetCapacity` is only called with capacity tracking: a fault on it
+    /// in a seed without would never fire.
+    #[test]
+    fn capacity_faults_only_strike_seeds_that_track_capacity() {
+        let mut tracked = 0;
+        for seed in 0..500 {
+            let plan = plan(seed, Backend::TestServer);
+            tracked += u32::from(plan.capacity);
+            for step in &plan.steps {
+                if let Step::Fault(
+                    fault @ (Fault::DriverError {
+                        method: "GetCapacity",
+                        ..
+                    }
+                    | Fault::DriverSlow {
+                        method: "GetCapacity",
+                        ..
+                    }
+                    | Fault::DriverExit {
+                        method: "GetCapacity",
+                        ..
+                    }),
+                ) = step
+                {
+                    assert!(plan.capacity, "seed {seed}: {fault:?}");
+                }
+            }
+        }
+        // And some seeds track it without a fault on it.
+        assert!(tracked > 150, "{tracked} of 500 seeds track capacity");
     }
 
     /// A watch's start answers 500, 429 or 410 (each planned), a write 409,

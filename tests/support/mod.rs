@@ -1233,6 +1233,30 @@ impl Env {
             .collect()
     }
 
+    /// The CSIStorageCapacity objects of this test's driver (labelled
+    /// with its name) in its namespace.
+    pub async fn capacities(
+        &self,
+    ) -> Result<Vec<k8s_openapi::api::storage::v1::CSIStorageCapacity>, kube::Error> {
+        let objects = Api::<k8s_openapi::api::storage::v1::CSIStorageCapacity>::namespaced(
+            self.client.clone(),
+            &self.ns,
+        )
+        .list(&Default::default())
+        .await?
+        .items;
+        Ok(objects
+            .into_iter()
+            .filter(|o| {
+                o.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("csi.storage.k8s.io/drivername"))
+                    .is_some_and(|d| *d == self.driver_name)
+            })
+            .collect())
+    }
+
     fn is_ours(&self, pv: &PersistentVolume) -> bool {
         let spec = pv.spec.as_ref();
         spec.and_then(|s| s.csi.as_ref())
