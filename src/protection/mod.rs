@@ -11,7 +11,7 @@
 //!   askers) confirms, because a pod created just before the deletion may
 //!   not be in the cache yet.
 //!
-//! Decisions are pure ([`verdict`]); [`worker`] reads the caches, writes JSON
+//! Decisions are pure ([`decide`]); [`worker`] reads the caches, writes JSON
 //! patches that `test` the finalizer list they change (a stale cache cannot
 //! clobber a newer list) and requeues with backoff on conflicts. The
 //! controller-manager may run the same logic on the same claims: the

@@ -1,5 +1,5 @@
 //! The claim worker: reads one claim and what it depends on from the caches,
-//! asks [`verdict`](super::decide) and writes the result.
+//! asks [`decide`](super::decide) and writes the result.
 
 use std::sync::Arc;
 

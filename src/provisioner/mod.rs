@@ -553,7 +553,7 @@ impl Context {
     }
 
     /// Writes the journal's removals still waiting for their lazy write
-    /// (see [`Journal::flush`]); for a graceful shutdown, after
+    /// (see [`journal::Journal::flush`]); for a graceful shutdown, after
     /// [`drained`](Self::drained). Without it an entry whose PV was saved
     /// in the last seconds stays in the journal and every later start
     /// replays it (docs/design.md, hazard 14).

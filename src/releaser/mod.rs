@@ -13,7 +13,7 @@
 //! events `Released` / `ErrReleasePV` on the PV. A PV with reclaim policy
 //! Delete is never released: the provisioner is deleting it.
 //!
-//! Decisions are pure ([`verdict`]); [`worker`] reads the caches and writes.
+//! Decisions are pure ([`decide`]); [`worker`] reads the caches and writes.
 //! A managed claim deleted before its PV was labelled (a pod that finished
 //! at once; a slow or retried association) still counts: the last state of
 //! such a claim is kept per PV ([`Releaser::departed`]) until the PV is

@@ -1,5 +1,5 @@
 //! The PV worker: reads one PV, its class and its claim from the caches,
-//! asks [`verdict`](super::decide) and writes the result.
+//! asks [`decide`](super::decide) and writes the result.
 
 use std::sync::Arc;
 
