@@ -120,10 +120,12 @@ pub trait Cached: Clone + std::fmt::Debug + Send + Sync + 'static {
     fn cached_meta(&self) -> &Meta;
 }
 
-/// A [`Cached`] projection as the API client reads it: `kube::Api` and its
-/// watcher need an `ObjectMeta`, of which they read the identity and the
-/// resourceVersion. That copy lives only until the object reaches a cache
-/// (`From<Wire<S>>` hands out the projection alone).
+/// A [`Cached`] projection as the API client reads it. `kube::Api`, its
+/// watcher and generic code over `kube::Resource` (a finalizer edit, a
+/// patch) read and change the object's `ObjectMeta`, so a `Wire` carries
+/// the projection's whole [`Meta`] as one, and serializes the projection
+/// with that metadata. The copy lives only until the object reaches a
+/// cache (`From<Wire<S>>` hands out the projection alone).
 #[derive(Clone, Debug)]
 pub struct Wire<S> {
     metadata: ObjectMeta,
@@ -132,15 +134,8 @@ pub struct Wire<S> {
 
 impl<S: Cached> Wire<S> {
     pub fn new(object: S) -> Self {
-        let meta = object.cached_meta();
         Wire {
-            metadata: ObjectMeta {
-                name: meta.name.clone(),
-                namespace: meta.namespace.clone(),
-                uid: meta.uid.clone(),
-                resource_version: meta.resource_version.clone(),
-                ..ObjectMeta::default()
-            },
+            metadata: object.cached_meta().to_object_meta(),
             object,
         }
     }
@@ -154,7 +149,15 @@ impl<'de, S: Cached + serde::Deserialize<'de>> serde::Deserialize<'de> for Wire<
 
 impl<S: serde::Serialize> serde::Serialize for Wire<S> {
     fn serialize<Ser: serde::Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
-        self.object.serialize(s)
+        use serde::ser::Error as _;
+        let mut value = serde_json::to_value(&self.object).map_err(Ser::Error::custom)?;
+        if let Some(fields) = value.as_object_mut() {
+            fields.insert(
+                "metadata".to_owned(),
+                serde_json::to_value(&self.metadata).map_err(Ser::Error::custom)?,
+            );
+        }
+        value.serialize(s)
     }
 }
 

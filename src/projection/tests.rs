@@ -443,3 +443,36 @@ fn the_maps_of_volumes_and_claims_are_compact() {
         size_of::<Meta>() < size_of::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>()
     );
 }
+
+#[test]
+fn a_wire_object_shows_generic_code_the_whole_metadata() {
+    // Generic code over `kube::Resource` (the clone-source finalizer edit in
+    // src/provisioner/claims.rs) reads finalizers through `meta()`: an
+    // identity-only copy made it see none, so a removal did nothing and an
+    // addition dropped the others.
+    use kube::{Resource, ResourceExt};
+    let mut wire: Wire<PersistentVolumeClaim> = serde_json::from_value(json!({
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+            "finalizers": ["kubernetes.io/pvc-protection", "example.com/other"],
+            "labels": {"app": "a"}, "annotations": {"k": "v"}},
+        "spec": {"storageClassName": "fast"},
+    }))
+    .expect("decodes");
+    assert_eq!(
+        wire.finalizers(),
+        ["kubernetes.io/pvc-protection", "example.com/other"]
+    );
+    assert_eq!(wire.labels().get("app").map(String::as_str), Some("a"));
+    assert_eq!(wire.annotations().get("k").map(String::as_str), Some("v"));
+    assert_eq!(wire.resource_version().as_deref(), Some("7"));
+    // A change through meta_mut is what is written.
+    wire.meta_mut().finalizers = Some(vec!["kubernetes.io/pvc-protection".to_owned()]);
+    let written = serde_json::to_value(&wire).expect("json");
+    assert_eq!(
+        written["metadata"]["finalizers"],
+        json!(["kubernetes.io/pvc-protection"])
+    );
+    assert_eq!(written["spec"]["storageClassName"], "fast");
+    let cached = PersistentVolumeClaim::from(wire);
+    assert_eq!(cached.metadata.name.as_deref(), Some("c"));
+}
