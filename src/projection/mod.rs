@@ -22,8 +22,9 @@
 //! tighter (a heap profile of 10,000 of our own pairs found their
 //! `BTreeMap` nodes and `ObjectMeta`s the largest costs): their metadata is a
 //! [`Meta`] and every string map a [`Map`] of exactly its entries. They are
-//! read from the API as a [`Wire`] (the projection plus the identity the
-//! watcher needs), and events name them through `events::Involved`.
+//! read from the API as a [`Wire`] (the projection plus its metadata as
+//! the `ObjectMeta` that kube and generic code read), and events name them
+//! through `events::Involved`.
 //!
 //! Consequence (as before, with trimmed objects): a cached object is never
 //! written back whole; writes are patches or go through a fresh GET.
