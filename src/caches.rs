@@ -164,37 +164,22 @@ impl Caches {
 
     /// Starts one watch per wanted kind.
     pub fn start(&self, client: &Client) {
-        /// What the API client can read for a cache.
-        trait Readable:
-            kube::Resource<DynamicType = ()>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static
-        {
-        }
-        impl<T> Readable for T where
-            T: kube::Resource<DynamicType = ()>
+        // Cluster-wide for both scopes: `Api::all` lists namespaced kinds
+        // in every namespace.
+        // `W`: the type the API client reads (a projection, or a
+        // `Wire` around one with a `Meta`); `K`: what the cache keeps.
+        fn spawn<W, K>(
+            informer: &Arc<Informer<K>>,
+            client: &Client,
+            resync: Option<std::time::Duration>,
+        ) where
+            W: kube::Resource<DynamicType = ()>
                 + Clone
                 + serde::de::DeserializeOwned
                 + std::fmt::Debug
                 + Send
                 + Sync
-                + 'static
-        {
-        }
-        // Cluster-wide for both scopes: `Api::all` lists namespaced kinds
-        // in every namespace.
-        // `W`: the type the API client reads (a projection, or a
-        // `Wire` around one with a `Meta`); `K`: what the cache keeps.
-        fn spawn_reading<W, K>(
-            informer: &Arc<Informer<K>>,
-            client: &Client,
-            resync: Option<std::time::Duration>,
-        ) where
-            W: Readable,
+                + 'static,
             K: kube::runtime::reflector::Lookup<DynamicType = ()>
                 + From<W>
                 + Clone
@@ -205,13 +190,6 @@ impl Caches {
             let informer = Arc::clone(informer);
             let api: Api<W> = Api::all(client.clone());
             tokio::spawn(async move { informer.run(api, list_watch_config(), resync).await });
-        }
-        fn spawn<K: Readable>(
-            informer: &Arc<Informer<K>>,
-            client: &Client,
-            resync: Option<std::time::Duration>,
-        ) {
-            spawn_reading::<K, K>(informer, client, resync);
         }
         use crate::projection::Wire;
         let wanted = self.wanted();
@@ -227,24 +205,24 @@ impl Caches {
                         if let Some(classes) = classes {
                             classes.wait_until_ready().await;
                         }
-                        spawn_reading::<Wire<_>, _>(&claims, &client, Some(RESYNC_PERIOD));
+                        spawn::<Wire<_>, _>(&claims, &client, Some(RESYNC_PERIOD));
                     });
                 }
-                Kind::Claims => {
-                    spawn_reading::<Wire<_>, _>(&self.claims, client, Some(RESYNC_PERIOD))
+                Kind::Claims => spawn::<Wire<_>, _>(&self.claims, client, Some(RESYNC_PERIOD)),
+                Kind::Volumes => spawn::<Wire<_>, _>(&self.volumes, client, Some(RESYNC_PERIOD)),
+                Kind::Classes => spawn::<StorageClass, _>(&self.classes, client, None),
+                Kind::Nodes => spawn::<Node, _>(&self.nodes, client, None),
+                Kind::CsiNodes => spawn::<CSINode, _>(&self.csi_nodes, client, None),
+                Kind::AttributesClasses => {
+                    spawn::<VolumeAttributesClass, _>(&self.attributes_classes, client, None)
                 }
-                Kind::Volumes => {
-                    spawn_reading::<Wire<_>, _>(&self.volumes, client, Some(RESYNC_PERIOD))
+                Kind::Attachments => spawn::<VolumeAttachment, _>(&self.attachments, client, None),
+                Kind::Pods => spawn::<Pod, _>(&self.pods, client, None),
+                Kind::StatefulSets => spawn::<StatefulSet, _>(&self.stateful_sets, client, None),
+                Kind::ReferenceGrants => {
+                    spawn::<ReferenceGrant, _>(&self.reference_grants, client, None)
                 }
-                Kind::Classes => spawn(&self.classes, client, None),
-                Kind::Nodes => spawn(&self.nodes, client, None),
-                Kind::CsiNodes => spawn(&self.csi_nodes, client, None),
-                Kind::AttributesClasses => spawn(&self.attributes_classes, client, None),
-                Kind::Attachments => spawn(&self.attachments, client, None),
-                Kind::Pods => spawn(&self.pods, client, None),
-                Kind::StatefulSets => spawn(&self.stateful_sets, client, None),
-                Kind::ReferenceGrants => spawn(&self.reference_grants, client, None),
-                Kind::Jobs => spawn(&self.jobs, client, None),
+                Kind::Jobs => spawn::<Job, _>(&self.jobs, client, None),
             }
         }
     }

@@ -119,15 +119,16 @@ impl<K: Resource<DynamicType = ()>> Involved for K {
 fn cached_reference<S: crate::projection::Cached>(obj: &S) -> ObjectReference {
     use k8s_openapi::Resource as _;
     let meta = obj.cached_meta();
-    ObjectReference {
-        api_version: Some(S::Object::API_VERSION.to_owned()),
-        kind: Some(S::Object::KIND.to_owned()),
-        name: meta.name.clone(),
-        namespace: meta.namespace.clone(),
-        uid: meta.uid.clone(),
-        resource_version: meta.resource_version.clone(),
-        field_path: None,
-    }
+    reference(
+        S::Object::API_VERSION,
+        S::Object::KIND,
+        [
+            &meta.name,
+            &meta.namespace,
+            &meta.uid,
+            &meta.resource_version,
+        ],
+    )
 }
 
 impl Involved for crate::projection::PersistentVolume {
@@ -147,13 +148,30 @@ pub fn object_reference<K>(obj: &K) -> ObjectReference
 where
     K: Resource<DynamicType = ()>,
 {
+    let meta = obj.meta();
+    reference(
+        &K::api_version(&()),
+        &K::kind(&()),
+        [
+            &meta.name,
+            &meta.namespace,
+            &meta.uid,
+            &meta.resource_version,
+        ],
+    )
+}
+
+/// `involvedObject` from the type and the object's name, namespace, uid
+/// and resourceVersion.
+fn reference(api_version: &str, kind: &str, identity: [&Option<String>; 4]) -> ObjectReference {
+    let [name, namespace, uid, resource_version] = identity.map(Clone::clone);
     ObjectReference {
-        api_version: Some(K::api_version(&()).into_owned()),
-        kind: Some(K::kind(&()).into_owned()),
-        name: obj.meta().name.clone(),
-        namespace: obj.meta().namespace.clone(),
-        uid: obj.meta().uid.clone(),
-        resource_version: obj.meta().resource_version.clone(),
+        api_version: Some(api_version.to_owned()),
+        kind: Some(kind.to_owned()),
+        name,
+        namespace,
+        uid,
+        resource_version,
         field_path: None,
     }
 }

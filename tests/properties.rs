@@ -100,12 +100,12 @@ proptest! {
             ("csi.storage.k8s.io/provisioner-secret-name".to_owned(), name),
             ("csi.storage.k8s.io/provisioner-secret-namespace".to_owned(), namespace),
         ]);
-        let annotations = BTreeMap::from([("a".to_owned(), annotation)]);
+        let annotations = csi_provisioner::projection::Map::from([("a".to_owned(), annotation)]);
         let context = TemplateContext {
             pv_name: "pvc-1",
             pvc_name: &pvc_name,
             pvc_namespace: "ns",
-            pvc_annotations: Some(&csi_provisioner::projection::Map::from(annotations.clone())),
+            pvc_annotations: Some(&annotations),
         };
         let _ = resolve_secret_ref(SecretKind::Provisioner, &params, &context);
     }

@@ -179,6 +179,15 @@ impl<'a, V> IntoIterator for &'a Map<V> {
     }
 }
 
+impl<V> IntoIterator for Map<V> {
+    type Item = (String, V);
+    type IntoIter = std::vec::IntoIter<(String, V)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.entries.into_vec().into_iter()
+    }
+}
+
 impl<V: fmt::Debug> fmt::Debug for Map<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.iter()).finish()

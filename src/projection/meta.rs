@@ -57,9 +57,31 @@ impl Meta {
     }
 }
 
+impl Meta {
+    /// The same fields in an `ObjectMeta`, moved (the decoder of the kinds
+    /// that keep an `ObjectMeta` reads a `Meta` first).
+    pub fn into_object_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name,
+            namespace: self.namespace,
+            uid: self.uid,
+            resource_version: self.resource_version,
+            generation: self.generation,
+            creation_timestamp: self.creation_timestamp,
+            deletion_timestamp: self.deletion_timestamp,
+            deletion_grace_period_seconds: self.deletion_grace_period_seconds,
+            labels: self.labels.map(|m| m.into_iter().collect()),
+            annotations: self.annotations.map(|m| m.into_iter().collect()),
+            finalizers: self.finalizers,
+            owner_references: self.owner_references,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
 impl From<ObjectMeta> for Meta {
     /// Keeps every field a `Meta` has (the filtering of labels and
-    /// annotations is the projection's: [`project_meta`]).
+    /// annotations is the projection's: [`project_with_labels`]).
     fn from(meta: ObjectMeta) -> Self {
         Meta {
             name: meta.name,
@@ -196,7 +218,7 @@ fn decode<'de, D: Deserializer<'de>>(
     annotations: fn(&str) -> bool,
     labels: fn(&str) -> bool,
 ) -> Result<ObjectMeta, D::Error> {
-    decode_meta(d, annotations, labels).map(|meta| meta.to_object_meta())
+    decode_meta(d, annotations, labels).map(Meta::into_object_meta)
 }
 
 fn decode_meta<'de, D: Deserializer<'de>>(
@@ -248,15 +270,6 @@ pub(super) fn without_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<Obj
 /// Projects metadata read live the way the caches would keep it.
 pub(super) fn project(meta: &ObjectMeta, annotations: fn(&str) -> bool) -> ObjectMeta {
     project_with_labels(meta, annotations, all_labels)
-}
-
-/// [`project_with_labels`] as a [`Meta`].
-pub(super) fn project_meta(
-    meta: &ObjectMeta,
-    annotations: fn(&str) -> bool,
-    labels: fn(&str) -> bool,
-) -> Meta {
-    project_with_labels(meta, annotations, labels).into()
 }
 
 /// [`project`] with labels filtered by key too.

@@ -134,7 +134,7 @@ pub struct Wire<S> {
 }
 
 impl<S: Cached> Wire<S> {
-    pub fn new(object: S) -> Self {
+    fn new(object: S) -> Self {
         Wire {
             metadata: object.cached_meta().to_object_meta(),
             object,
@@ -241,10 +241,6 @@ macro_rules! cached_as {
             /// As `kube::ResourceExt::finalizers`.
             pub fn finalizers(&self) -> &[String] {
                 self.metadata.finalizers.as_deref().unwrap_or_default()
-            }
-            /// As `kube::ResourceExt::annotations`, `None` for none.
-            pub fn annotation(&self, key: &str) -> Option<&String> {
-                self.metadata.annotations.as_ref()?.get(key)
             }
         }
     };

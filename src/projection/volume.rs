@@ -186,11 +186,12 @@ impl Projection for PersistentVolume {
 
     fn project(pv: &k8s::PersistentVolume) -> Self {
         PersistentVolume {
-            metadata: meta::project_meta(
+            metadata: meta::project_with_labels(
                 &pv.metadata,
                 meta::all_but_last_applied,
                 meta::volume_labels,
-            ),
+            )
+            .into(),
             spec: pv.spec.as_ref().map(|s| {
                 spec_fields!(
                     s,

@@ -880,7 +880,7 @@ fn patches_touch_only_owner_references_and_are_guarded() {
 #[test]
 fn label_selectors_match_as_in_kubernetes() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-    let labels: std::collections::BTreeMap<String, String> = [
+    let labels: crate::projection::Map = [
         ("app".to_owned(), "web".to_owned()),
         ("tier".to_owned(), "db".to_owned()),
     ]
@@ -925,10 +925,7 @@ fn label_selectors_match_as_in_kubernetes() {
     ];
     for (selector, want) in cases {
         assert_eq!(
-            selector_matches(
-                &selector,
-                Some(&crate::projection::Map::from(labels.clone()))
-            ),
+            selector_matches(&selector, Some(&labels)),
             want,
             "{selector:?}"
         );
