@@ -123,10 +123,10 @@ fn cached_reference<S: crate::projection::Cached>(obj: &S) -> ObjectReference {
         S::Object::API_VERSION,
         S::Object::KIND,
         [
-            &meta.name,
-            &meta.namespace,
-            &meta.uid,
-            &meta.resource_version,
+            meta.name.as_deref(),
+            meta.namespace.as_deref(),
+            meta.uid.as_deref(),
+            meta.resource_version.as_deref(),
         ],
     )
 }
@@ -153,18 +153,18 @@ where
         &K::api_version(&()),
         &K::kind(&()),
         [
-            &meta.name,
-            &meta.namespace,
-            &meta.uid,
-            &meta.resource_version,
+            meta.name.as_deref(),
+            meta.namespace.as_deref(),
+            meta.uid.as_deref(),
+            meta.resource_version.as_deref(),
         ],
     )
 }
 
 /// `involvedObject` from the type and the object's name, namespace, uid
 /// and resourceVersion.
-fn reference(api_version: &str, kind: &str, identity: [&Option<String>; 4]) -> ObjectReference {
-    let [name, namespace, uid, resource_version] = identity.map(Clone::clone);
+fn reference(api_version: &str, kind: &str, identity: [Option<&str>; 4]) -> ObjectReference {
+    let [name, namespace, uid, resource_version] = identity.map(|field| field.map(str::to_owned));
     ObjectReference {
         api_version: Some(api_version.to_owned()),
         kind: Some(kind.to_owned()),

@@ -1,4 +1,5 @@
 use crate::projection::Job;
+use crate::projection::Shared;
 use crate::projection::StorageClass;
 use crate::projection::{PersistentVolume, PersistentVolumeClaim, Pod};
 use serde_json::json;
@@ -23,7 +24,7 @@ fn other_class() -> StorageClass {
 fn unannotated(class_name: Option<&str>) -> PersistentVolumeClaim {
     let mut claim = claim();
     claim.metadata.annotations = None;
-    claim_spec(&mut claim).storage_class_name = class_name.map(str::to_owned);
+    claim_spec(&mut claim).storage_class_name = class_name.map(Shared::from);
     claim
 }
 
@@ -40,7 +41,7 @@ fn annotated_for(provisioner: &str, class_name: &str) -> PersistentVolumeClaim {
 fn other_volume() -> PersistentVolume {
     let mut pv = source_volume();
     if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
-        csi.driver = OTHER.to_owned();
+        csi.driver = OTHER.into();
     }
     pv
 }
@@ -141,7 +142,7 @@ fn a_claim_bound_to_our_volume_is_kept_whatever_its_class() {
     let config = config();
     let mut claim = source_claim();
     claim.metadata.annotations = None;
-    claim_spec(&mut claim).storage_class_name = Some("other".to_owned());
+    claim_spec(&mut claim).storage_class_name = Some("other".into());
     assert!(keep_claim(
         &claim,
         Some(&other_class()),

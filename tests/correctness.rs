@@ -321,7 +321,7 @@ async fn the_finalizer_is_never_removed_from_a_pv_that_replaced_ours() {
     env.api().create_object(pv("second")).expect("new pv");
     // The patch our deletion path sends for the first PV.
     let patch = csi_provisioner::provisioner::volumes::finalizer_removal_patch(
-        &[support::FINALIZER.to_owned()],
+        &[support::FINALIZER.into()],
         &first_uid,
     )
     .expect("a patch");

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::projection::{PersistentVolumeClaim, Volume};
+use crate::projection::{PersistentVolumeClaim, Shared, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::wellknown::LABEL_PVC_MANAGED_BY;
@@ -245,7 +245,7 @@ fn claim_for(
 ) -> PersistentVolumeClaim {
     let meta = &mut claim.metadata;
     meta.name = Some(claim_name.to_owned());
-    meta.namespace = Some(claimant.namespace.to_owned());
+    meta.namespace = Some(claimant.namespace.into());
     meta.resource_version = None;
     meta.uid = None;
     meta.owner_references = Some(vec![OwnerReference {
@@ -282,11 +282,11 @@ pub struct ClaimedBy {
 /// without our managed-by label, whatever its other labels say).
 pub fn claimed_by(claim: &PersistentVolumeClaim, controller_id: &str) -> Option<ClaimedBy> {
     let labels = claim.metadata.labels.as_ref()?;
-    if labels.get(LABEL_PVC_MANAGED_BY).map(String::as_str) != Some(controller_id) {
+    if labels.get(LABEL_PVC_MANAGED_BY).map(Shared::as_str) != Some(controller_id) {
         return None;
     }
-    let name = labels.get(LABEL_CLAIMED_BY)?.clone();
-    let kind = OwnerKind::of_label(labels.get(LABEL_CLAIMED_BY_KIND).map(String::as_str))?;
+    let name = labels.get(LABEL_CLAIMED_BY)?.to_string();
+    let kind = OwnerKind::of_label(labels.get(LABEL_CLAIMED_BY_KIND).map(Shared::as_str))?;
     let uid = claim
         .metadata
         .owner_references
@@ -296,7 +296,7 @@ pub fn claimed_by(claim: &PersistentVolumeClaim, controller_id: &str) -> Option<
         .map(|r| r.uid.clone());
     Some(ClaimedBy {
         kind,
-        namespace: claim.metadata.namespace.clone()?,
+        namespace: claim.metadata.namespace.as_ref()?.to_string(),
         name,
         uid,
     })

@@ -7,7 +7,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::{Deserialize, Serialize};
 
-use super::{Map, Meta, Projection, cached_as, meta};
+use super::shared::{convert, convert_all};
+use super::{Map, Meta, Projection, Shared, cached_as, meta};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct PersistentVolumeClaim {
@@ -25,7 +26,7 @@ pub struct PersistentVolumeClaim {
 #[serde(rename_all = "camelCase", default)]
 pub struct PersistentVolumeClaimSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub access_modes: Option<Vec<String>>,
+    pub access_modes: Option<Vec<Shared>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_source: Option<Box<k8s::TypedLocalObjectReference>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -35,11 +36,11 @@ pub struct PersistentVolumeClaimSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selector: Option<Box<LabelSelector>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub storage_class_name: Option<String>,
+    pub storage_class_name: Option<Shared>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub volume_attributes_class_name: Option<String>,
+    pub volume_attributes_class_name: Option<Shared>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub volume_mode: Option<String>,
+    pub volume_mode: Option<Shared>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub volume_name: Option<String>,
 }
@@ -57,7 +58,7 @@ impl PersistentVolumeClaimSpec {
     /// The full API type.
     pub fn to_object(&self) -> k8s::PersistentVolumeClaimSpec {
         k8s::PersistentVolumeClaimSpec {
-            access_modes: self.access_modes.clone(),
+            access_modes: convert_all(&self.access_modes),
             data_source: self.data_source.as_deref().cloned(),
             data_source_ref: self.data_source_ref.as_deref().cloned(),
             resources: self
@@ -68,9 +69,9 @@ impl PersistentVolumeClaimSpec {
                     requests: r.requests.as_ref().map(Map::to_btree),
                 }),
             selector: self.selector.as_deref().cloned(),
-            storage_class_name: self.storage_class_name.clone(),
-            volume_attributes_class_name: self.volume_attributes_class_name.clone(),
-            volume_mode: self.volume_mode.clone(),
+            storage_class_name: convert(&self.storage_class_name),
+            volume_attributes_class_name: convert(&self.volume_attributes_class_name),
+            volume_mode: convert(&self.volume_mode),
             volume_name: self.volume_name.clone(),
         }
     }
@@ -78,7 +79,7 @@ impl PersistentVolumeClaimSpec {
     /// What the cache keeps of a full spec.
     pub fn project(spec: &k8s::PersistentVolumeClaimSpec) -> Self {
         PersistentVolumeClaimSpec {
-            access_modes: spec.access_modes.clone(),
+            access_modes: convert_all(&spec.access_modes),
             data_source: spec.data_source.clone().map(Box::new),
             data_source_ref: spec.data_source_ref.clone().map(Box::new),
             resources: spec.resources.as_ref().map(|r| VolumeResourceRequirements {
@@ -86,9 +87,9 @@ impl PersistentVolumeClaimSpec {
                 requests: r.requests.as_ref().map(Map::from),
             }),
             selector: spec.selector.clone().map(Box::new),
-            storage_class_name: spec.storage_class_name.clone(),
-            volume_attributes_class_name: spec.volume_attributes_class_name.clone(),
-            volume_mode: spec.volume_mode.clone(),
+            storage_class_name: convert(&spec.storage_class_name),
+            volume_attributes_class_name: convert(&spec.volume_attributes_class_name),
+            volume_mode: convert(&spec.volume_mode),
             volume_name: spec.volume_name.clone(),
         }
     }
@@ -98,7 +99,7 @@ impl PersistentVolumeClaimSpec {
 #[serde(default)]
 pub struct PersistentVolumeClaimStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Shared>,
 }
 
 cached_as!(PersistentVolumeClaim, k8s::PersistentVolumeClaim);
@@ -114,7 +115,7 @@ impl Projection for PersistentVolumeClaim {
                 .status
                 .as_ref()
                 .map(|s| k8s::PersistentVolumeClaimStatus {
-                    phase: s.phase.clone(),
+                    phase: convert(&s.phase),
                     ..k8s::PersistentVolumeClaimStatus::default()
                 }),
         }
@@ -125,7 +126,7 @@ impl Projection for PersistentVolumeClaim {
             metadata: meta::project(&claim.metadata, meta::all_but_last_applied).into(),
             spec: claim.spec.as_ref().map(PersistentVolumeClaimSpec::project),
             status: claim.status.as_ref().map(|s| PersistentVolumeClaimStatus {
-                phase: s.phase.clone(),
+                phase: convert(&s.phase),
             }),
         }
     }

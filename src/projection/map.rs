@@ -18,10 +18,12 @@ use std::fmt;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use super::Shared;
+
 /// Sorted `(key, value)` pairs, keys unique.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Map<V = String> {
-    entries: Box<[(String, V)]>,
+pub struct Map<V = Shared> {
+    entries: Box<[(Shared, V)]>,
 }
 
 impl<V> Default for Map<V> {
@@ -48,12 +50,12 @@ impl<V> Map<V> {
     }
 
     /// The entries in key order, as `BTreeMap::iter` yields them.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&String, &V)> + Clone {
-        self.entries.iter().map(|(k, v)| (k, v))
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &V)> + Clone {
+        self.entries.iter().map(|(k, v)| (k.as_str(), v))
     }
 
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = &String> + Clone {
-        self.entries.iter().map(|(k, _)| k)
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + Clone {
+        self.entries.iter().map(|(k, _)| k.as_str())
     }
 
     pub fn values(&self) -> impl ExactSizeIterator<Item = &V> + Clone {
@@ -62,7 +64,8 @@ impl<V> Map<V> {
 
     /// Sets `key` to `value`, as `BTreeMap::insert` (without the old
     /// value).
-    pub fn insert(&mut self, key: String, value: V) {
+    pub fn insert(&mut self, key: impl Into<Shared>, value: impl Into<V>) {
+        let (key, value) = (key.into(), value.into());
         match self.position(&key) {
             Ok(at) => self.entries[at].1 = value,
             Err(at) => {
@@ -92,16 +95,33 @@ impl<V> Map<V> {
 }
 
 impl<V: Clone> Map<V> {
-    /// The same entries in a `BTreeMap` (for the full API types).
-    pub fn to_btree(&self) -> BTreeMap<String, V> {
-        self.entries.iter().cloned().collect()
+    /// The same entries in a `BTreeMap` of owned values (for the full API
+    /// types).
+    pub fn to_btree<T>(&self) -> BTreeMap<String, T>
+    where
+        V: Into<T>,
+    {
+        self.entries
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.clone().into()))
+            .collect()
     }
 }
 
-impl<V> Extend<(String, V)> for Map<V> {
-    fn extend<I: IntoIterator<Item = (String, V)>>(&mut self, iter: I) {
+impl Map {
+    /// The entries as owned strings (for the full API types), moved.
+    pub fn into_strings(self) -> BTreeMap<String, String> {
+        self.into_iter()
+            .map(|(k, v)| (String::from(k), String::from(v)))
+            .collect()
+    }
+}
+
+impl<K: Into<Shared>, T: Into<V>, V> Extend<(K, T)> for Map<V> {
+    fn extend<I: IntoIterator<Item = (K, T)>>(&mut self, iter: I) {
         let entries = std::mem::take(&mut self.entries).into_vec();
-        *self = entries.into_iter().chain(iter).collect();
+        let added = iter.into_iter().map(|(k, v)| (k.into(), v.into()));
+        *self = entries.into_iter().chain(added).collect();
     }
 }
 
@@ -114,17 +134,17 @@ impl<V> std::ops::Index<&str> for Map<V> {
     }
 }
 
-impl<V> FromIterator<(String, V)> for Map<V> {
+impl<K: Into<Shared>, T: Into<V>, V> FromIterator<(K, T)> for Map<V> {
     /// Later entries win over earlier ones with the same key, as with a
     /// `BTreeMap`.
-    fn from_iter<I: IntoIterator<Item = (String, V)>>(iter: I) -> Self {
-        let mut entries: Vec<(String, V)> = Vec::new();
+    fn from_iter<I: IntoIterator<Item = (K, T)>>(iter: I) -> Self {
+        let mut entries: Vec<(Shared, V)> = Vec::new();
         for (key, value) in iter {
-            entries.push((key, value));
+            entries.push((key.into(), value.into()));
         }
         // Stable: equal keys keep their order, so the last one is last.
         entries.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut unique: Vec<(String, V)> = Vec::with_capacity(entries.len());
+        let mut unique: Vec<(Shared, V)> = Vec::with_capacity(entries.len());
         for entry in entries {
             match unique.last_mut() {
                 Some(last) if last.0 == entry.0 => *last = entry,
@@ -137,27 +157,31 @@ impl<V> FromIterator<(String, V)> for Map<V> {
     }
 }
 
-impl<V> From<BTreeMap<String, V>> for Map<V> {
-    fn from(map: BTreeMap<String, V>) -> Self {
+impl<T: Into<V>, V> From<BTreeMap<String, T>> for Map<V> {
+    fn from(map: BTreeMap<String, T>) -> Self {
         // Already sorted and unique.
         Self {
-            entries: map.into_iter().collect::<Vec<_>>().into_boxed_slice(),
+            entries: map
+                .into_iter()
+                .map(|(k, v)| (Shared::from(k), v.into()))
+                .collect::<Vec<_>>()
+                .into_boxed_slice(),
         }
     }
 }
 
-impl<V, const N: usize> From<[(String, V); N]> for Map<V> {
-    fn from(entries: [(String, V); N]) -> Self {
+impl<K: Into<Shared>, T: Into<V>, V, const N: usize> From<[(K, T); N]> for Map<V> {
+    fn from(entries: [(K, T); N]) -> Self {
         entries.into_iter().collect()
     }
 }
 
-impl<V: Clone> From<&BTreeMap<String, V>> for Map<V> {
-    fn from(map: &BTreeMap<String, V>) -> Self {
+impl<T: Clone + Into<V>, V> From<&BTreeMap<String, T>> for Map<V> {
+    fn from(map: &BTreeMap<String, T>) -> Self {
         Self {
             entries: map
                 .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| (Shared::from(k), v.clone().into()))
                 .collect::<Vec<_>>()
                 .into_boxed_slice(),
         }
@@ -165,23 +189,21 @@ impl<V: Clone> From<&BTreeMap<String, V>> for Map<V> {
 }
 
 impl<'a, V> IntoIterator for &'a Map<V> {
-    type Item = (&'a String, &'a V);
-    type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, (String, V)>,
-        fn(&'a (String, V)) -> (&'a String, &'a V),
-    >;
+    type Item = (&'a str, &'a V);
+    type IntoIter =
+        std::iter::Map<std::slice::Iter<'a, (Shared, V)>, fn(&'a (Shared, V)) -> (&'a str, &'a V)>;
 
     fn into_iter(self) -> Self::IntoIter {
-        fn split<K, V>(entry: &(K, V)) -> (&K, &V) {
-            (&entry.0, &entry.1)
+        fn split<V>(entry: &(Shared, V)) -> (&str, &V) {
+            (entry.0.as_str(), &entry.1)
         }
         self.entries.iter().map(split)
     }
 }
 
 impl<V> IntoIterator for Map<V> {
-    type Item = (String, V);
-    type IntoIter = std::vec::IntoIter<(String, V)>;
+    type Item = (Shared, V);
+    type IntoIter = std::vec::IntoIter<(Shared, V)>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.entries.into_vec().into_iter()
@@ -212,7 +234,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Map<V> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Map<V>, A::Error> {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
-                while let Some(entry) = map.next_entry::<String, V>()? {
+                while let Some(entry) = map.next_entry::<Shared, V>()? {
                     entries.push(entry);
                 }
                 Ok(entries.into_iter().collect())
@@ -228,24 +250,21 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> Map {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+        pairs.iter().map(|(k, v)| (*k, Shared::from(*v))).collect()
     }
 
     #[test]
     fn reads_like_a_btree_map() {
         let m = map(&[("b", "2"), ("a", "1"), ("c", "3")]);
-        assert_eq!(m.get("a").map(String::as_str), Some("1"));
-        assert_eq!(m.get("c").map(String::as_str), Some("3"));
+        assert_eq!(m.get("a").map(Shared::as_str), Some("1"));
+        assert_eq!(m.get("c").map(Shared::as_str), Some("3"));
         assert_eq!(m.get("d"), None);
         assert!(m.contains_key("b"));
         assert!(!m.contains_key(""));
-        let keys: Vec<&String> = m.keys().collect();
+        let keys: Vec<&str> = m.keys().collect();
         assert_eq!(keys, ["a", "b", "c"]);
         assert_eq!(m.len(), 3);
-        assert!(Map::<String>::default().is_empty());
+        assert!(Map::<Shared>::default().is_empty());
         assert_eq!(
             m.to_btree(),
             BTreeMap::from([
@@ -259,9 +278,9 @@ mod tests {
     #[test]
     fn insert_keeps_the_keys_sorted_and_unique() {
         let mut m = map(&[("b", "2")]);
-        m.insert("c".to_owned(), "3".to_owned());
-        m.insert("a".to_owned(), "1".to_owned());
-        m.insert("b".to_owned(), "two".to_owned());
+        m.insert("c", "3");
+        m.insert("a", "1");
+        m.insert("b", "two");
         assert_eq!(m, map(&[("a", "1"), ("b", "two"), ("c", "3")]));
     }
 
@@ -269,7 +288,7 @@ mod tests {
     fn a_repeated_key_keeps_its_last_value_as_a_btree_map_does() {
         let m = map(&[("k", "first"), ("a", "x"), ("k", "last")]);
         assert_eq!(m.len(), 2);
-        assert_eq!(m.get("k").map(String::as_str), Some("last"));
+        assert_eq!(m.get("k").map(Shared::as_str), Some("last"));
     }
 
     #[test]
@@ -279,7 +298,7 @@ mod tests {
             serde_json::to_string(&m).unwrap(),
             r#"{"a":"2","m":"3","z":"1"}"#
         );
-        let from_btree = Map::from(m.to_btree());
+        let from_btree = Map::from(m.to_btree::<String>());
         assert_eq!(from_btree, m);
         assert_eq!(format!("{m:?}"), r#"{"a": "2", "m": "3", "z": "1"}"#);
     }
@@ -287,9 +306,9 @@ mod tests {
     #[test]
     fn one_allocation_of_exactly_its_entries() {
         // The reason for the type: a BTreeMap's first entry costs a node
-        // of eleven.
+        // of eleven. Keys and values are shared, 16 bytes each.
         let m = map(&[("storage", "1Gi")]);
-        assert_eq!(std::mem::size_of_val(&*m.entries), 48);
+        assert_eq!(std::mem::size_of_val(&*m.entries), 32);
         assert_eq!(std::mem::size_of::<Map>(), 16);
     }
 }

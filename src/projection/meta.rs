@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::Map;
+use super::{Map, Shared};
 use crate::wellknown as wk;
 
 /// Object metadata as the caches of volumes and claims keep it: the fields
@@ -23,7 +23,7 @@ use crate::wellknown as wk;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Meta {
     pub name: Option<String>,
-    pub namespace: Option<String>,
+    pub namespace: Option<Shared>,
     pub uid: Option<String>,
     pub resource_version: Option<String>,
     pub generation: Option<i64>,
@@ -32,8 +32,12 @@ pub struct Meta {
     pub deletion_grace_period_seconds: Option<i64>,
     pub labels: Option<Map>,
     pub annotations: Option<Map>,
-    pub finalizers: Option<Vec<String>>,
+    pub finalizers: Option<Vec<Shared>>,
     pub owner_references: Option<Vec<OwnerReference>>,
+}
+
+fn strings(shared: &[Shared]) -> Vec<String> {
+    shared.iter().map(String::from).collect()
 }
 
 impl Meta {
@@ -41,7 +45,7 @@ impl Meta {
     pub fn to_object_meta(&self) -> ObjectMeta {
         ObjectMeta {
             name: self.name.clone(),
-            namespace: self.namespace.clone(),
+            namespace: self.namespace.as_ref().map(String::from),
             uid: self.uid.clone(),
             resource_version: self.resource_version.clone(),
             generation: self.generation,
@@ -50,7 +54,7 @@ impl Meta {
             deletion_grace_period_seconds: self.deletion_grace_period_seconds,
             labels: self.labels.as_ref().map(Map::to_btree),
             annotations: self.annotations.as_ref().map(Map::to_btree),
-            finalizers: self.finalizers.clone(),
+            finalizers: self.finalizers.as_deref().map(strings),
             owner_references: self.owner_references.clone(),
             ..ObjectMeta::default()
         }
@@ -63,16 +67,16 @@ impl Meta {
     pub fn into_object_meta(self) -> ObjectMeta {
         ObjectMeta {
             name: self.name,
-            namespace: self.namespace,
+            namespace: self.namespace.map(String::from),
             uid: self.uid,
             resource_version: self.resource_version,
             generation: self.generation,
             creation_timestamp: self.creation_timestamp,
             deletion_timestamp: self.deletion_timestamp,
             deletion_grace_period_seconds: self.deletion_grace_period_seconds,
-            labels: self.labels.map(|m| m.into_iter().collect()),
-            annotations: self.annotations.map(|m| m.into_iter().collect()),
-            finalizers: self.finalizers,
+            labels: self.labels.map(Map::into_strings),
+            annotations: self.annotations.map(Map::into_strings),
+            finalizers: self.finalizers.as_deref().map(strings),
             owner_references: self.owner_references,
             ..ObjectMeta::default()
         }
@@ -85,7 +89,7 @@ impl From<ObjectMeta> for Meta {
     fn from(meta: ObjectMeta) -> Self {
         Meta {
             name: meta.name,
-            namespace: meta.namespace,
+            namespace: meta.namespace.map(Shared::from),
             uid: meta.uid,
             resource_version: meta.resource_version,
             generation: meta.generation,
@@ -94,7 +98,9 @@ impl From<ObjectMeta> for Meta {
             deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
             labels: meta.labels.map(Map::from),
             annotations: meta.annotations.map(Map::from),
-            finalizers: meta.finalizers,
+            finalizers: meta
+                .finalizers
+                .map(|all| all.into_iter().map(Shared::from).collect()),
             owner_references: meta.owner_references,
         }
     }
@@ -145,7 +151,7 @@ impl<'de> Visitor<'de> for Filtered {
         let mut kept = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
             if (self.0)(&key) {
-                kept.push((key, map.next_value::<String>()?));
+                kept.push((key, map.next_value::<Shared>()?));
             } else {
                 map.next_value::<IgnoredAny>()?;
             }

@@ -21,7 +21,9 @@
 //! Volumes and claims, the kinds that grow with the cluster, are held
 //! tighter (a heap profile of 10,000 of our own pairs found their
 //! `BTreeMap` nodes and `ObjectMeta`s the largest costs): their metadata is a
-//! [`Meta`] and every string map a [`Map`] of exactly its entries. They are
+//! [`Meta`], every string map a [`Map`] of exactly its entries, and the
+//! strings that repeat across objects (annotation keys, finalizers, class,
+//! driver, namespace, modes) one [`Shared`] copy each. They are
 //! read from the API as a [`Wire`] (the projection plus its metadata as
 //! the `ObjectMeta` that kube and generic code read), and events name them
 //! through `events::Involved`.
@@ -33,6 +35,7 @@ mod claim;
 mod map;
 mod meta;
 mod pod;
+mod shared;
 mod small;
 mod volume;
 
@@ -43,6 +46,7 @@ pub use claim::{
 pub use map::Map;
 pub use meta::{LAST_APPLIED, Meta, POD_ANNOTATION_PREFIX};
 pub use pod::{EphemeralVolumeSource, Job, JobSpec, JobTemplate, Pod, PodSpec, PodStatus, Volume};
+pub use shared::{Shared, forget_unused as forget_unused_strings};
 pub use small::{
     CSINode, CSIStorageCapacity, Node, StatefulSet, StatefulSetSpec, StorageClass,
     VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttributesClass,
@@ -228,7 +232,7 @@ macro_rules! cached_as {
             }
             /// As `kube::ResourceExt::namespace`.
             pub fn namespace(&self) -> Option<String> {
-                self.metadata.namespace.clone()
+                self.metadata.namespace.as_ref().map(String::from)
             }
             /// As `kube::ResourceExt::uid`.
             pub fn uid(&self) -> Option<String> {
@@ -239,7 +243,7 @@ macro_rules! cached_as {
                 self.metadata.resource_version.clone()
             }
             /// As `kube::ResourceExt::finalizers`.
-            pub fn finalizers(&self) -> &[String] {
+            pub fn finalizers(&self) -> &[$crate::projection::Shared] {
                 self.metadata.finalizers.as_deref().unwrap_or_default()
             }
         }

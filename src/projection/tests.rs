@@ -408,7 +408,7 @@ fn a_volume_keeps_only_the_labels_a_loop_reads() {
         .labels
         .iter()
         .flatten()
-        .map(|(k, _)| k.as_str())
+        .map(|(k, _)| k)
         .collect();
     assert_eq!(
         kept,
@@ -442,6 +442,59 @@ fn the_maps_of_volumes_and_claims_are_compact() {
     assert!(
         size_of::<Meta>() < size_of::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>()
     );
+}
+
+#[test]
+fn volumes_and_claims_share_their_repeated_strings() {
+    // Two objects decoded apart hold one copy of each string they repeat
+    // (src/projection/shared.rs); unique ones stay their own.
+    let same = |a: &str, b: &str| std::ptr::eq(a.as_ptr(), b.as_ptr());
+    let (first, second): (PersistentVolume, PersistentVolume) = (decoded(PV), decoded(PV));
+    let (one, other) = (&first.metadata, &second.metadata);
+    fn key(m: &Meta) -> &str {
+        m.annotations
+            .as_ref()
+            .and_then(|a| a.keys().next())
+            .expect("key")
+    }
+    assert!(same(key(one), key(other)), "annotation key");
+    fn value(m: &Meta) -> &Shared {
+        m.annotations
+            .as_ref()
+            .and_then(|a| a.values().next())
+            .expect("value")
+    }
+    assert!(same(value(one), value(other)), "annotation value");
+    assert!(same(
+        &one.finalizers.as_ref().expect("finalizers")[0],
+        &other.finalizers.as_ref().expect("finalizers")[0]
+    ));
+    let spec = |pv: &PersistentVolume| pv.spec.clone().expect("spec");
+    let (a, b) = (spec(&first), spec(&second));
+    let driver = |s: &PersistentVolumeSpec| s.csi.as_ref().expect("csi").driver.clone();
+    assert!(same(&driver(&a), &driver(&b)), "driver");
+    assert!(same(
+        a.storage_class_name.as_deref().expect("class"),
+        b.storage_class_name.as_deref().expect("class")
+    ));
+    assert!(!same(
+        one.uid.as_deref().expect("uid"),
+        other.uid.as_deref().expect("uid")
+    ));
+
+    let (claim, again): (PersistentVolumeClaim, PersistentVolumeClaim) =
+        (decoded(PVC), decoded(PVC));
+    let namespace = |c: &PersistentVolumeClaim| c.metadata.namespace.clone().expect("namespace");
+    assert!(same(&namespace(&claim), &namespace(&again)));
+    // The PV's driver and the claim's storage-provisioner annotation are the
+    // same text, and the same copy.
+    let provisioner = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("volume.kubernetes.io/storage-provisioner"))
+        .expect("annotated");
+    assert!(same(provisioner, &driver(&a)));
 }
 
 #[test]

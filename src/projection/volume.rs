@@ -6,7 +6,8 @@ use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 
-use super::{Map, Meta, Projection, cached_as, meta};
+use super::shared::{convert, convert_all};
+use super::{Map, Meta, Projection, Shared, cached_as, meta};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct PersistentVolume {
@@ -22,7 +23,7 @@ pub struct PersistentVolume {
 #[serde(rename_all = "camelCase", default)]
 pub struct PersistentVolumeSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub access_modes: Option<Vec<String>>,
+    pub access_modes: Option<Vec<Shared>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Map<Quantity>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -34,13 +35,13 @@ pub struct PersistentVolumeSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_affinity: Option<k8s::VolumeNodeAffinity>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub persistent_volume_reclaim_policy: Option<String>,
+    pub persistent_volume_reclaim_policy: Option<Shared>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub storage_class_name: Option<String>,
+    pub storage_class_name: Option<Shared>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub volume_attributes_class_name: Option<String>,
+    pub volume_attributes_class_name: Option<Shared>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub volume_mode: Option<String>,
+    pub volume_mode: Option<Shared>,
     // The in-tree sources whose volumes CSI migration hands to a CSI
     // driver (src/migration/volume.rs); any other source makes a volume
     // not ours, so it is never cached.
@@ -69,9 +70,9 @@ pub struct CSIPersistentVolumeSource {
     pub controller_expand_secret_ref: Option<Box<k8s::SecretReference>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub controller_publish_secret_ref: Option<Box<k8s::SecretReference>>,
-    pub driver: String,
+    pub driver: Shared,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fs_type: Option<String>,
+    pub fs_type: Option<Shared>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_expand_secret_ref: Option<Box<k8s::SecretReference>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -90,8 +91,8 @@ impl CSIPersistentVolumeSource {
         k8s::CSIPersistentVolumeSource {
             controller_expand_secret_ref: self.controller_expand_secret_ref.as_deref().cloned(),
             controller_publish_secret_ref: self.controller_publish_secret_ref.as_deref().cloned(),
-            driver: self.driver.clone(),
-            fs_type: self.fs_type.clone(),
+            driver: self.driver.to_string(),
+            fs_type: convert(&self.fs_type),
             node_expand_secret_ref: self.node_expand_secret_ref.as_deref().cloned(),
             node_publish_secret_ref: self.node_publish_secret_ref.as_deref().cloned(),
             node_stage_secret_ref: self.node_stage_secret_ref.as_deref().cloned(),
@@ -105,8 +106,8 @@ impl CSIPersistentVolumeSource {
         CSIPersistentVolumeSource {
             controller_expand_secret_ref: boxed(&csi.controller_expand_secret_ref),
             controller_publish_secret_ref: boxed(&csi.controller_publish_secret_ref),
-            driver: csi.driver.clone(),
-            fs_type: csi.fs_type.clone(),
+            driver: Shared::from(&csi.driver),
+            fs_type: convert(&csi.fs_type),
             node_expand_secret_ref: boxed(&csi.node_expand_secret_ref),
             node_publish_secret_ref: boxed(&csi.node_publish_secret_ref),
             node_stage_secret_ref: boxed(&csi.node_stage_secret_ref),
@@ -121,7 +122,7 @@ impl CSIPersistentVolumeSource {
 #[serde(default)]
 pub struct PersistentVolumeStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Shared>,
 }
 
 cached_as!(PersistentVolume, k8s::PersistentVolume);
@@ -131,16 +132,16 @@ cached_as!(PersistentVolume, k8s::PersistentVolume);
 macro_rules! spec_fields {
     ($spec:expr, $source:ident, $capacity:expr, $csi:expr, $target:path $(, $rest:expr)?) => {{
         $target {
-            access_modes: $spec.access_modes.clone(),
+            access_modes: convert_all(&$spec.access_modes),
             capacity: $spec.capacity.as_ref().map($capacity),
             claim_ref: $spec.claim_ref.clone(),
             csi: $spec.csi.as_ref().map($csi),
             mount_options: $spec.mount_options.clone(),
             node_affinity: $spec.node_affinity.clone(),
-            persistent_volume_reclaim_policy: $spec.persistent_volume_reclaim_policy.clone(),
-            storage_class_name: $spec.storage_class_name.clone(),
-            volume_attributes_class_name: $spec.volume_attributes_class_name.clone(),
-            volume_mode: $spec.volume_mode.clone(),
+            persistent_volume_reclaim_policy: convert(&$spec.persistent_volume_reclaim_policy),
+            storage_class_name: convert(&$spec.storage_class_name),
+            volume_attributes_class_name: convert(&$spec.volume_attributes_class_name),
+            volume_mode: convert(&$spec.volume_mode),
             aws_elastic_block_store: $source(&$spec.aws_elastic_block_store),
             azure_disk: $source(&$spec.azure_disk),
             azure_file: $source(&$spec.azure_file),
@@ -178,7 +179,7 @@ impl Projection for PersistentVolume {
                 )
             }),
             status: self.status.as_ref().map(|s| k8s::PersistentVolumeStatus {
-                phase: s.phase.clone(),
+                phase: convert(&s.phase),
                 ..k8s::PersistentVolumeStatus::default()
             }),
         }
@@ -202,7 +203,7 @@ impl Projection for PersistentVolume {
                 )
             }),
             status: pv.status.as_ref().map(|s| PersistentVolumeStatus {
-                phase: s.phase.clone(),
+                phase: convert(&s.phase),
             }),
         }
     }

@@ -45,9 +45,13 @@ pub fn decide(claim: &PersistentVolumeClaim, ours: bool, pods: &[&Pod]) -> Verdi
         return Verdict::NotOurs;
     }
     let meta = &claim.metadata;
-    let identified = [&meta.namespace, &meta.name, &meta.uid]
-        .iter()
-        .all(|field| field.as_deref().is_some_and(|v| !v.is_empty()));
+    let identified = [
+        meta.namespace.as_deref(),
+        meta.name.as_deref(),
+        meta.uid.as_deref(),
+    ]
+    .iter()
+    .all(|field| field.is_some_and(|v| !v.is_empty()));
     if !identified {
         return Verdict::Malformed;
     }

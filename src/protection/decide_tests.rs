@@ -1,3 +1,4 @@
+use crate::projection::Shared;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource;
@@ -36,7 +37,7 @@ fn claim(name: &str) -> PersistentVolumeClaim {
         }
         .into(),
         spec: Some(PersistentVolumeClaimSpec {
-            storage_class_name: Some("fast".to_owned()),
+            storage_class_name: Some("fast".into()),
             ..PersistentVolumeClaimSpec::default()
         }),
         status: None,
@@ -44,7 +45,7 @@ fn claim(name: &str) -> PersistentVolumeClaim {
 }
 
 fn with_finalizer(mut claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
-    claim.metadata.finalizers = Some(vec![wk::FINALIZER_PVC_PROTECTION.to_owned()]);
+    claim.metadata.finalizers = Some(vec![wk::FINALIZER_PVC_PROTECTION.into()]);
     claim
 }
 
@@ -89,7 +90,7 @@ fn csi_volume(name: &str, driver: &str) -> PersistentVolume {
         .into(),
         spec: Some(PersistentVolumeSpec {
             csi: Some(CSIPersistentVolumeSource {
-                driver: driver.to_owned(),
+                driver: driver.into(),
                 volume_handle: "h".to_owned(),
                 ..CSIPersistentVolumeSource::default()
             }),
@@ -181,7 +182,7 @@ fn ownership() {
         let mut c = claim("data");
         if let Some(spec) = c.spec.as_mut() {
             spec.volume_name = Some("pv-1".to_owned());
-            spec.storage_class_name = Some("gone".to_owned());
+            spec.storage_class_name = Some("gone".into());
         }
         c
     };
@@ -198,7 +199,7 @@ fn ownership() {
     let no_class = {
         let mut c = claim("data");
         if let Some(spec) = c.spec.as_mut() {
-            spec.storage_class_name = Some(String::new());
+            spec.storage_class_name = Some(Shared::default());
         }
         c
     };
@@ -429,10 +430,8 @@ fn finalizer_verdicts() {
             "other finalizers kept in mind",
             {
                 let mut c = deleting(with_finalizer(claim("data")));
-                c.metadata.finalizers = Some(vec![
-                    "x/y".to_owned(),
-                    wk::FINALIZER_PVC_PROTECTION.to_owned(),
-                ]);
+                c.metadata.finalizers =
+                    Some(vec!["x/y".into(), wk::FINALIZER_PVC_PROTECTION.into()]);
                 c
             },
             true,
@@ -443,7 +442,7 @@ fn finalizer_verdicts() {
             "only other finalizers",
             {
                 let mut c = claim("data");
-                c.metadata.finalizers = Some(vec!["x/y".to_owned()]);
+                c.metadata.finalizers = Some(vec!["x/y".into()]);
                 c
             },
             true,
@@ -467,7 +466,7 @@ fn finalizer_verdicts() {
             "empty namespace",
             PersistentVolumeClaim {
                 metadata: Meta {
-                    namespace: Some(String::new()),
+                    namespace: Some("".into()),
                     ..claim("data").metadata
                 },
                 ..claim("data")
@@ -791,7 +790,7 @@ fn ownership_under_csi_migration() {
     let annotated = |pairs: &[(&str, &str)]| {
         let mut c = claim("data");
         if let Some(spec) = c.spec.as_mut() {
-            spec.storage_class_name = Some("gone".to_owned());
+            spec.storage_class_name = Some("gone".into());
         }
         c.metadata.annotations = Some(
             pairs
@@ -804,7 +803,7 @@ fn ownership_under_csi_migration() {
     let of_gp2 = || {
         let mut c = claim("data");
         if let Some(spec) = c.spec.as_mut() {
-            spec.storage_class_name = Some("gp2".to_owned());
+            spec.storage_class_name = Some("gp2".into());
         }
         c
     };

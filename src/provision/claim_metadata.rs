@@ -273,7 +273,7 @@ pub fn copied_claim_metadata(
                 });
             }
             if let Some(value) = from.and_then(|from| from.get(key)) {
-                out.insert(key.to_owned(), value.clone());
+                out.insert(key.to_owned(), value.to_string());
             }
         }
         Ok(out)

@@ -420,7 +420,7 @@ fn copied_annotations_must_fit_on_a_pv() {
         .metadata
         .annotations
         .get_or_insert_with(Default::default)
-        .insert("big".into(), big);
+        .insert("big", big);
     let class = map(&[(ANN_COPY_CLAIM_ANNOTATIONS, "big")]);
     assert_eq!(
         copied_claim_metadata(Some(&class), &claim),

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::projection::StorageClass;
-use crate::projection::{PersistentVolume, PersistentVolumeClaim};
+use crate::projection::{PersistentVolume, PersistentVolumeClaim, Shared};
 use csi_proto::v1::VolumeContentSource;
 use csi_proto::v1::volume_content_source::{SnapshotSource, Type, VolumeSource};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -86,7 +86,12 @@ pub fn data_source_ref(
     claim: &PersistentVolumeClaim,
     config: &ProvisionerConfig,
 ) -> Result<Option<DataSourceRef>, ProvisionError> {
-    let claim_namespace = claim.metadata.namespace.clone().unwrap_or_default();
+    let claim_namespace = claim
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default()
+        .to_owned();
     let spec = claim.spec.as_ref();
     let (kind, name, api_group, namespace) =
         if let Some(source) = spec.and_then(|s| s.data_source.as_ref()) {
@@ -207,8 +212,8 @@ pub fn content_source(
     ))
 }
 
-fn volume_mode(mode: Option<&String>) -> &str {
-    mode.map_or("Filesystem", String::as_str)
+fn volume_mode(mode: Option<&Shared>) -> &str {
+    mode.map_or("Filesystem", Shared::as_str)
 }
 
 fn clone_source(
@@ -221,13 +226,19 @@ fn clone_source(
 ) -> Result<Type, DataSourceError> {
     let source_claim = source_claim.ok_or_else(|| DataSourceError::SourceClaimNotFound {
         name: source.name.clone(),
-        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        namespace: claim
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or_default()
+            .to_owned(),
     })?;
     let phase = source_claim
         .status
         .as_ref()
-        .and_then(|status| status.phase.clone())
-        .unwrap_or_default();
+        .and_then(|status| status.phase.as_deref())
+        .unwrap_or_default()
+        .to_owned();
     if phase != "Bound" {
         return Err(DataSourceError::SourceClaimNotBound {
             name: source.name.clone(),
@@ -295,7 +306,7 @@ fn clone_source(
         .as_ref()
         .ok_or(DataSourceError::SourceVolumeInvalid)?;
     if claim_ref.uid != source_claim.metadata.uid
-        || claim_ref.namespace != source_claim.metadata.namespace
+        || claim_ref.namespace.as_deref() != source_claim.metadata.namespace.as_deref()
         || claim_ref.name != source_claim.metadata.name
     {
         return Err(DataSourceError::SourceVolumeInvalid);

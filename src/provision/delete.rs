@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::projection::{PersistentVolume, Projection, StorageClass, VolumeAttachment};
+use crate::projection::{PersistentVolume, Projection, Shared, StorageClass, VolumeAttachment};
 
 use super::config::ProvisionerConfig;
 use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
@@ -32,7 +32,7 @@ pub fn is_our_volume(pv: &PersistentVolume, config: &ProvisionerConfig) -> bool 
         return false;
     }
     let our_in_tree_name = InTreePlugin::from_csi_driver(driver).map(InTreePlugin::in_tree_name);
-    let ours = |value: Option<&String>| value.is_some_and(|value| value == driver);
+    let ours = |value: Option<&Shared>| value.is_some_and(|value| value == driver);
     let annotations = pv.metadata.annotations.as_ref();
     let migrated_to = annotations.and_then(|a| a.get(wk::ANN_MIGRATED_TO));
     match annotations.and_then(|a| a.get(wk::ANN_PROVISIONED_BY)) {
@@ -125,16 +125,18 @@ pub fn should_delete(pv: &PersistentVolume, config: &ProvisionerConfig) -> Delet
     let phase = pv
         .status
         .as_ref()
-        .and_then(|status| status.phase.clone())
-        .unwrap_or_default();
+        .and_then(|status| status.phase.as_deref())
+        .unwrap_or_default()
+        .to_owned();
     if phase != "Released" {
         return Skip(DeleteSkipReason::NotReleased { phase });
     }
     let policy = pv
         .spec
         .as_ref()
-        .and_then(|spec| spec.persistent_volume_reclaim_policy.clone())
-        .unwrap_or_default();
+        .and_then(|spec| spec.persistent_volume_reclaim_policy.as_deref())
+        .unwrap_or_default()
+        .to_owned();
     if policy != "Delete" {
         return Skip(DeleteSkipReason::ReclaimPolicy { policy });
     }
@@ -194,8 +196,8 @@ pub fn deletion_secret_ref(
     if let Some((name, namespace)) = annotated {
         return Ok(
             (!name.is_empty() && !namespace.is_empty()).then(|| SecretRef {
-                name: name.clone(),
-                namespace: namespace.clone(),
+                name: name.to_string(),
+                namespace: namespace.to_string(),
             }),
         );
     }

@@ -2,6 +2,7 @@
 //! JSON patches that change finalizer lists safely from fresh state.
 
 use crate::projection::PersistentVolume;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::ProvisionerConfig;
@@ -57,11 +58,14 @@ pub fn pv_finalizer_change(
 /// server refuse the patch if the list changed since it was read, so a stale
 /// cache can never remove someone else's finalizer or the wrong index: on
 /// conflict (HTTP 422), re-read and try again.
-pub fn remove_finalizer_patch(current: &[String], finalizer: &str) -> Option<Value> {
+pub fn remove_finalizer_patch<S: AsRef<str> + Serialize>(
+    current: &[S],
+    finalizer: &str,
+) -> Option<Value> {
     let indices: Vec<usize> = current
         .iter()
         .enumerate()
-        .filter(|(_, present)| *present == finalizer)
+        .filter(|(_, present)| present.as_ref() == finalizer)
         .map(|(index, _)| index)
         .collect();
     if indices.is_empty() {
@@ -82,13 +86,13 @@ pub fn remove_finalizer_patch(current: &[String], finalizer: &str) -> Option<Val
 /// A JSON patch adding `finalizer`; `None` when it is present. An existing
 /// list is tested and appended to; a missing list can only be guarded by the
 /// object's `resource_version`, which is tested before the list is created.
-pub fn add_finalizer_patch(
-    current: Option<&[String]>,
+pub fn add_finalizer_patch<S: AsRef<str> + Serialize>(
+    current: Option<&[S]>,
     finalizer: &str,
     resource_version: &str,
 ) -> Option<Value> {
     match current {
-        Some(list) if list.iter().any(|present| present == finalizer) => None,
+        Some(list) if list.iter().any(|present| present.as_ref() == finalizer) => None,
         Some(list) if !list.is_empty() => Some(json!([
             {"op": "test", "path": "/metadata/finalizers", "value": list},
             {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},

@@ -216,7 +216,10 @@ fn removal_patch_tests_the_list_and_removes_by_index() {
         remove_finalizer_patch(&strings(&["a"]), wk::FINALIZER_PV),
         None
     );
-    assert_eq!(remove_finalizer_patch(&[], wk::FINALIZER_PV), None);
+    assert_eq!(
+        remove_finalizer_patch::<String>(&[], wk::FINALIZER_PV),
+        None
+    );
 }
 
 #[test]
@@ -232,9 +235,12 @@ fn addition_patch() {
         {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
         {"op": "add", "path": "/metadata/finalizers", "value": [wk::FINALIZER_PV]},
     ]));
-    assert_eq!(add_finalizer_patch(None, wk::FINALIZER_PV, "7"), created);
     assert_eq!(
-        add_finalizer_patch(Some(&[]), wk::FINALIZER_PV, "7"),
+        add_finalizer_patch::<String>(None, wk::FINALIZER_PV, "7"),
+        created
+    );
+    assert_eq!(
+        add_finalizer_patch::<String>(Some(&[]), wk::FINALIZER_PV, "7"),
         created
     );
     assert_eq!(
@@ -304,7 +310,7 @@ fn patches_apply_only_to_fresh_state() {
     );
 
     let bare = json!({"metadata": {"resourceVersion": "7"}});
-    let add = add_finalizer_patch(None, wk::FINALIZER_PV, "7").expect("patch");
+    let add = add_finalizer_patch::<String>(None, wk::FINALIZER_PV, "7").expect("patch");
     assert_eq!(
         apply(bare, add.clone()),
         Ok(json!({"metadata": {"resourceVersion": "7", "finalizers": [wk::FINALIZER_PV]}}))

@@ -105,14 +105,14 @@ pub fn claim() -> PersistentVolumeClaim {
         }
         .into(),
         spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
             resources: Some(VolumeResourceRequirements {
                 requests: Some(
                     BTreeMap::from([("storage".to_owned(), Quantity("1Gi".to_owned()))]).into(),
                 ),
                 limits: None,
             }),
-            storage_class_name: Some("fast".to_owned()),
+            storage_class_name: Some("fast".into()),
             ..PersistentVolumeClaimSpec::default()
         }),
         status: None,
@@ -169,7 +169,7 @@ pub fn source_claim() -> PersistentVolumeClaim {
     source.metadata.uid = Some("source-uid".to_owned());
     claim_spec(&mut source).volume_name = Some("pv-source".to_owned());
     source.status = Some(PersistentVolumeClaimStatus {
-        phase: Some("Bound".to_owned()),
+        phase: Some("Bound".into()),
     });
     source
 }
@@ -184,7 +184,7 @@ pub fn source_volume() -> PersistentVolume {
         .into(),
         spec: Some(PersistentVolumeSpec {
             csi: Some(CSIPersistentVolumeSource {
-                driver: DRIVER.to_owned(),
+                driver: DRIVER.into(),
                 volume_handle: "source-handle".to_owned(),
                 ..CSIPersistentVolumeSource::default()
             }),
@@ -197,7 +197,7 @@ pub fn source_volume() -> PersistentVolume {
             ..PersistentVolumeSpec::default()
         }),
         status: Some(PersistentVolumeStatus {
-            phase: Some("Bound".to_owned()),
+            phase: Some("Bound".into()),
         }),
     }
 }
@@ -214,7 +214,7 @@ pub fn released_volume() -> PersistentVolume {
         .into(),
         spec: Some(PersistentVolumeSpec {
             csi: Some(CSIPersistentVolumeSource {
-                driver: DRIVER.to_owned(),
+                driver: DRIVER.into(),
                 volume_handle: "handle-1".to_owned(),
                 ..CSIPersistentVolumeSource::default()
             }),
@@ -224,12 +224,12 @@ pub fn released_volume() -> PersistentVolume {
                 uid: Some(CLAIM_UID.to_owned()),
                 ..ObjectReference::default()
             }),
-            persistent_volume_reclaim_policy: Some("Delete".to_owned()),
-            storage_class_name: Some("fast".to_owned()),
+            persistent_volume_reclaim_policy: Some("Delete".into()),
+            storage_class_name: Some("fast".into()),
             ..PersistentVolumeSpec::default()
         }),
         status: Some(PersistentVolumeStatus {
-            phase: Some("Released".to_owned()),
+            phase: Some("Released".into()),
         }),
     }
 }
@@ -277,7 +277,7 @@ pub fn gp2_claim() -> PersistentVolumeClaim {
         ])
         .into(),
     );
-    claim_spec(&mut claim).storage_class_name = Some("gp2".to_owned());
+    claim_spec(&mut claim).storage_class_name = Some("gp2".into());
     claim
 }
 
@@ -308,12 +308,12 @@ pub fn migrated_volume() -> PersistentVolume {
                 uid: Some(CLAIM_UID.to_owned()),
                 ..ObjectReference::default()
             }),
-            persistent_volume_reclaim_policy: Some("Delete".to_owned()),
-            storage_class_name: Some("gp2".to_owned()),
+            persistent_volume_reclaim_policy: Some("Delete".into()),
+            storage_class_name: Some("gp2".into()),
             ..PersistentVolumeSpec::default()
         }),
         status: Some(PersistentVolumeStatus {
-            phase: Some("Released".to_owned()),
+            phase: Some("Released".into()),
         }),
     }
 }

@@ -227,7 +227,7 @@ pub fn poll_claim(current: Option<&PersistentVolumeClaim>, uid: &str, node: &str
     {
         None => ClaimPoll::Unowned,
         Some(selected) if selected == node => ClaimPoll::Ours,
-        Some(selected) => ClaimPoll::OwnedBy(selected.clone()),
+        Some(selected) => ClaimPoll::OwnedBy(selected.to_string()),
     }
 }
 
@@ -239,7 +239,7 @@ pub fn claim_owned_by(claim: &PersistentVolumeClaim, node: &str) -> PersistentVo
         .metadata
         .annotations
         .get_or_insert_with(Default::default)
-        .insert(wk::ANN_SELECTED_NODE.to_owned(), node.to_owned());
+        .insert(wk::ANN_SELECTED_NODE, node);
     owned
 }
 

@@ -62,7 +62,7 @@ pub fn selected_node_name(claim: &PersistentVolumeClaim) -> Option<&str> {
     [wk::ANN_SELECTED_NODE, wk::ANN_ALPHA_SELECTED_NODE]
         .iter()
         .find_map(|key| annotations.get(key))
-        .map(String::as_str)
+        .map(|node| node.as_str())
         .filter(|node| !node.is_empty())
 }
 
@@ -75,13 +75,14 @@ pub fn claim_class_name(claim: &PersistentVolumeClaim) -> String {
         .as_ref()
         .and_then(|annotations| annotations.get(wk::ANN_BETA_STORAGE_CLASS))
     {
-        return class.clone();
+        return class.to_string();
     }
     claim
         .spec
         .as_ref()
-        .and_then(|spec| spec.storage_class_name.clone())
+        .and_then(|spec| spec.storage_class_name.as_deref())
         .unwrap_or_default()
+        .to_owned()
 }
 
 /// The VolumeAttributesClass the claim asks for, when the gate is on.
@@ -216,7 +217,12 @@ pub fn plan_provision(
     };
     let spec = claim.spec.clone().unwrap_or_default();
     let claim_identity = ClaimIdentity {
-        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        namespace: claim
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or_default()
+            .to_owned(),
         name: claim.metadata.name.clone().unwrap_or_default(),
         uid: claim.metadata.uid.clone().unwrap_or_default(),
         resource_version: claim.metadata.resource_version.clone(),
@@ -261,7 +267,12 @@ pub fn plan_provision(
 
     let is_block = spec.volume_mode.as_deref() == Some("Block");
     let mount_options = class.mount_options.clone().unwrap_or_default();
-    let access_modes = spec.access_modes.clone().unwrap_or_default();
+    let access_modes: Vec<String> = spec
+        .access_modes
+        .iter()
+        .flatten()
+        .map(String::from)
+        .collect();
     let volume_capabilities =
         volume_capabilities(&access_modes, is_block, &fs_type, &mount_options, config)?;
 
@@ -282,7 +293,12 @@ pub fn plan_provision(
                 kind: source.kind.kind_name().to_owned(),
                 namespace: source.namespace.clone(),
                 name: source.name.clone(),
-                claim_namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+                claim_namespace: claim
+                    .metadata
+                    .namespace
+                    .as_deref()
+                    .unwrap_or_default()
+                    .to_owned(),
                 claim_name: claim.metadata.name.clone().unwrap_or_default(),
             });
         }
@@ -401,7 +417,7 @@ pub fn plan_provision(
             .unwrap_or_else(|| "Delete".to_owned()),
         mount_options,
         access_modes,
-        volume_mode: spec.volume_mode.clone(),
+        volume_mode: spec.volume_mode.as_ref().map(String::from),
         volume_attributes_class_name: vac_name.map(str::to_owned),
         selected_node: selected_node.map(str::to_owned),
         has_data_source: source.is_some(),

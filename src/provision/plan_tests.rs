@@ -158,8 +158,7 @@ fn access_modes_map_as_csi_lib_utils() {
 #[test]
 fn one_capability_per_access_mode_with_mount_options_and_fstype() {
     let mut claim = claim();
-    claim_spec(&mut claim).access_modes =
-        Some(vec!["ReadOnlyMany".to_owned(), "ReadWriteMany".to_owned()]);
+    claim_spec(&mut claim).access_modes = Some(vec!["ReadOnlyMany".into(), "ReadWriteMany".into()]);
     let class = StorageClass {
         mount_options: Some(vec!["noatime".to_owned(), "debug".to_owned()]),
         ..class_with(&[(wk::PARAM_FSTYPE, "xfs")])
@@ -182,7 +181,7 @@ fn one_capability_per_access_mode_with_mount_options_and_fstype() {
 #[test]
 fn block_volumes_have_no_mount() {
     let mut claim = claim();
-    claim_spec(&mut claim).volume_mode = Some("Block".to_owned());
+    claim_spec(&mut claim).volume_mode = Some("Block".into());
     let plan = plan(&claim, &class_with(&[(wk::PARAM_FSTYPE, "xfs")]), &config()).expect("plan");
     assert_eq!(
         plan.request.volume_capabilities,
@@ -535,7 +534,7 @@ fn claim_shape_errors() {
     );
 
     let mut bad_mode = claim();
-    claim_spec(&mut bad_mode).access_modes = Some(vec!["Sometimes".to_owned()]);
+    claim_spec(&mut bad_mode).access_modes = Some(vec!["Sometimes".into()]);
     assert_eq!(
         plan(&bad_mode, &class(), &config()),
         Err(ProvisionError::UnsupportedAccessMode(
@@ -596,7 +595,7 @@ fn vac(name: &str, driver: &str) -> VolumeAttributesClass {
 #[test]
 fn volume_attributes_class() {
     let mut claim = claim();
-    claim_spec(&mut claim).volume_attributes_class_name = Some("gold".to_owned());
+    claim_spec(&mut claim).volume_attributes_class_name = Some("gold".into());
     let class = class();
     let run = |vac: Option<&VolumeAttributesClass>, config: &ProvisionerConfig| {
         plan_provision(

@@ -200,8 +200,8 @@ fn topology_becomes_node_affinity_and_must_match_the_request() {
 #[test]
 fn secrets_modes_and_flags() {
     let mut claim = claim();
-    claim_spec(&mut claim).access_modes = Some(vec!["ReadOnlyMany".to_owned()]);
-    claim_spec(&mut claim).volume_mode = Some("Block".to_owned());
+    claim_spec(&mut claim).access_modes = Some(vec!["ReadOnlyMany".into()]);
+    claim_spec(&mut claim).volume_mode = Some("Block".into());
     claim_spec(&mut claim).volume_attributes_class_name = None;
     let readonly = ProvisionerConfig {
         controller_publish_readonly: true,
@@ -264,7 +264,7 @@ fn secrets_modes_and_flags() {
     assert_eq!(pv.spec.expect("spec").csi.expect("csi").read_only, None);
     let mut two_modes = claim.clone();
     claim_spec(&mut two_modes).access_modes =
-        Some(vec!["ReadOnlyMany".to_owned(), "ReadWriteMany".to_owned()]);
+        Some(vec!["ReadOnlyMany".into(), "ReadWriteMany".into()]);
     let plan = plan_for(&two_modes, &readonly);
     let pv = build_pv(&plan, &response("vol-1", 0), &readonly).expect("pv");
     assert_eq!(pv.spec.expect("spec").csi.expect("csi").read_only, None);

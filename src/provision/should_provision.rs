@@ -98,7 +98,7 @@ pub fn annotated_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
     annotations
         .get(wk::ANN_STORAGE_PROVISIONER)
         .or_else(|| annotations.get(wk::ANN_BETA_STORAGE_PROVISIONER))
-        .map(String::as_str)
+        .map(|provisioner| provisioner.as_str())
 }
 
 /// The in-tree provisioner name our driver also answers for (CSI
@@ -133,8 +133,10 @@ fn annotation_verdict(
                 .annotations
                 .as_ref()
                 .and_then(|annotations| annotations.get(wk::ANN_MIGRATED_TO));
-            (migrated_to != Some(&config.driver_name)).then(|| SkipReason::InTreeNotMigrated {
-                provisioner: name.to_owned(),
+            (migrated_to.map(|to| to.as_str()) != Some(config.driver_name.as_str())).then(|| {
+                SkipReason::InTreeNotMigrated {
+                    provisioner: name.to_owned(),
+                }
             })
         }
         _ => Some(SkipReason::NotOurProvisioner {
@@ -194,7 +196,11 @@ pub fn should_provision(
     if let Some(node_deployment) = &config.node_deployment {
         match selected_node {
             Some(node) if *node == node_deployment.node_name => {}
-            Some(node) => return Skip(SkipReason::SelectedOtherNode { node: node.clone() }),
+            Some(node) => {
+                return Skip(SkipReason::SelectedOtherNode {
+                    node: node.to_string(),
+                });
+            }
             None if binding_mode == Some("Immediate") && node_deployment.immediate_binding => {
                 return ProvisionDecision::BecomeOwner;
             }

@@ -70,7 +70,7 @@ impl TemplateContext<'_> {
             Token::PvName => Some(self.pv_name),
             Token::PvcName => Some(self.pvc_name),
             Token::PvcNamespace => Some(self.pvc_namespace),
-            Token::PvcAnnotation(key) => self.pvc_annotations?.get(key).map(String::as_str),
+            Token::PvcAnnotation(key) => self.pvc_annotations?.get(key).map(|value| value.as_str()),
         }
     }
 }

@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
-use crate::projection::PersistentVolume;
 use crate::projection::VolumeAttachment;
+use crate::projection::{PersistentVolume, Shared};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
@@ -243,7 +243,7 @@ fn still_cached(ctx: &Context, name: &str, uid: &str) -> bool {
 
 /// The JSON patch that removes our finalizer from the PV with `uid` (and
 /// from no other PV of the same name); `None` when it is not there.
-pub fn finalizer_removal_patch(finalizers: &[String], uid: &str) -> Option<serde_json::Value> {
+pub fn finalizer_removal_patch(finalizers: &[Shared], uid: &str) -> Option<serde_json::Value> {
     remove_finalizer_patch(finalizers, wk::FINALIZER_PV).map(|patch| guard_uid(patch, uid))
 }
 

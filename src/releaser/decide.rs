@@ -154,7 +154,7 @@ fn claim_is_managed(pv: &PersistentVolume, claim: &PersistentVolumeClaim, id: &s
         return false;
     };
     let names_it = claim_ref.namespace.is_some()
-        && claim_ref.namespace == claim.metadata.namespace
+        && claim_ref.namespace.as_deref() == claim.metadata.namespace.as_deref()
         && claim_ref.name.is_some()
         && claim_ref.name == claim.metadata.name
         && claim_ref
@@ -181,7 +181,7 @@ fn pv_label(pv: &PersistentVolume) -> Option<&str> {
         .labels
         .as_ref()
         .and_then(|labels| labels.get(wk::LABEL_PV_RELEASER_MANAGED_BY))
-        .map(String::as_str)
+        .map(|label| label.as_str())
 }
 
 /// The merge patch adding our label, guarded by the resourceVersion the

@@ -1,3 +1,4 @@
+use crate::projection::Shared;
 use std::collections::BTreeMap;
 
 use crate::projection::{CSIPersistentVolumeSource, PersistentVolumeSpec, PersistentVolumeStatus};
@@ -39,8 +40,8 @@ fn pv() -> PersistentVolume {
         }
         .into(),
         spec: Some(PersistentVolumeSpec {
-            storage_class_name: Some("keep".to_owned()),
-            persistent_volume_reclaim_policy: Some("Retain".to_owned()),
+            storage_class_name: Some("keep".into()),
+            persistent_volume_reclaim_policy: Some("Retain".into()),
             claim_ref: Some(ObjectReference {
                 kind: Some("PersistentVolumeClaim".to_owned()),
                 namespace: Some("ns".to_owned()),
@@ -49,14 +50,14 @@ fn pv() -> PersistentVolume {
                 ..ObjectReference::default()
             }),
             csi: Some(CSIPersistentVolumeSource {
-                driver: DRIVER.to_owned(),
+                driver: DRIVER.into(),
                 volume_handle: "h".to_owned(),
                 ..CSIPersistentVolumeSource::default()
             }),
             ..PersistentVolumeSpec::default()
         }),
         status: Some(PersistentVolumeStatus {
-            phase: Some("Released".to_owned()),
+            phase: Some("Released".into()),
         }),
     }
 }
@@ -68,14 +69,14 @@ fn labelled(mut pv: PersistentVolume, id: &str) -> PersistentVolume {
 
 fn in_phase(mut pv: PersistentVolume, phase: Option<&str>) -> PersistentVolume {
     pv.status = phase.map(|p| PersistentVolumeStatus {
-        phase: Some(p.to_owned()),
+        phase: Some(p.into()),
     });
     pv
 }
 
 fn with_policy(mut pv: PersistentVolume, policy: Option<&str>) -> PersistentVolume {
     if let Some(spec) = pv.spec.as_mut() {
-        spec.persistent_volume_reclaim_policy = policy.map(str::to_owned);
+        spec.persistent_volume_reclaim_policy = policy.map(Shared::from);
     }
     pv
 }
@@ -118,7 +119,7 @@ fn other_driver(mut pv: PersistentVolume) -> PersistentVolume {
     pv.metadata.annotations =
         labels(&[(wk::ANN_PROVISIONED_BY, "other.csi.example.com")]).map(Into::into);
     if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
-        csi.driver = "other.csi.example.com".to_owned();
+        csi.driver = "other.csi.example.com".into();
     }
     pv
 }
@@ -304,7 +305,7 @@ fn verdicts() {
             {
                 let mut p = pv();
                 if let Some(spec) = p.spec.as_mut() {
-                    spec.storage_class_name = Some(String::new());
+                    spec.storage_class_name = Some(Shared::default());
                 }
                 p
             },
@@ -437,7 +438,7 @@ fn verdicts() {
             None,
             Some(PersistentVolumeClaim {
                 metadata: Meta {
-                    namespace: Some("elsewhere".to_owned()),
+                    namespace: Some("elsewhere".into()),
                     ..claim(Some(ID)).metadata
                 },
                 ..claim(Some(ID))

@@ -397,8 +397,9 @@ impl<'a> ClassRequest<'a> {
             .annotations
             .as_ref()
             .and_then(|a| a.get(wk::ANN_BETA_STORAGE_CLASS))
-            .or_else(|| claim.spec.as_ref()?.storage_class_name.as_ref());
-        match name.map(String::as_str) {
+            .map(|class| class.as_str())
+            .or_else(|| claim.spec.as_ref()?.storage_class_name.as_deref());
+        match name {
             None => ClassRequest::Default,
             Some("") => ClassRequest::NoClass,
             Some(name) => ClassRequest::Named(name),
@@ -531,7 +532,7 @@ pub fn plan_set<'p>(
         let Some(name) = claim.metadata.name.as_deref() else {
             continue;
         };
-        if claim.metadata.namespace != set.metadata.namespace {
+        if claim.metadata.namespace.as_deref() != set.metadata.namespace.as_deref() {
             continue;
         }
         let Some(ordinal) = claim_ordinal(name, set_name, template_names.iter().copied()) else {
@@ -584,13 +585,13 @@ pub fn selector_matches(
         .match_labels
         .iter()
         .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
+        .all(|(k, v)| labels.get(k).is_some_and(|label| label == v));
     let expressions = selector.match_expressions.iter().flatten().all(|e| {
         let value = labels.get(&e.key);
         let values = e.values.as_deref().unwrap_or_default();
         match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "In" => value.is_some_and(|v| values.iter().any(|w| v == w)),
+            "NotIn" => value.is_none_or(|v| !values.iter().any(|w| v == w)),
             "Exists" => value.is_some(),
             "DoesNotExist" => value.is_none(),
             _ => false,

@@ -3,6 +3,7 @@
 //! cannot hide behind the same mistake in the test.
 
 use crate::projection::PersistentVolumeClaimSpec;
+use crate::projection::Shared;
 use crate::projection::StorageClass;
 use crate::projection::{PersistentVolumeClaim, Pod};
 use crate::projection::{StatefulSet, StatefulSetSpec};
@@ -596,7 +597,7 @@ fn claim_with_class(name: &str, class: Option<&str>) -> PersistentVolumeClaim {
         }
         .into(),
         spec: Some(PersistentVolumeClaimSpec {
-            storage_class_name: class.map(str::to_owned),
+            storage_class_name: class.map(Shared::from),
             ..Default::default()
         }),
         status: None,
