@@ -52,7 +52,8 @@ pub use small::{
     VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttributesClass,
 };
 pub use volume::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus,
+    CSIPersistentVolumeSource, ClaimReference, PersistentVolume, PersistentVolumeSpec,
+    PersistentVolumeStatus,
 };
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -27,7 +27,7 @@ pub struct PersistentVolumeSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Map<Quantity>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub claim_ref: Option<k8s::ObjectReference>,
+    pub claim_ref: Option<ClaimReference>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub csi: Option<CSIPersistentVolumeSource>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -118,6 +118,47 @@ impl CSIPersistentVolumeSource {
     }
 }
 
+/// The claim a volume is bound to, as the loops read it: which claim (the
+/// uid tells a re-created claim of the same name apart). Its
+/// resourceVersion and fieldPath are read by no loop and not kept.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ClaimReference {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<Shared>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Shared>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<Shared>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl ClaimReference {
+    fn to_object(&self) -> k8s::ObjectReference {
+        k8s::ObjectReference {
+            api_version: convert(&self.api_version),
+            kind: convert(&self.kind),
+            name: self.name.clone(),
+            namespace: convert(&self.namespace),
+            uid: self.uid.clone(),
+            ..k8s::ObjectReference::default()
+        }
+    }
+
+    fn project(reference: &k8s::ObjectReference) -> Self {
+        ClaimReference {
+            api_version: convert(&reference.api_version),
+            kind: convert(&reference.kind),
+            name: reference.name.clone(),
+            namespace: convert(&reference.namespace),
+            uid: reference.uid.clone(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct PersistentVolumeStatus {
@@ -130,11 +171,11 @@ cached_as!(PersistentVolume, k8s::PersistentVolume);
 /// The spec's fields copied from `$spec` into `$target`: as they are, and
 /// the in-tree sources through `$source` (boxed in the projection).
 macro_rules! spec_fields {
-    ($spec:expr, $source:ident, $capacity:expr, $csi:expr, $target:path $(, $rest:expr)?) => {{
+    ($spec:expr, $source:ident, $capacity:expr, $csi:expr, $claim_ref:expr, $target:path $(, $rest:expr)?) => {{
         $target {
             access_modes: convert_all(&$spec.access_modes),
             capacity: $spec.capacity.as_ref().map($capacity),
-            claim_ref: $spec.claim_ref.clone(),
+            claim_ref: $spec.claim_ref.as_ref().map($claim_ref),
             csi: $spec.csi.as_ref().map($csi),
             mount_options: $spec.mount_options.clone(),
             node_affinity: $spec.node_affinity.clone(),
@@ -174,6 +215,7 @@ impl Projection for PersistentVolume {
                     unbox,
                     Map::to_btree,
                     CSIPersistentVolumeSource::to_object,
+                    ClaimReference::to_object,
                     k8s::PersistentVolumeSpec,
                     k8s::PersistentVolumeSpec::default()
                 )
@@ -199,6 +241,7 @@ impl Projection for PersistentVolume {
                     boxed,
                     Map::from,
                     CSIPersistentVolumeSource::project,
+                    ClaimReference::project,
                     PersistentVolumeSpec
                 )
             }),

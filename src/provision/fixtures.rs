@@ -2,15 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::projection::StorageClass;
 use crate::projection::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus,
     VolumeResourceRequirements,
 };
+use crate::projection::{ClaimReference, StorageClass};
 use k8s_openapi::api::core::v1::{
-    AWSElasticBlockStoreVolumeSource, ObjectReference, TopologySelectorLabelRequirement,
-    TopologySelectorTerm,
+    AWSElasticBlockStoreVolumeSource, TopologySelectorLabelRequirement, TopologySelectorTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -188,11 +187,11 @@ pub fn source_volume() -> PersistentVolume {
                 volume_handle: "source-handle".to_owned(),
                 ..CSIPersistentVolumeSource::default()
             }),
-            claim_ref: Some(ObjectReference {
+            claim_ref: Some(ClaimReference {
                 name: Some("source".to_owned()),
-                namespace: Some("ns".to_owned()),
+                namespace: Some("ns".into()),
                 uid: Some("source-uid".to_owned()),
-                ..ObjectReference::default()
+                ..ClaimReference::default()
             }),
             ..PersistentVolumeSpec::default()
         }),
@@ -218,11 +217,11 @@ pub fn released_volume() -> PersistentVolume {
                 volume_handle: "handle-1".to_owned(),
                 ..CSIPersistentVolumeSource::default()
             }),
-            claim_ref: Some(ObjectReference {
+            claim_ref: Some(ClaimReference {
                 name: Some("data".to_owned()),
-                namespace: Some("ns".to_owned()),
+                namespace: Some("ns".into()),
                 uid: Some(CLAIM_UID.to_owned()),
-                ..ObjectReference::default()
+                ..ClaimReference::default()
             }),
             persistent_volume_reclaim_policy: Some("Delete".into()),
             storage_class_name: Some("fast".into()),
@@ -302,11 +301,11 @@ pub fn migrated_volume() -> PersistentVolume {
                 fs_type: Some("ext4".to_owned()),
                 ..AWSElasticBlockStoreVolumeSource::default()
             })),
-            claim_ref: Some(ObjectReference {
+            claim_ref: Some(ClaimReference {
                 name: Some("data".to_owned()),
-                namespace: Some("ns".to_owned()),
+                namespace: Some("ns".into()),
                 uid: Some(CLAIM_UID.to_owned()),
-                ..ObjectReference::default()
+                ..ClaimReference::default()
             }),
             persistent_volume_reclaim_policy: Some("Delete".into()),
             storage_class_name: Some("gp2".into()),

@@ -1,8 +1,7 @@
-use crate::projection::Shared;
+use crate::projection::{ClaimReference, Shared};
 use std::collections::BTreeMap;
 
 use crate::projection::{CSIPersistentVolumeSource, PersistentVolumeSpec, PersistentVolumeStatus};
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::*;
@@ -42,12 +41,12 @@ fn pv() -> PersistentVolume {
         spec: Some(PersistentVolumeSpec {
             storage_class_name: Some("keep".into()),
             persistent_volume_reclaim_policy: Some("Retain".into()),
-            claim_ref: Some(ObjectReference {
-                kind: Some("PersistentVolumeClaim".to_owned()),
-                namespace: Some("ns".to_owned()),
+            claim_ref: Some(ClaimReference {
+                kind: Some("PersistentVolumeClaim".into()),
+                namespace: Some("ns".into()),
                 name: Some("data".to_owned()),
                 uid: Some("claim-uid".to_owned()),
-                ..ObjectReference::default()
+                ..ClaimReference::default()
             }),
             csi: Some(CSIPersistentVolumeSource {
                 driver: DRIVER.into(),
@@ -592,7 +591,7 @@ fn messages_and_claim_refs() {
     assert_eq!(claim_ref_name(&without_claim_ref(pv())), None);
     let mut empty = pv();
     if let Some(r) = empty.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
-        r.namespace = Some(String::new());
+        r.namespace = Some(Shared::default());
     }
     assert_eq!(claim_ref_name(&empty), None);
     assert!(released_message(&pv(), ID).contains("claim ns/data (uid claim-uid)"));
