@@ -285,7 +285,10 @@ where
                             queue.done(&key);
                             break;
                         }
-                        work(key.clone()).await;
+                        // Boxed: inline, the largest operation's state
+                        // (16 KB for provisioning) would be part of every
+                        // idle worker, a hundred of them by default.
+                        Box::pin(work(key.clone())).await;
                         queue.done(&key);
                     }
                 })
