@@ -86,12 +86,7 @@ pub fn data_source_ref(
     claim: &PersistentVolumeClaim,
     config: &ProvisionerConfig,
 ) -> Result<Option<DataSourceRef>, ProvisionError> {
-    let claim_namespace = claim
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or_default()
-        .to_owned();
+    let claim_namespace = claim.namespace().unwrap_or_default();
     let spec = claim.spec.as_ref();
     let (kind, name, api_group, namespace) =
         if let Some(source) = spec.and_then(|s| s.data_source.as_ref()) {
@@ -226,12 +221,7 @@ fn clone_source(
 ) -> Result<Type, DataSourceError> {
     let source_claim = source_claim.ok_or_else(|| DataSourceError::SourceClaimNotFound {
         name: source.name.clone(),
-        namespace: claim
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or_default()
-            .to_owned(),
+        namespace: claim.namespace().unwrap_or_default(),
     })?;
     let phase = source_claim
         .status

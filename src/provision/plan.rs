@@ -217,12 +217,7 @@ pub fn plan_provision(
     };
     let spec = claim.spec.clone().unwrap_or_default();
     let claim_identity = ClaimIdentity {
-        namespace: claim
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or_default()
-            .to_owned(),
+        namespace: claim.namespace().unwrap_or_default(),
         name: claim.metadata.name.clone().unwrap_or_default(),
         uid: claim.metadata.uid.clone().unwrap_or_default(),
         resource_version: claim.metadata.resource_version.clone(),
@@ -293,12 +288,7 @@ pub fn plan_provision(
                 kind: source.kind.kind_name().to_owned(),
                 namespace: source.namespace.clone(),
                 name: source.name.clone(),
-                claim_namespace: claim
-                    .metadata
-                    .namespace
-                    .as_deref()
-                    .unwrap_or_default()
-                    .to_owned(),
+                claim_namespace: claim.namespace().unwrap_or_default(),
                 claim_name: claim.metadata.name.clone().unwrap_or_default(),
             });
         }
