@@ -149,7 +149,10 @@ impl<'de> Visitor<'de> for Filtered {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut kept = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
+        // Keys are decoded as `Shared` directly: a `String` per key, only to
+        // be interned or dropped, was an allocation per annotation on every
+        // watch event. A skipped key leaves the set at the next release.
+        while let Some(key) = map.next_key::<Shared>()? {
             if (self.0)(&key) {
                 kept.push((key, map.next_value::<Shared>()?));
             } else {
