@@ -976,8 +976,12 @@ impl Controller for Driver {
     ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
         let req = self.incoming(request);
         let name = req.name.clone();
-        self.call("CreateVolume", target(&name), self.create_volume_impl(req))
-            .await
+        self.call(
+            "CreateVolume",
+            target(&name),
+            self.to_completion(|d| async move { d.create_volume_impl(req).await }),
+        )
+        .await
     }
 
     async fn delete_volume(
@@ -986,8 +990,12 @@ impl Controller for Driver {
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         let req = self.incoming(request);
         let id = req.volume_id.clone();
-        self.call("DeleteVolume", target(&id), self.delete_volume_impl(req))
-            .await
+        self.call(
+            "DeleteVolume",
+            target(&id),
+            self.to_completion(|d| async move { d.delete_volume_impl(req).await }),
+        )
+        .await
     }
 
     async fn controller_publish_volume(
@@ -1123,7 +1131,7 @@ impl Controller for Driver {
         self.call(
             "CreateSnapshot",
             target(&name),
-            self.create_snapshot_impl(req),
+            self.to_completion(|d| async move { d.create_snapshot_impl(req).await }),
         )
         .await
     }
@@ -1137,7 +1145,7 @@ impl Controller for Driver {
         self.call(
             "DeleteSnapshot",
             target(&id),
-            self.delete_snapshot_impl(req),
+            self.to_completion(|d| async move { d.delete_snapshot_impl(req).await }),
         )
         .await
     }
@@ -1174,7 +1182,7 @@ impl Controller for Driver {
         self.call(
             "ControllerExpandVolume",
             target(&id),
-            self.expand_volume_impl(req),
+            self.to_completion(|d| async move { d.expand_volume_impl(req).await }),
         )
         .await
     }

@@ -572,8 +572,12 @@ impl Node for Driver {
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let req = self.incoming(request);
         let id = req.volume_id.clone();
-        self.call("NodePublishVolume", Some(&id), self.publish_impl(req))
-            .await
+        self.call(
+            "NodePublishVolume",
+            Some(&id),
+            self.to_completion(|d| async move { d.publish_impl(req).await }),
+        )
+        .await
     }
 
     async fn node_unpublish_volume(
@@ -582,8 +586,12 @@ impl Node for Driver {
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let req = self.incoming(request);
         let id = req.volume_id.clone();
-        self.call("NodeUnpublishVolume", Some(&id), self.unpublish_impl(req))
-            .await
+        self.call(
+            "NodeUnpublishVolume",
+            Some(&id),
+            self.to_completion(|d| async move { d.unpublish_impl(req).await }),
+        )
+        .await
     }
 
     async fn node_get_volume_stats(
@@ -602,8 +610,12 @@ impl Node for Driver {
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
         let req = self.incoming(request);
         let id = req.volume_id.clone();
-        self.call("NodeExpandVolume", Some(&id), self.expand_impl(req))
-            .await
+        self.call(
+            "NodeExpandVolume",
+            Some(&id),
+            self.to_completion(|d| async move { d.expand_impl(req).await }),
+        )
+        .await
     }
 
     async fn node_get_capabilities(

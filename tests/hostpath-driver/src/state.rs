@@ -349,6 +349,25 @@ impl Driver {
         })
     }
 
+    /// Runs the body of a request that awaits (and so could stop half-way)
+    /// on a task of its own, and waits for it. tonic drops a handler when
+    /// its caller goes (a deadline passed, the connection closed); the task
+    /// is not dropped with it, so a record written is always indexed, a
+    /// record removed always unindexed, and the name locks are held until
+    /// both are done: a request either never started or finishes whole,
+    /// like a Go handler that does not watch its context.
+    pub(crate) async fn to_completion<T, F, Fut>(&self, body: F) -> Result<T, Status>
+    where
+        F: FnOnce(Driver) -> Fut,
+        Fut: Future<Output = Result<T, Status>> + Send + 'static,
+        T: Send + 'static,
+    {
+        match tokio::spawn(body(self.clone())).await {
+            Ok(result) => result,
+            Err(e) => Err(Status::internal(format!("request task failed: {e}"))),
+        }
+    }
+
     /// A request's message with its volume ids in the records' form.
     pub(crate) fn incoming<T: VolumeIds>(&self, request: tonic::Request<T>) -> T {
         let mut message = request.into_inner();
