@@ -167,6 +167,89 @@ async fn a_managed_claims_volume_is_released_and_claimable_again(backend: Backen
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
+/// A managed claim deleted before its PV was associated, and at once
+/// re-created under its name (what the pod/Job provisioner did from a pod
+/// cache that had not seen the pod's deletion): the new claim, another uid,
+/// must not hide the departed one that the PV's claimRef names, or the PV
+/// stays Released for ever. Test server only: the association is held off
+/// by failing PV patches until the replacement is in the sidecar's cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_claim_does_not_hide_the_departed_one() {
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("keep", "Immediate", "Retain", json!({}))
+        .await;
+    let association = RequestMatch::new(Verb::Patch, "persistentvolumes").remote();
+    env.api().fail_next(u32::MAX, association, 500);
+    env.start_sidecar(&args(&gate_on())).await;
+
+    env.create_pvc(
+        &env.ns,
+        "data",
+        "keep",
+        "5Mi",
+        json!({"metadata": {"labels": {PVC_LABEL: ID}}}),
+    )
+    .await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    let name = pv.metadata.name.clone().expect("pv name");
+    env.delete_pvc(&env.ns, "data").await;
+    wait_released(&env, &name).await;
+    // The replacement names the PV, so that its event queues the PV at
+    // once (the PV is Released, so the binder leaves them apart).
+    env.create_pvc(
+        &env.ns,
+        "data",
+        "",
+        "5Mi",
+        json!({
+            "metadata": {"labels": {PVC_LABEL: ID}},
+            "spec": {"storageClassName": env.class("none-such"), "volumeName": name},
+        }),
+    )
+    .await;
+    // Nothing can be written yet: the sidecar decides with the replacement
+    // in its cache meanwhile.
+    assert_stays("still Released", Duration::from_millis(1500), || async {
+        env.pv(&name)
+            .await
+            .is_some_and(|pv| phase(&pv) == Some("Released") && has_claim_ref(&pv))
+    })
+    .await;
+    env.api().clear_faults();
+    // Released: the claimRef to the departed claim is gone (the binder may
+    // then bind the replacement, which names the PV).
+    let old_uid = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.clone());
+    env.wait_for(
+        "the departed claim's reference removed",
+        Duration::from_secs(30),
+        || async {
+            let pv = env.pv(&name).await?;
+            let uid = pv
+                .spec
+                .as_ref()?
+                .claim_ref
+                .as_ref()
+                .and_then(|r| r.uid.clone());
+            (uid != old_uid).then_some(())
+        },
+    )
+    .await;
+    env.wait_for("Released event", Duration::from_secs(10), || async {
+        let claim = format!("{}/data", env.ns);
+        env.pv_events(&name)
+            .await
+            .iter()
+            .any(|(reason, message)| reason == "Released" && message.contains(&claim))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
 async fn class_annotation_associates_and_delete_policy_is_never_released(backend: Backend) {
     let mut env = Env::new(backend).await;
     annotated_class(&env, "annotated-keep", "Retain").await;

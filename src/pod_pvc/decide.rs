@@ -312,6 +312,24 @@ pub fn claimant_gone(claimed_by: &ClaimedBy, live_uid: Option<&str>) -> bool {
     }
 }
 
+/// A pod or Job as a live read sees it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveClaimant {
+    pub uid: String,
+    /// It has a deletion timestamp.
+    pub deleting: bool,
+}
+
+/// Whether claims may be created for a claimant read from the cache with
+/// `cached_uid`, after a live read found `live` (`None`: not found). The
+/// pod cache lags: deleting a pod deletes its claims, and a claim's deletion
+/// event re-queues the pod, which the cache may still hold; a claim created
+/// from it would have a gone owner and keep the PV bound to a new uid. Only
+/// the same object, not being deleted, gets claims.
+pub fn claimant_current(cached_uid: &str, live: Option<&LiveClaimant>) -> bool {
+    live.is_some_and(|live| !live.deleting && !cached_uid.is_empty() && live.uid == cached_uid)
+}
+
 /// What a failed PVC create means for the claimant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CreateFailure {

@@ -372,3 +372,27 @@ fn a_failed_create_is_classified_by_its_status() {
         assert_eq!(create_failure(status), want, "{status:?}");
     }
 }
+
+#[test]
+fn claims_are_created_only_for_the_claimant_a_live_read_still_finds() {
+    let live = |uid: &str, deleting: bool| LiveClaimant {
+        uid: uid.to_owned(),
+        deleting,
+    };
+    let cases: &[(&str, &str, Option<LiveClaimant>, bool)] = &[
+        ("the same pod", "uid-1", Some(live("uid-1", false)), true),
+        // The cache lags behind the deletion: no claim for a gone pod.
+        ("deleted since the cache saw it", "uid-1", None, false),
+        ("being deleted", "uid-1", Some(live("uid-1", true)), false),
+        (
+            "a new pod of the same name",
+            "uid-1",
+            Some(live("uid-2", false)),
+            false,
+        ),
+        ("no uid cached", "", Some(live("", false)), false),
+    ];
+    for (what, cached, live, want) in cases {
+        assert_eq!(claimant_current(cached, live.as_ref()), *want, "{what}");
+    }
+}

@@ -88,6 +88,23 @@ impl PodPvcProvisioner {
                 .get(&ObjectRef::new(claim).within(namespace))
                 .is_some()
         });
+        // The cache may lag behind the claimant's deletion: a live read
+        // says whether it is still there before anything is created.
+        if steps
+            .iter()
+            .any(|(_, step)| matches!(step, Step::Create(_)))
+        {
+            let live = self.live_claimant(kind, namespace, name).await?;
+            if !decide::claimant_current(claimant.uid, live.as_ref()) {
+                tracing::info!(
+                    kind = kind.label(),
+                    namespace,
+                    name,
+                    "gone or being deleted (the cache is behind): no PVC created"
+                );
+                return Ok(());
+            }
+        }
         let mut failed = None;
         for (volume, step) in steps {
             match step {
@@ -239,19 +256,42 @@ impl PodPvcProvisioner {
 
     /// The uid of the claimant now, `None` when it does not exist.
     async fn live_uid(&self, by: &ClaimedBy) -> Result<Option<String>, PodPvcError> {
-        let uid = match by.kind {
-            OwnerKind::Pod => Api::<Pod>::namespaced(self.client.clone(), &by.namespace)
-                .get_metadata_opt(&by.name)
+        let live = self.live_claimant(by.kind, &by.namespace, &by.name).await?;
+        Ok(live.map(|live| live.uid))
+    }
+
+    /// The claimant as the API server has it now, `None` when it does not
+    /// exist.
+    async fn live_claimant(
+        &self,
+        kind: OwnerKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<decide::LiveClaimant>, PodPvcError> {
+        let live = match kind {
+            OwnerKind::Pod => Api::<Pod>::namespaced(self.client.clone(), namespace)
+                .get_metadata_opt(name)
                 .await
-                .map(|o| o.and_then(|o| o.metadata.uid)),
-            OwnerKind::Job => Api::<Job>::namespaced(self.client.clone(), &by.namespace)
-                .get_metadata_opt(&by.name)
+                .map(live_identity),
+            OwnerKind::Job => Api::<Job>::namespaced(self.client.clone(), namespace)
+                .get_metadata_opt(name)
                 .await
-                .map(|o| o.and_then(|o| o.metadata.uid)),
+                .map(live_identity),
         };
-        uid.map_err(|source| PodPvcError::Api {
-            what: format!("get {} {}/{}", by.kind.label(), by.namespace, by.name),
+        live.map_err(|source| PodPvcError::Api {
+            what: format!("get {} {namespace}/{name}", kind.label()),
             source,
         })
     }
+}
+
+/// What a live metadata read says of a claimant.
+fn live_identity<K>(
+    meta: Option<kube::core::PartialObjectMeta<K>>,
+) -> Option<decide::LiveClaimant> {
+    let meta = meta?.metadata;
+    Some(decide::LiveClaimant {
+        uid: meta.uid?,
+        deleting: meta.deletion_timestamp.is_some(),
+    })
 }

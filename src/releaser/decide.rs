@@ -146,6 +146,32 @@ pub fn keep_departed(verdict: &Verdict) -> bool {
     matches!(verdict, Verdict::Associate)
 }
 
+/// The claim to decide `pv` with: the cached claim its claimRef names, or
+/// the remembered one that departed before the PV was associated. When the
+/// claimRef has a uid, the one with that uid wins: a claim re-created under
+/// the same name (by hand, or by the pod/Job provisioner) is another claim,
+/// and deciding from it would drop the departed claim that is the only
+/// reason the PV is ours to release.
+pub fn claim_to_decide_with<'a>(
+    pv: &PersistentVolume,
+    cached: Option<&'a PersistentVolumeClaim>,
+    departed: Option<&'a PersistentVolumeClaim>,
+) -> Option<&'a PersistentVolumeClaim> {
+    let uid = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.as_deref())
+        .filter(|uid| !uid.is_empty());
+    let has_uid =
+        |claim: &&PersistentVolumeClaim| uid.is_some() && claim.metadata.uid.as_deref() == uid;
+    cached
+        .filter(has_uid)
+        .or(departed.filter(has_uid))
+        .or(cached)
+        .or(departed)
+}
+
 /// Whether `claim` is the claim the PV's claimRef names (namespace, name,
 /// and uid when the claimRef has one: a new claim of the same name is
 /// another claim) and is labelled for our controller id.

@@ -672,3 +672,83 @@ fn a_departed_claim_through_association_and_release() {
         assert_eq!(keep_departed(&verdict), *keep, "{what}: {verdict:?}");
     }
 }
+
+/// `claim` re-created under the same name: another uid.
+fn recreated(mut claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
+    claim.metadata.uid = Some("new-uid".to_owned());
+    claim
+}
+
+#[test]
+fn the_claim_the_claim_ref_names_by_uid_is_decided_with() {
+    let departed = claim(Some(ID));
+    let replacement = recreated(claim(Some(ID)));
+    let mut no_uid = pv();
+    if let Some(r) = no_uid.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+        r.uid = None;
+    }
+    let uid = |c: Option<&PersistentVolumeClaim>| c.and_then(|c| c.metadata.uid.clone());
+    let cases: &[(
+        &str,
+        &PersistentVolume,
+        Option<&PersistentVolumeClaim>,
+        Option<&PersistentVolumeClaim>,
+        Option<&str>,
+    )] = &[
+        // The pod/Job provisioner re-created the claim from a lagging pod
+        // cache: the departed claim is still the PV's.
+        (
+            "a replacement does not hide the departed claim",
+            &pv(),
+            Some(&replacement),
+            Some(&departed),
+            Some("claim-uid"),
+        ),
+        (
+            "the cached claim with the uid",
+            &pv(),
+            Some(&departed),
+            None,
+            Some("claim-uid"),
+        ),
+        (
+            "only the departed claim",
+            &pv(),
+            None,
+            Some(&departed),
+            Some("claim-uid"),
+        ),
+        (
+            "only a replacement: decided with it (and not associated)",
+            &pv(),
+            Some(&replacement),
+            None,
+            Some("new-uid"),
+        ),
+        (
+            "neither has the uid: the cached one",
+            &pv(),
+            Some(&replacement),
+            Some(&recreated(claim(None))),
+            Some("new-uid"),
+        ),
+        (
+            "no uid in the claimRef: the cached one",
+            &no_uid,
+            Some(&replacement),
+            Some(&departed),
+            Some("new-uid"),
+        ),
+        ("no claim", &pv(), None, None, None),
+    ];
+    for (what, pv, cached, departed, want) in cases {
+        let got = claim_to_decide_with(pv, *cached, *departed);
+        assert_eq!(uid(got).as_deref(), *want, "{what}");
+    }
+    // The verdict the worker reaches for the race's PV: associate (and keep
+    // the departed claim until the label lands), not "not associated".
+    let chosen = claim_to_decide_with(&pv(), Some(&replacement), Some(&departed));
+    let verdict = decide(&pv(), None, chosen, &config(true));
+    assert_eq!(verdict, Verdict::Associate);
+    assert!(keep_departed(&verdict));
+}

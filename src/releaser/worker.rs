@@ -61,7 +61,7 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
         .unwrap_or_else(|p| p.into_inner())
         .get(name)
         .cloned();
-    let claim = cached_claim.or(departed.clone());
+    let claim = decide::claim_to_decide_with(&pv, cached_claim.as_deref(), departed.as_deref());
     let resource_version = pv.metadata.resource_version.clone().unwrap_or_default();
     let id = ctx.config.controller_id.as_str();
     {
@@ -73,7 +73,7 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
         written_from.remove(name);
     }
 
-    let verdict = decide::decide(&pv, class.as_deref(), claim.as_deref(), &ctx.config);
+    let verdict = decide::decide(&pv, class.as_deref(), claim, &ctx.config);
     if departed.is_some() && !decide::keep_departed(&verdict) {
         ctx.departed
             .lock()
