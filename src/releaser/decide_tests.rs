@@ -688,13 +688,14 @@ fn the_claim_the_claim_ref_names_by_uid_is_decided_with() {
         r.uid = None;
     }
     let uid = |c: Option<&PersistentVolumeClaim>| c.and_then(|c| c.metadata.uid.clone());
-    let cases: &[(
-        &str,
-        &PersistentVolume,
-        Option<&PersistentVolumeClaim>,
-        Option<&PersistentVolumeClaim>,
-        Option<&str>,
-    )] = &[
+    type Case<'a> = (
+        &'a str,
+        &'a PersistentVolume,
+        Option<&'a PersistentVolumeClaim>,
+        Option<&'a PersistentVolumeClaim>,
+        Option<&'a str>,
+    );
+    let cases: &[Case] = &[
         // The pod/Job provisioner re-created the claim from a lagging pod
         // cache: the departed claim is still the PV's.
         (
