@@ -152,6 +152,7 @@ struct Metrics {
     events_dropped: Family<NoLabels, Counter>,
     remembered: Family<WhatLabels, Gauge>,
     events_coalesced: Family<NoLabels, Counter>,
+    patches_refused: Family<WhatLabels, Counter>,
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
     capacity_obsolete: Family<NoLabels, Gauge>,
@@ -217,6 +218,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         leader: Family::default(),
         capability: Family::default(),
         events_dropped: Family::default(),
+        patches_refused: Family::default(),
         remembered: Family::default(),
         events_coalesced: Family::default(),
         capacity_goal: Family::default(),
@@ -340,7 +342,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         &mut registry,
         &mut help,
         "csi_provisioner_remembered_objects",
-        "Objects remembered between events, by what for: event_filter (the last event of each object), deleted_volumes (PVs whose backend volume is deleted), in_flight (operations whose volume may exist without a PV). Each must fall back as objects go.",
+        "Objects remembered between events, by what for: event_filter (the last event of each object), deleted_volumes (PVs whose backend volume is deleted), finalizer_writes (finalizer changes the cache has not seen yet), in_flight (operations whose volume may exist without a PV). Each must fall back as objects go.",
         m.remembered.clone(),
     );
     register(
@@ -349,6 +351,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "csi_provisioner_events_dropped",
         "Events dropped because the queue of events waiting for spare API budget was full.",
         m.events_dropped.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_patches_refused",
+        "JSON patches the API server refused (422) although their tests still held on the live object, by what they did: an invalid patch, not a stale cache, so they are not retried until the object changes.",
+        m.patches_refused.clone(),
     );
     register(
         &mut registry,
@@ -845,6 +854,16 @@ pub fn set_remembered(what: &str, count: usize) {
 
 pub fn count_event_dropped() {
     METRICS.events_dropped.get_or_create(&NoLabels {}).inc();
+}
+
+/// A JSON patch refused although its tests held (see the metric's help).
+pub fn count_patch_refused(what: &str) {
+    METRICS
+        .patches_refused
+        .get_or_create(&WhatLabels {
+            what: what.to_owned(),
+        })
+        .inc();
 }
 
 pub fn count_event_coalesced() {

@@ -211,3 +211,7 @@ pub const REASON_VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 pub const REASON_RELEASED: &str = "Released";
 /// Warning event on a PV the PV releaser loop failed to release.
 pub const REASON_ERR_RELEASE_PV: &str = "ErrReleasePV";
+/// Warning event on a PV whose finalizer patch the API server refused
+/// (422) although the PV was as the patch expected: not a stale cache. No
+/// upstream counterpart (the Go image retries such a patch for ever).
+pub const REASON_FINALIZER_PATCH_REFUSED: &str = "FinalizerPatchRefused";

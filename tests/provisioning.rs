@@ -8,6 +8,7 @@ use std::time::Duration;
 use csi_hostpath::faults::Fault;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube_testserver::{RequestMatch, Verb};
 use serde_json::json;
 use support::{Backend, ClusterConfig, Env, FINALIZER, finalizers};
 
@@ -247,6 +248,66 @@ async fn existing_pvs_get_the_finalizer_and_a_rollback_removes_it(backend: Backe
     )
     .await;
     env.assert_consistent().await;
+}
+
+/// A 422 on a finalizer patch whose tests hold on the live PV is the API
+/// server refusing the result, not a stale cache: a warning event, and no
+/// retry until the PV changes. (Before, every 422 was taken for staleness
+/// and retried with backoff for ever, without a word.) Test server only:
+/// the refusal is injected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_finalizer_patch_is_reported_and_not_retried_blindly() {
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&["--feature-gates=HonorPVReclaimPolicy=false"])
+        .await;
+    let (_, name) = env.provision(&env.ns, "old", "fast").await;
+    assert_eq!(env.stop_sidecar(), Some(0));
+
+    let refusal = RequestMatch::new(Verb::Patch, "persistentvolumes")
+        .name(&name)
+        .remote();
+    env.api().fail_next(u32::MAX, refusal, 422);
+    env.start_sidecar(&[]).await;
+    env.wait_for(
+        "FinalizerPatchRefused event",
+        Duration::from_secs(20),
+        || async {
+            env.pv_events(&name)
+                .await
+                .iter()
+                .any(|(reason, _)| reason == "FinalizerPatchRefused")
+                .then_some(())
+        },
+    )
+    .await;
+    let patches = env.api().request_count(Verb::Patch, "persistentvolumes");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let retried = env.api().request_count(Verb::Patch, "persistentvolumes") - patches;
+    assert!(
+        retried <= 1,
+        "{retried} more patches of an unchanged PV in 2 s: retried blindly"
+    );
+    // The PV changes (here: the refusal is lifted and the PV labelled): it
+    // is tried again, and the finalizer lands.
+    env.api().clear_faults();
+    Api::<PersistentVolume>::all(env.client.clone())
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("label the PV");
+    env.wait_for("finalizer added", Duration::from_secs(20), || async {
+        let pv = env.pv(&name).await?;
+        finalizers(&pv)
+            .contains(&FINALIZER.to_owned())
+            .then_some(())
+    })
+    .await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
 async fn wait_for_first_consumer_waits_for_the_selected_node(backend: Backend) {

@@ -132,6 +132,18 @@ pub fn delete_waiting_for_detach(volume_name: &str, node: &str) -> EventNote {
     }
 }
 
+/// On the volume, when the API server refused a finalizer patch whose
+/// tests held on the live PV (`what` says which change).
+pub fn finalizer_patch_refused(what: &str, error: &str) -> EventNote {
+    EventNote {
+        event_type: EventType::Warning,
+        reason: wk::REASON_FINALIZER_PATCH_REFUSED,
+        message: format!(
+            "the API server refused to {what} although the volume is as the patch expects: {error}; not retried until the volume changes"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -157,6 +157,69 @@ pub struct DeletedVolume {
     pub finalizer_removed: bool,
 }
 
+/// PV uid → the resourceVersion a finalizer change (HonorPVReclaimPolicy's
+/// add, or removal for a Retain PV or with the gate off) was patched from.
+/// Until the cache moves past that version, the same change is not sent
+/// again: it was, and its update event queues the PV. Entries go when the
+/// cache moves on and when the PV goes, so it stays as small as the number
+/// of writes the cache has not seen yet.
+#[derive(Debug, Default)]
+pub struct FinalizerWrites(Mutex<HashMap<String, String>>);
+
+impl FinalizerWrites {
+    /// Whether a finalizer change was written from `resource_version` of
+    /// the PV `uid` (an entry for an older version is dropped).
+    pub fn written(&self, uid: &str, resource_version: &str) -> bool {
+        let mut writes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match writes.get(uid) {
+            Some(from) if from == resource_version => true,
+            Some(_) => {
+                writes.remove(uid);
+                crate::metrics::set_remembered("finalizer_writes", writes.len());
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Records a change written from `resource_version`.
+    pub fn wrote(&self, uid: &str, resource_version: &str) {
+        let mut writes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        writes.insert(uid.to_owned(), resource_version.to_owned());
+        crate::metrics::set_remembered("finalizer_writes", writes.len());
+    }
+
+    /// The PV is gone.
+    pub fn forget(&self, uid: &str) {
+        let mut writes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if writes.remove(uid).is_some() {
+            crate::metrics::set_remembered("finalizer_writes", writes.len());
+        }
+    }
+}
+
+#[cfg(test)]
+mod finalizer_writes_tests {
+    use super::FinalizerWrites;
+
+    #[test]
+    fn a_change_is_not_sent_twice_from_the_same_state() {
+        let writes = FinalizerWrites::default();
+        assert!(!writes.written("u1", "7"), "nothing written yet");
+        writes.wrote("u1", "7");
+        assert!(writes.written("u1", "7"), "the cache still shows version 7");
+        assert!(!writes.written("u2", "7"), "another PV");
+        assert!(!writes.written("u1", "8"), "the cache moved on");
+        assert!(
+            !writes.written("u1", "7"),
+            "the entry went when it moved on"
+        );
+        writes.wrote("u1", "9");
+        writes.forget("u1");
+        assert!(!writes.written("u1", "9"), "the PV went");
+    }
+}
+
 /// Everything a worker needs.
 pub struct Context {
     pub client: Client,
@@ -172,6 +235,8 @@ pub struct Context {
     /// that follow do not call `DeleteVolume` again (upstream #1235), nor
     /// send the finalizer removal again from a cache that has not seen it.
     pub deleted_volumes: Arc<Mutex<HashMap<String, DeletedVolume>>>,
+    /// Finalizer changes the cache has not seen yet.
+    pub finalizer_writes: Arc<FinalizerWrites>,
     /// Told of each volume provisioned or deleted (capacity refresh).
     pub volume_events: Arc<crate::shared::VolumeEvents>,
     /// Node deployment: this node's Node and CSINode, planned with instead
@@ -364,7 +429,9 @@ pub async fn new(
     // forgotten here and in the event filter, so neither grows with the
     // number of PVs ever deleted (docs/design.md, hazard 12).
     let deleted_volumes: Arc<Mutex<HashMap<String, DeletedVolume>>> = Arc::default();
+    let finalizer_writes: Arc<FinalizerWrites> = Arc::default();
     {
+        let finalizer_writes = Arc::clone(&finalizer_writes);
         let queue = volumes.clone();
         let config = config.clone();
         let deleted_volumes = Arc::clone(&deleted_volumes);
@@ -383,6 +450,7 @@ pub async fn new(
                     let mut deleted = deleted_volumes.lock().unwrap_or_else(|p| p.into_inner());
                     deleted.remove(&uid);
                     crate::metrics::set_remembered("deleted_volumes", deleted.len());
+                    finalizer_writes.forget(&uid);
                     recorder.forget(&uid);
                 }
             }
@@ -399,6 +467,7 @@ pub async fn new(
         claims: claims.clone(),
         volumes: volumes.clone(),
         deleted_volumes,
+        finalizer_writes,
         volume_events: Arc::clone(&shared.volume_events),
         local_topology,
         infeasible: InfeasibleClaims::new(shared.backoff.max),

@@ -52,23 +52,32 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
     let api: Api<crate::projection::Wire<PersistentVolume>> = Api::all(ctx.client.clone());
 
     if let Some(change) = pv_finalizer_change(&pv, &ctx.config) {
-        let patch = match change {
-            FinalizerChange::Add => add_finalizer_patch(
-                pv.metadata.finalizers.as_deref(),
-                wk::FINALIZER_PV,
-                pv.metadata.resource_version.as_deref().unwrap_or_default(),
+        let resource_version = pv.metadata.resource_version.as_deref().unwrap_or_default();
+        let uid = pv.uid().unwrap_or_default();
+        if ctx.finalizer_writes.written(&uid, resource_version) {
+            // Patched from this very state: the cache has not seen our
+            // write yet, and its update event queues the PV again.
+            tracing::debug!(volume = %name, "finalizer already changed; the cache has not seen it yet");
+            return Ok(());
+        }
+        let (patch, what) = match change {
+            FinalizerChange::Add => (
+                add_finalizer_patch(
+                    pv.metadata.finalizers.as_deref(),
+                    wk::FINALIZER_PV,
+                    resource_version,
+                ),
+                "add the finalizer",
             ),
-            FinalizerChange::Remove => remove_finalizer_patch(pv.finalizers(), wk::FINALIZER_PV),
+            FinalizerChange::Remove => (
+                remove_finalizer_patch(pv.finalizers(), wk::FINALIZER_PV),
+                "remove the finalizer",
+            ),
         };
         if let Some(patch) = patch {
-            let uid = pv.uid().unwrap_or_default();
-            return apply_json_patch(
-                &api,
-                name,
-                guard_uid(patch, &uid),
-                &format!("{change:?} finalizer"),
-            )
-            .await;
+            apply_json_patch(ctx, &api, &pv, guard_uid(patch, &uid), what).await?;
+            ctx.finalizer_writes.wrote(&uid, resource_version);
+            return Ok(());
         }
     }
 
@@ -219,7 +228,7 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         return Ok(());
     }
     if let Some(patch) = finalizer_removal_patch(pv.finalizers(), &uid) {
-        apply_json_patch(&api, name, patch, "remove finalizer").await?;
+        apply_json_patch(ctx, &api, &pv, patch, "remove the finalizer").await?;
         if let Some(deleted) = ctx
             .deleted_volumes
             .lock()
@@ -258,24 +267,34 @@ fn guard_uid(patch: serde_json::Value, uid: &str) -> serde_json::Value {
     serde_json::Value::Array(ops)
 }
 
-/// Applies a JSON patch built from the cached object. Its `test` operation
-/// fails (422) when the cache was stale; the update event that made it
-/// stale queues the PV again, so that is not an error. NotFound is done.
+/// Applies a JSON patch built from the cached object `pv`. Its `test`
+/// operations fail (422) when the cache was stale; the update event that
+/// made it stale queues the PV again. But a 422 is also the API server
+/// refusing a patch whose tests hold (an invalid result): retrying that
+/// from the same state can never succeed, so a live read tells the two
+/// apart ([`patch_applies`]). NotFound is done.
 async fn apply_json_patch(
+    ctx: &Context,
     api: &Api<crate::projection::Wire<PersistentVolume>>,
-    name: &str,
+    pv: &PersistentVolume,
     patch: serde_json::Value,
     what: &str,
 ) -> Result<(), Retry> {
+    let name = pv.name_any();
+    let name = name.as_str();
     let patch: json_patch::Patch = match serde_json::from_value(patch) {
         Ok(p) => p,
         Err(e) => {
-            tracing::error!(volume = %name, error = %e, "internal: bad JSON patch for {what}");
+            tracing::error!(volume = %name, error = %e, "internal: bad JSON patch to {what}");
             return Err(Retry::Backoff);
         }
     };
     match api
-        .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch.clone()),
+        )
         .await
     {
         Ok(_) => {
@@ -283,13 +302,97 @@ async fn apply_json_patch(
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => {
-            tracing::debug!(volume = %name, "{what}: cache was stale, waiting for the next event");
+        Err(kube::Error::Api(s)) if s.code == 422 => {
+            refused_or_stale(ctx, pv, &patch, what, &s.message).await
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            tracing::debug!(volume = %name, "{what}: conflict, waiting for the next event");
             Err(Retry::Backoff)
         }
         Err(e) => {
             tracing::warn!(volume = %name, error = %e, "{what} failed");
             Err(Retry::Backoff)
         }
+    }
+}
+
+/// After a 422: reads the PV live. When the patch still applies to it, the
+/// API server refused the result, not a stale test: a warning, an event
+/// and a metric, and no retry until the PV changes (its next event queues
+/// it). Otherwise the cache was stale: retried with backoff.
+async fn refused_or_stale(
+    ctx: &Context,
+    pv: &PersistentVolume,
+    patch: &json_patch::Patch,
+    what: &str,
+    message: &str,
+) -> Result<(), Retry> {
+    let name = pv.name_any();
+    // The whole object, not the projection: the patch may test any field.
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(ctx.client.clone());
+    let live = match api.get_opt(&name).await {
+        Ok(Some(live)) => live,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            tracing::warn!(volume = %name, error = %e, "{what}: refused (422), and reading the PV failed");
+            return Err(Retry::Backoff);
+        }
+    };
+    let applies = serde_json::to_value(&live).is_ok_and(|live| patch_applies(&live, patch));
+    if !applies {
+        tracing::debug!(volume = %name, "{what}: cache was stale, waiting for the next event");
+        return Err(Retry::Backoff);
+    }
+    tracing::warn!(volume = %name, error = %message, "{what}: the API server refused the patch although the PV is as it expects; not retrying until the PV changes");
+    crate::metrics::count_patch_refused(what);
+    ctx.recorder
+        .record_note(pv, &notes::finalizer_patch_refused(what, message))
+        .await;
+    Ok(())
+}
+
+/// Whether every operation of `patch` (its tests first) applies to `live`.
+pub fn patch_applies(live: &serde_json::Value, patch: &json_patch::Patch) -> bool {
+    let mut document = live.clone();
+    json_patch::patch(&mut document, patch).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn patch(value: serde_json::Value) -> json_patch::Patch {
+        serde_json::from_value(value).expect("a JSON patch")
+    }
+
+    #[test]
+    fn a_patch_applies_only_when_its_tests_hold_on_the_live_object() {
+        let live = json!({"metadata": {"uid": "u1", "resourceVersion": "7", "finalizers": ["a", wk::FINALIZER_PV]}});
+        let remove = finalizer_removal_patch(&["a".into(), wk::FINALIZER_PV.into()], "u1")
+            .map(patch)
+            .expect("a removal");
+        assert!(
+            patch_applies(&live, &remove),
+            "tests hold: a refusal is not staleness"
+        );
+        let other_uid = finalizer_removal_patch(&["a".into(), wk::FINALIZER_PV.into()], "u2")
+            .map(patch)
+            .expect("a removal");
+        assert!(!patch_applies(&live, &other_uid), "another PV of the name");
+        let stale_list = finalizer_removal_patch(&[wk::FINALIZER_PV.into()], "u1")
+            .map(patch)
+            .expect("a removal");
+        assert!(!patch_applies(&live, &stale_list), "the list changed");
+        let add = add_finalizer_patch::<&str>(None, wk::FINALIZER_PV, "7")
+            .map(|p| patch(guard_uid(p, "u1")))
+            .expect("an addition");
+        let bare = json!({"metadata": {"uid": "u1", "resourceVersion": "7"}});
+        assert!(patch_applies(&bare, &add));
+        let newer = json!({"metadata": {"uid": "u1", "resourceVersion": "8"}});
+        assert!(
+            !patch_applies(&newer, &add),
+            "written since the cache saw it"
+        );
     }
 }
