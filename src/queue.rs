@@ -64,6 +64,27 @@ pub struct WorkQueue<K> {
     notify: Arc<Notify>,
 }
 
+/// A key handed to a worker: marked done when dropped, so that whatever
+/// ends the work (completion, a panic, the future dropped) releases it.
+struct Processing<'a, K>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+{
+    queue: &'a WorkQueue<K>,
+    key: Option<K>,
+}
+
+impl<K> Drop for Processing<'_, K>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.queue.done(&key);
+        }
+    }
+}
+
 impl<K> Clone for WorkQueue<K> {
     fn clone(&self) -> Self {
         Self {
@@ -285,11 +306,26 @@ where
                             queue.done(&key);
                             break;
                         }
+                        // Done when the work ends, however it ends: a
+                        // panic (caught here, so the worker lives on) or
+                        // the work dropped must not leave the key
+                        // "processing", or every later add of it would
+                        // only mark it dirty and it would never run again.
+                        let processing = Processing {
+                            queue: &queue,
+                            key: Some(key.clone()),
+                        };
                         // Boxed: inline, the largest operation's state
                         // (16 KB for provisioning) would be part of every
                         // idle worker, a hundred of them by default.
-                        Box::pin(work(key.clone())).await;
-                        queue.done(&key);
+                        let work = std::panic::AssertUnwindSafe(Box::pin(work(key.clone())));
+                        let panicked =
+                            futures_util::FutureExt::catch_unwind(work).await.is_err();
+                        drop(processing);
+                        if panicked {
+                            let delay = queue.add_rate_limited(key.clone());
+                            tracing::error!(queue = queue.name, retry_in = ?delay, "worker panicked on a key; retrying it with backoff");
+                        }
                     }
                 })
             })
@@ -385,6 +421,66 @@ mod tests {
             (0..20).collect::<Vec<_>>(),
             "once each, nothing after shutdown"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_key_is_released_and_retried_and_the_worker_lives_on() {
+        let queue: WorkQueue<u32> = WorkQueue::new(
+            "panic-test",
+            Backoff {
+                start: Duration::from_millis(1),
+                max: Duration::from_millis(10),
+            },
+        );
+        let attempts: Arc<Mutex<Vec<u32>>> = Arc::default();
+        {
+            let attempts = Arc::clone(&attempts);
+            // One worker: if the panic ended it, nothing after would run.
+            queue.run_workers(1, move |key| {
+                let attempts = Arc::clone(&attempts);
+                async move {
+                    let first = {
+                        let mut attempts = attempts.lock().unwrap_or_else(|p| p.into_inner());
+                        attempts.push(key);
+                        attempts.iter().filter(|k| **k == key).count() == 1
+                    };
+                    assert!(!(key == 1 && first), "first attempt at key 1 panics");
+                }
+            });
+        }
+        queue.add(1);
+        queue.add(2);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let done = {
+                    let attempts = attempts.lock().unwrap_or_else(|p| p.into_inner());
+                    attempts.iter().filter(|k| **k == 1).count() == 2 && attempts.contains(&2)
+                };
+                if done && queue.in_flight() == 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("key 1 retried after its panic, key 2 processed by the same worker");
+        // Released: adding it again runs it again (not only marks it dirty).
+        queue.add(1);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while attempts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|k| **k == 1)
+                .count()
+                < 3
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("key 1 runs again when added");
+        queue.shut_down();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -97,6 +97,21 @@ pub struct InFlight {
     pub final_cleanup_answers: u32,
 }
 
+/// Forgets a journal entry when dropped armed (see [`Operations::record`]).
+struct Withdraw<'a> {
+    journal: &'a Journal,
+    uid: &'a str,
+    armed: bool,
+}
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.journal.forget(self.uid);
+        }
+    }
+}
+
 /// Claim uid → operation in flight, and the journal behind it.
 pub struct Operations {
     in_flight: Mutex<HashMap<String, InFlight>>,
@@ -128,7 +143,17 @@ impl Operations {
         plan: Arc<ProvisionPlan>,
     ) -> Result<InFlight, JournalError> {
         let frozen = Frozen::of(&plan);
+        // Until the operation is in flight, an entry the writer stores is
+        // withdrawn: dropped while waiting (or answered with an error), no
+        // CreateVolume follows, and an entry no operation owns would never
+        // be forgotten and be replayed at every start.
+        let mut withdraw = Withdraw {
+            journal: &self.journal,
+            uid: &claim.uid,
+            armed: true,
+        };
         self.journal.record(&claim.uid, frozen.entry(claim)).await?;
+        withdraw.armed = false;
         let op = InFlight {
             frozen,
             plan: Some(plan),
@@ -283,6 +308,36 @@ mod tests {
         assert!(Frozen::of(&retained_plan).retain);
         assert!(Frozen::of(&retained_plan).secret.is_some());
         assert!(Frozen::of(&planned(&gp2_claim(), &gp2_class(), &ebs_config())).migrated);
+    }
+
+    #[tokio::test]
+    async fn a_record_dropped_before_it_is_stored_withdraws_its_entry() {
+        use std::future::Future;
+        let plan = Arc::new(planned(&claim(), &class(), &config()));
+        let (journal, mut inbox) = super::super::journal::channel();
+        let ops = Operations::new(journal);
+        let claim_key = key();
+        {
+            let record = std::pin::pin!(ops.record(&claim_key, Arc::clone(&plan)));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(
+                record.poll(&mut cx).is_pending(),
+                "waits for the writer's answer"
+            );
+        }
+        assert!(ops.get("uid-1").is_none(), "not in flight");
+        // The writer gets the entry and, behind it, its withdrawal: it
+        // never stays in the journal without an operation.
+        assert_eq!(inbox.sent(), vec!["add uid-1", "remove uid-1"]);
+
+        // Recorded: nothing is withdrawn.
+        let (journal, inbox) = super::super::journal::channel();
+        super::super::journal::JournalStore::start_disabled(inbox);
+        let ops = Operations::new(journal);
+        ops.record(&key(), Arc::clone(&plan))
+            .await
+            .expect("records");
+        assert!(ops.get("uid-1").is_some());
     }
 
     #[tokio::test]

@@ -303,6 +303,23 @@ impl Journal {
 /// The writer's inbox until [`JournalStore::start_with`] runs it.
 pub struct JournalInbox(mpsc::UnboundedReceiver<Command>);
 
+#[cfg(test)]
+impl JournalInbox {
+    /// What was sent to the writer so far, as `add UID`, `remove UID` or
+    /// `flush` (tests of the senders).
+    pub(crate) fn sent(&mut self) -> Vec<String> {
+        let mut sent = Vec::new();
+        while let Ok(command) = self.0.try_recv() {
+            sent.push(match command {
+                Command::Add(uid, ..) => format!("add {uid}"),
+                Command::Remove(uid) => format!("remove {uid}"),
+                Command::Flush(_) => "flush".to_owned(),
+            });
+        }
+        sent
+    }
+}
+
 /// A journal handle and the inbox its writer will read.
 pub fn channel() -> (Journal, JournalInbox) {
     let (tx, rx) = mpsc::unbounded_channel();
