@@ -2,14 +2,18 @@
 //! both replicas share one Lease (same name, client-go's
 //! protocol), exactly one of them writes at any time, claims are provisioned
 //! by whichever leads, none gets two volumes, and deletion works across the
-//! hand-overs. Real cluster only (needs the upstream binary of
-//! `../shared/k8s`).
+//! hand-overs. Real cluster only (the rolling update needs the upstream
+//! binary of `../shared/k8s`; the fencing test runs ours alone without it).
 
 mod support;
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use csi_hostpath::faults::{Fault, Faults};
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use support::sidecar::Sidecar;
 use support::{Backend, ClusterConfig, Env};
@@ -19,15 +23,30 @@ e2e_real!(ClusterConfig::standard();
     a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_up,
 );
 
-/// Short timings so each hand-over takes seconds (on top of the harness's
-/// flags, which both images take).
-fn election_flags(namespace: &str) -> Vec<String> {
+/// Leader election timings: lease duration, renew deadline, retry period.
+type Timings = [&'static str; 3];
+
+/// The rolling update's: upstream's lease duration and renew deadline, and
+/// client-go's retry period. A leader must renew within its deadline; with
+/// a lease of seconds, a renewal late on a busy machine loses the Lease
+/// and the replicas hand over when the test did not ask them to. A
+/// hand-over after a replica is killed waits the lease out (about 17 s).
+const ROLLOUT: Timings = ["15s", "10s", "2s"];
+
+/// The fencing test's: short, since the frozen leader must lose its Lease
+/// while frozen (what that test is about), and each image's first replica
+/// waits for the previous image's Lease to expire.
+const FENCING: Timings = ["2s", "1s", "500ms"];
+
+/// Leader election with `timings` (on top of the harness's flags, which
+/// both images take).
+fn election_flags(namespace: &str, [lease, renew, retry]: Timings) -> Vec<String> {
     vec![
         "--leader-election".to_owned(),
         format!("--leader-election-namespace={namespace}"),
-        "--leader-election-lease-duration=2s".to_owned(),
-        "--leader-election-renew-deadline=1s".to_owned(),
-        "--leader-election-retry-period=500ms".to_owned(),
+        format!("--leader-election-lease-duration={lease}"),
+        format!("--leader-election-renew-deadline={renew}"),
+        format!("--leader-election-retry-period={retry}"),
         "--v=5".to_owned(),
     ]
 }
@@ -44,12 +63,19 @@ struct Replica {
 }
 
 impl Replica {
-    fn start(env: &Env, image: Image, run: u32, kubeconfig: &Path, bin: &Path) -> Replica {
+    fn start(
+        env: &Env,
+        image: Image,
+        run: u32,
+        timings: Timings,
+        kubeconfig: &Path,
+        bin: &Path,
+    ) -> Replica {
         let log = env.dir.path().join(format!("{image:?}-{run}.log"));
         let sidecar = env
             .launch(kubeconfig)
             .binary(bin)
-            .args(election_flags(&env.ns))
+            .args(election_flags(&env.ns, timings))
             .start(&format!("{image:?}"), &log);
         Replica { image, sidecar }
     }
@@ -63,25 +89,52 @@ impl Replica {
     }
 }
 
-/// Waits until `leader` (and not the other) holds the Lease: the Go image
-/// names itself after the host, ours after the host plus a suffix, so the
-/// holder is told apart by the log line each writes when it wins.
-async fn wait_leader(env: &Env, leader: &Replica) {
-    let won = match leader.image {
-        Image::Go => "Successfully acquired lease",
-        Image::Rust => "became leader",
-    };
+/// The test namespace's Lease's spec, as the API server has it.
+async fn lease(env: &Env) -> Option<LeaseSpec> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    leases
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find_map(|l| l.spec)
+}
+
+/// Whether a holder identity is one of ours: `<hostname>_<uuid>` (README),
+/// where the Go image's is the bare hostname.
+fn held_by_ours(holder: &str) -> bool {
+    holder
+        .rsplit_once('_')
+        .is_some_and(|(_, id)| uuid::Uuid::parse_str(id).is_ok())
+}
+
+/// How long a replica may take to lead: the rolling update's lease
+/// waited out, then a retry period, with room for a busy machine.
+const LEAD_WITHIN: Duration = Duration::from_secs(60);
+
+/// Waits until a replica of `replica`'s image holds the Lease, told by
+/// its `holderIdentity` as the API server has it (the tests keep at most
+/// one live replica of each image when they call this), and returns that
+/// identity.
+async fn wait_image_leads(env: &Env, replica: &Replica) -> String {
+    let image = replica.image;
     let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_secs(30) {
-        if leader.log().contains(won) && env.lease_holder().await.is_some() {
-            return;
+    let mut holder = None;
+    while started.elapsed() < LEAD_WITHIN {
+        holder = env.lease_holder().await;
+        if let Some(holder) = &holder
+            && held_by_ours(holder) == (image == Image::Rust)
+        {
+            return holder.clone();
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!(
-        "{:?} did not lead within 30 s\n{}",
-        leader.image,
-        leader.log()
+        "no replica of the {image:?} image held the Lease within {LEAD_WITHIN:?} (holder: \
+         {holder:?})\n{}",
+        replica.sidecar.dump()
     );
 }
 
@@ -106,17 +159,7 @@ fn pv_creates_by(env: &Env, user: &str) -> usize {
 /// The Lease's spec as JSON, with the holder's per-process uuid and the
 /// times replaced by their shape.
 async fn lease_spec(env: &Env) -> serde_json::Value {
-    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(env.client.clone(), &env.ns);
-    let lease = leases
-        .list(&Default::default())
-        .await
-        .expect("leases")
-        .items
-        .into_iter()
-        .next()
-        .expect("a Lease");
-    let mut spec = serde_json::to_value(lease.spec).expect("json");
+    let mut spec = serde_json::to_value(lease(env).await.expect("a Lease")).expect("json");
     if let Some(map) = spec.as_object_mut() {
         for time in ["acquireTime", "renewTime"] {
             if map.contains_key(time) {
@@ -143,22 +186,14 @@ async fn provision(env: &Env, names: &[&str]) {
     }
 }
 
-/// A real-cluster test of both images: its `Env` with class `fast`, the
-/// control plane, the Go image's binary and ours (`None`: skipped).
-async fn set_up(
-    backend: Backend,
-) -> Option<(
-    Env,
-    &'static controlplane::ControlPlane,
-    std::path::PathBuf,
-    std::path::PathBuf,
-)> {
+/// A real-cluster test's `Env` with class `fast` and its control plane
+/// (`None` off the real cluster).
+async fn set_up(backend: Backend) -> Option<(Env, &'static controlplane::ControlPlane)> {
     let env = Env::new(backend).await;
     let plane = env.plane()?;
-    let go_bin = env.upstream_binary("csi-provisioner")?;
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
-    Some((env, plane, go_bin, support::sidecar::sidecar_binary()))
+    Some((env, plane))
 }
 
 /// A user `<name>-<test id>` bound to deploy/'s rules (leader election
@@ -168,17 +203,41 @@ async fn replica_user(
     env: &Env,
     plane: &controlplane::ControlPlane,
     name: &str,
-) -> (String, std::path::PathBuf) {
+) -> (String, PathBuf) {
     let user = format!("{name}-{}", env.id);
     env.grant_deploy_rbac(&user, &[]).await;
     let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
     (user, kubeconfig)
 }
 
+/// Every PV has one backend volume of its name and every backend volume
+/// its PV: the backend's records are keyed by volume id, so a claim
+/// provisioned twice shows as two records of one name.
+async fn assert_one_volume_per_pv(env: &Env, image: Image) {
+    let pvs: BTreeSet<String> = env
+        .pvs()
+        .await
+        .into_iter()
+        .filter_map(|pv| pv.metadata.name)
+        .collect();
+    let volumes = env.backend_volumes();
+    let names: BTreeSet<String> = volumes.iter().map(|v| v.name.clone()).collect();
+    assert_eq!(
+        names.len(),
+        volumes.len(),
+        "{image:?}: two backend volumes of one name: {volumes:#?}"
+    );
+    assert_eq!(names, pvs, "{image:?}: backend volumes | PVs");
+}
+
 async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(backend: Backend) {
-    let Some((env, plane, go_bin, rust_bin)) = set_up(backend).await else {
+    let Some((env, plane)) = set_up(backend).await else {
         return;
     };
+    let Some(go_bin) = env.upstream_binary("csi-provisioner") else {
+        return;
+    };
+    let rust_bin = support::sidecar::sidecar_binary();
     // Each image as its own user, both bound to deploy/'s rules (leader
     // election included), so the audit log tells their writes apart.
     let (go_user, go_config) = replica_user(&env, plane, "go").await;
@@ -188,10 +247,10 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
     env.check_refusals_of(&rust_user);
 
     // The Go image leads; ours joins as the new replica of the rollout.
-    let mut go = Replica::start(&env, Image::Go, 1, &go_config, &go_bin);
-    wait_leader(&env, &go).await;
+    let mut go = Replica::start(&env, Image::Go, 1, ROLLOUT, &go_config, &go_bin);
+    wait_image_leads(&env, &go).await;
     let go_lease = lease_spec(&env).await;
-    let mut rust = Replica::start(&env, Image::Rust, 1, &rust_config, &rust_bin);
+    let mut rust = Replica::start(&env, Image::Rust, 1, ROLLOUT, &rust_config, &rust_bin);
     provision(&env, &["a1", "a2", "a3"]).await;
     assert_eq!(
         pv_creates_by(&env, &go_user),
@@ -204,9 +263,10 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
         "our follower wrote no PV"
     );
 
-    // The old pod goes: ours takes the Lease over and provisions.
+    // The old pod goes: ours takes the Lease over (once it expires) and
+    // provisions.
     go.kill();
-    wait_leader(&env, &rust).await;
+    wait_image_leads(&env, &rust).await;
     // The Lease as ours writes it is the Go image's, one transition on.
     let mut our_lease = lease_spec(&env).await;
     let transitions = |lease: &serde_json::Value| lease["leaseTransitions"].as_i64().unwrap_or(0);
@@ -233,14 +293,16 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
         "our new leader provisioned"
     );
     assert_eq!(pv_creates_by(&env, &go_user), 3);
+    assert_one_volume_per_pv(&env, Image::Rust).await;
 
     // Rolled back: a Go replica joins, ours goes, the Go one leads again
-    // and deletes volumes ours created.
-    let mut go = Replica::start(&env, Image::Go, 2, &go_config, &go_bin);
+    // (once our Lease expires) and deletes volumes ours created.
+    let mut go = Replica::start(&env, Image::Go, 2, ROLLOUT, &go_config, &go_bin);
     rust.kill();
-    wait_leader(&env, &go).await;
+    wait_image_leads(&env, &go).await;
     provision(&env, &["c1"]).await;
     assert_eq!(pv_creates_by(&env, &go_user), 4);
+    assert_one_volume_per_pv(&env, Image::Go).await;
     for name in ["a1", "a2", "a3", "b1", "b2", "b3", "c1"] {
         env.delete_pvc(&env.ns, name).await;
     }
@@ -277,32 +339,58 @@ fn writes_by_after(env: &Env, user: &str, mark: usize) -> Vec<(String, String, u
         .unwrap_or_default()
 }
 
+/// The fencing test's delay of `CreateVolume`, counted: each call that
+/// takes it uses one of these.
+const DELAYED: u32 = 1000;
+
+/// The `CreateVolume` calls that reached the driver since the delay was
+/// set (read from the faults file, where the driver counts its rule down
+/// as each call takes it, before the delay).
+fn create_volume_calls(env: &Env) -> u32 {
+    Faults::load(&env.driver.faults_file)
+        .ok()
+        .and_then(|faults| faults.rules.first()?.count)
+        .map_or(0, |left| DELAYED - left)
+}
+
 /// Fencing (issue 22): the leader is frozen (SIGSTOP) with `CreateVolume`
 /// calls in flight, for longer than its lease; the other replica takes
 /// the Lease over and provisions; then the frozen one is let go (SIGCONT),
 /// its CSI answers waiting. It must send no API write after it lost the
 /// Lease. Ours holds it to that (src/fence.rs); the same run against the
-/// Go image is printed for the record, not asserted: the Go sidecar has no
-/// such fence. Either way each claim ends with one PV and one volume.
+/// Go image (when its binary is there) is printed for the record, not
+/// asserted: the Go sidecar has no such fence. Either way each claim ends
+/// with one PV and one volume.
 async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_up(backend: Backend) {
-    let Some((env, plane, go_bin, rust_bin)) = set_up(backend).await else {
+    let Some((env, plane)) = set_up(backend).await else {
         return;
     };
     let mut report = Vec::new();
-    for (image, bin) in [(Image::Rust, &rust_bin), (Image::Go, &go_bin)] {
+    let mut images = vec![(Image::Rust, support::sidecar::sidecar_binary())];
+    // For the record only: without the Go image, ours runs alone.
+    let go_bin = plane.binaries().path("csi-provisioner");
+    let go_missing = !plane.binaries().has("csi-provisioner");
+    if !go_missing {
+        images.push((Image::Go, go_bin.clone()));
+    }
+    for (image, bin) in &images {
+        let image = *image;
         let mut replicas = Vec::new();
         for role in ["a", "b"] {
             let name = format!("{image:?}-{role}").to_lowercase();
             replicas.push(replica_user(&env, plane, &name).await);
         }
-        env.set_faults(vec![csi_hostpath::faults::Fault::delay(
-            "CreateVolume",
-            Duration::from_secs(3),
-        )]);
+        // Every CreateVolume answers 3 s late: the leader's are still in
+        // the driver when it is frozen, and answer while it is.
+        env.set_faults(vec![
+            Fault::delay("CreateVolume", Duration::from_secs(3)).times(DELAYED),
+        ]);
         let frozen_user = replicas[0].0.clone();
-        let mut a = Replica::start(&env, image, 10, &replicas[0].1, bin);
-        wait_leader(&env, &a).await;
-        let mut b = Replica::start(&env, image, 11, &replicas[1].1, bin);
+        let mut a = Replica::start(&env, image, 10, FENCING, &replicas[0].1, bin);
+        // a's identity, as the API has it: only a runs yet (the previous
+        // image's replicas are gone, their Lease waited out here).
+        let a_holder = wait_image_leads(&env, &a).await;
+        let mut b = Replica::start(&env, image, 11, FENCING, &replicas[1].1, bin);
         let names: Vec<String> = (1..=3)
             .map(|i| format!("{image:?}-f{i}").to_lowercase())
             .collect();
@@ -310,10 +398,48 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_up(backend:
             env.create_pvc(&env.ns, name, "fast", "5Mi", json!({}))
                 .await;
         }
-        // The leader has sent its CreateVolume calls (each answers in 3 s).
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The leader's CreateVolume calls are in the driver (each took the
+        // delay; none can have answered yet).
+        let calls = names.len() as u32;
+        env.wait_for(
+            &format!("{image:?}: the leader's {calls} CreateVolume calls in the driver"),
+            Duration::from_secs(30),
+            || async { (create_volume_calls(&env) >= calls).then_some(()) },
+        )
+        .await;
         a.sidecar.signal("STOP");
-        wait_leader(&env, &b).await;
+        let frozen_at = Timestamp::now();
+        let pvs_before_freeze = pv_creates_by(&env, &frozen_user);
+        // Another replica leads, by the Lease as the API server has it.
+        // Ours: b's identity is not a's. The Go image names both replicas
+        // after the host, one identity: there, a renewal later than the
+        // freeze is b's (a cannot renew while frozen).
+        let started = std::time::Instant::now();
+        let b_holder = loop {
+            let spec = lease(&env).await;
+            let holder = spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty());
+            let renewed = spec
+                .as_ref()
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0);
+            let b_leads = match image {
+                Image::Rust => holder.as_ref().is_some_and(|h| *h != a_holder),
+                Image::Go => holder.is_some() && renewed.is_some_and(|t| t > frozen_at),
+            };
+            if b_leads && let Some(holder) = holder {
+                break holder;
+            }
+            assert!(
+                started.elapsed() < LEAD_WITHIN,
+                "{image:?}: no other replica took the Lease from the frozen leader ({a_holder}) \
+                 within {LEAD_WITHIN:?}: {spec:?}\n{}",
+                b.sidecar.dump()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         // From here on, the frozen replica is not the leader.
         let mark = plane.audit().len();
         a.sidecar.signal("CONT");
@@ -323,12 +449,14 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_up(backend:
         }
         let writes = writes_by_after(&env, &frozen_user, mark);
         report.push(format!(
-            "{image:?}: the woken leader exited with {exited:?} and sent {} write(s) after losing the Lease: {writes:?}",
+            "{image:?}: frozen with {pvs_before_freeze} PV(s) of its own written; {b_holder} \
+             led next; the woken leader exited with {exited:?} and sent {} write(s) after losing \
+             the Lease: {writes:?}",
             writes.len()
         ));
         // One PV and one backend volume per claim, whoever wrote.
         assert_eq!(env.pvs().await.len(), names.len(), "{image:?}");
-        assert_eq!(env.backend_volumes().len(), names.len(), "{image:?}");
+        assert_one_volume_per_pv(&env, image).await;
         if image == Image::Rust {
             assert!(
                 writes.is_empty(),
@@ -352,6 +480,9 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_up(backend:
         a.kill();
         b.kill();
         // The next image's first replica takes the Lease once it expires.
+    }
+    if go_missing {
+        report.push(format!("Go: not run, no {}", go_bin.display()));
     }
     eprintln!("fencing:\n{}", report.join("\n"));
 }

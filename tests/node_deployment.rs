@@ -11,6 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use controlplane::GuardedChild;
+use csi_hostpath::faults::{self, Fault, Faults};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube_testserver::{HttpServer, TestServer};
@@ -136,7 +137,9 @@ impl Cluster {
             .collect()
     }
 
-    /// Names (CreateVolume names = PV names) of the volumes on a node's backend.
+    /// Names (CreateVolume names = PV names) of the volumes on a node's
+    /// backend, sorted. The backend keeps one record per volume id; two of
+    /// one name (a claim provisioned twice) fail the test.
     fn backend(&self, node: &str) -> Vec<String> {
         let mut names: Vec<String> =
             csi_hostpath::backend_volumes(&self.node(node).driver.state_dir)
@@ -145,7 +148,57 @@ impl Cluster {
                 .map(|v| v.name)
                 .collect();
         names.sort();
+        assert!(
+            names.windows(2).all(|pair| pair[0] != pair[1]),
+            "two volumes of one name on {node}'s backend: {names:?}\n{}",
+            self.logs()
+        );
         names
+    }
+
+    /// Holds every `CreateVolume` on every node's driver until
+    /// [`Cluster::release_create_volume`]: each attempt is answered
+    /// `UNAVAILABLE` ("may still be in progress"), so the sidecars keep the
+    /// operations open and call again.
+    fn hold_create_volume(&self) {
+        for node in &self.nodes {
+            Faults::with_rules(vec![
+                Fault::error("CreateVolume", tonic::Code::Unavailable)
+                    .with_delay(Duration::from_millis(100))
+                    .with_message("held by the test"),
+            ])
+            .write(&node.driver.faults_file)
+            .expect("faults file");
+        }
+    }
+
+    fn release_create_volume(&self) {
+        for node in &self.nodes {
+            faults::clear(&node.driver.faults_file).expect("clear faults");
+        }
+    }
+
+    /// The names of the journal segments (ConfigMaps) in `default`.
+    async fn journal_segments(&self) -> Vec<String> {
+        Api::<ConfigMap>::namespaced(self.client.clone(), "default")
+            .list(&Default::default())
+            .await
+            .expect("config maps")
+            .items
+            .into_iter()
+            .filter_map(|cm| cm.metadata.name)
+            .filter(|name| name.contains("provisioner-journal"))
+            .collect()
+    }
+
+    /// Whether `node`'s sidecar logged a line with `message` and the field
+    /// `claim=default/<claim>`.
+    fn logged_about(&self, node: &str, claim: &str, message: &str) -> bool {
+        let field = format!("claim=default/{claim}");
+        std::fs::read_to_string(&self.node(node).log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains(message) && l.split_whitespace().any(|w| w == field))
     }
 
     fn storage_class(&self, name: &str, binding: &str, extra: serde_json::Value) {
@@ -287,6 +340,8 @@ async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
     let mut cluster = Cluster::new(&[]).await;
     cluster.storage_class("local", "WaitForFirstConsumer", json!({}));
     cluster.start_sidecars(&[]);
+    // The operations are held open until the journals are looked at.
+    cluster.hold_create_volume();
 
     // As the scheduler would: node-b selected (the controller-manager
     // helper then adds the storage-provisioner annotation).
@@ -296,6 +351,39 @@ async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
     cluster
         .create_pvc("on-a", "local", "10Mi", json!({SELECTED_NODE: "node-a"}))
         .await;
+    // One write-ahead journal per node: a restarted node resumes only its
+    // own operations, on its own driver. Looked at while each node's
+    // operation is open, so each node's journal has a segment then (once
+    // their operations are done segments are deleted, and a look at that
+    // time could find none and check nothing).
+    let bases = NODES.map(|node| format!("{DRIVER}-{node}-provisioner-journal"));
+    let journals = cluster
+        .wait_for(
+            "a journal segment of each node",
+            Duration::from_secs(30),
+            || async {
+                let segments = cluster.journal_segments().await;
+                bases
+                    .iter()
+                    .all(|base| {
+                        segments
+                            .iter()
+                            .any(|name| name.starts_with(&format!("{base}-")))
+                    })
+                    .then_some(segments)
+            },
+        )
+        .await;
+    assert!(!journals.is_empty(), "no journal segment");
+    for name in &journals {
+        assert!(
+            bases
+                .iter()
+                .any(|base| name.starts_with(&format!("{base}-"))),
+            "{name} is not a segment of a per-node journal ({bases:?})"
+        );
+    }
+    cluster.release_create_volume();
     let (_, pv_b) = cluster.wait_bound("on-b").await;
     let (_, pv_a) = cluster.wait_bound("on-a").await;
     assert_eq!(cluster.backend("node-b"), vec![pv_name(&pv_b)]);
@@ -314,28 +402,13 @@ async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
     };
     assert!(identity(&pv_b).ends_with("-node-b"), "{}", identity(&pv_b));
     assert!(identity(&pv_a).ends_with("-node-a"), "{}", identity(&pv_a));
-    // One write-ahead journal per node: a restarted node resumes only its
-    // own operations, on its own driver. (Its segments are deleted once
-    // their operations are done, so some may be gone already.)
-    let expected = [
-        format!("{DRIVER}-node-a-provisioner-journal"),
-        format!("{DRIVER}-node-b-provisioner-journal"),
-    ];
-    let journals: Vec<String> = Api::<ConfigMap>::namespaced(cluster.client.clone(), "default")
-        .list(&Default::default())
-        .await
-        .expect("config maps")
-        .items
-        .into_iter()
-        .filter_map(|cm| cm.metadata.name)
-        .filter(|name| name.contains("provisioner-journal"))
-        .collect();
-    for name in &journals {
+    // Still no segment but the nodes' own (some may be gone by now).
+    for name in cluster.journal_segments().await {
         assert!(
-            expected
+            bases
                 .iter()
                 .any(|base| name.starts_with(&format!("{base}-"))),
-            "{name} is not a segment of a per-node journal ({expected:?})"
+            "{name} is not a segment of a per-node journal ({bases:?})"
         );
     }
 
@@ -430,8 +503,26 @@ async fn racing_nodes_still_provision_each_claim_once() {
         assert_eq!(affinity_nodes(&pv), vec![winner.clone()], "{name}");
         volumes.entry(winner).or_default().push(pv_name(&pv));
     }
-    // Let any loser that might still act do so, then compare.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A loser acting late (a volume of a claim it lost) would show on its
+    // backend; compared once each node's sidecar has seen every claim bound
+    // (it logs, at each claim's last pass, that the claim names its volume
+    // already): the loser is then done with the claim.
+    cluster
+        .wait_for(
+            "each node done with every claim",
+            Duration::from_secs(30),
+            || async {
+                NODES
+                    .iter()
+                    .all(|node| {
+                        names.iter().all(|name| {
+                            cluster.logged_about(node, name, "claim already names volume")
+                        })
+                    })
+                    .then_some(())
+            },
+        )
+        .await;
     for node in NODES {
         let mut expected = volumes.get(node).cloned().unwrap_or_default();
         expected.sort();
@@ -525,9 +616,30 @@ async fn without_immediate_binding_node_sidecars_leave_immediate_claims_alone() 
         .await;
     let (_, pv) = cluster.wait_bound("scheduled").await;
     assert_eq!(cluster.backend("node-a"), vec![pv_name(&pv)]);
-    // ...while the Immediate claim is never taken: well past the maximum
-    // delay (500ms), nobody selected a node or created a volume.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // ...while the Immediate claim is never taken: each node's sidecar has
+    // looked at it and decided it is not for this node (a decision that
+    // queues nothing: the claim is not looked at again until it changes),
+    // without scheduling an attempt to take it (logged before its delay);
+    // and nobody selected a node or created a volume.
+    cluster
+        .wait_for(
+            "each node leaving the Immediate claim alone",
+            Duration::from_secs(30),
+            || async {
+                NODES
+                    .iter()
+                    .all(|node| cluster.logged_about(node, "immediate", "not provisioning"))
+                    .then_some(())
+            },
+        )
+        .await;
+    for node in NODES {
+        assert!(
+            !cluster.logged_about(node, "immediate", "will try to become the owner"),
+            "{node} tried to take the Immediate claim\n{}",
+            cluster.logs()
+        );
+    }
     let immediate = cluster.pvc("immediate").await.expect("claim");
     assert_eq!(selected_node(&immediate), None, "{}", cluster.logs());
     assert!(
@@ -642,38 +754,52 @@ async fn each_node_publishes_its_own_capacity_and_refreshes_it_after_provisionin
             || async { (published(objects().await) == expect("100Mi", "200Mi")).then_some(()) },
         )
         .await;
-    // Neither sidecar takes the other's object for stale.
-    let names: Vec<Option<String>> = objects()
-        .await
-        .into_iter()
-        .map(|o| o.metadata.name)
-        .collect();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let later: Vec<Option<String>> = objects()
-        .await
-        .into_iter()
-        .map(|o| o.metadata.name)
-        .collect();
-    assert_eq!(names, later, "objects replaced\n{}", cluster.logs());
+    // Neither sidecar takes the other's object for stale: the objects'
+    // names, compared below once each sidecar has rewritten its own object
+    // twice since both existed (a change of its own objects makes a sidecar
+    // sweep them, in its one capacity worker's queue, before the next
+    // refresh: so each has swept at least once, with both objects there,
+    // by the last refresh).
+    let names = || async {
+        let mut names: Vec<Option<String>> = objects()
+            .await
+            .into_iter()
+            .map(|o| o.metadata.name)
+            .collect();
+        names.sort();
+        names
+    };
+    let first = names().await;
 
     cluster
         .create_pvc("on-a", "local", "10Mi", json!({SELECTED_NODE: "node-a"}))
         .await;
+    cluster
+        .create_pvc("on-b", "local", "10Mi", json!({SELECTED_NODE: "node-b"}))
+        .await;
     cluster.wait_bound("on-a").await;
+    cluster.wait_bound("on-b").await;
     cluster
         .wait_for(
-            "node-a's capacity refreshed after provisioning",
+            "each node's capacity refreshed after provisioning",
             Duration::from_secs(10),
-            || async { (published(objects().await) == expect("90Mi", "200Mi")).then_some(()) },
+            || async { (published(objects().await) == expect("90Mi", "190Mi")).then_some(()) },
         )
         .await;
     cluster.delete_pvc("on-a").await;
+    cluster.delete_pvc("on-b").await;
     cluster.wait_all_deleted().await;
     cluster
         .wait_for(
-            "node-a's capacity refreshed after deletion",
+            "each node's capacity refreshed after deletion",
             Duration::from_secs(10),
             || async { (published(objects().await) == expect("100Mi", "200Mi")).then_some(()) },
         )
         .await;
+    assert_eq!(
+        names().await,
+        first,
+        "objects replaced, not updated\n{}",
+        cluster.logs()
+    );
 }

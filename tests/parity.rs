@@ -396,20 +396,31 @@ impl Driver {
             .to_owned()
     }
 
-    /// The backend's volumes by CSI name (the PV's name), as each driver
-    /// records them.
+    /// The CSI name of a volume as [`Driver::volumes`] records it (the PV's
+    /// name): ours `name`, hostpathplugin's `VolName`.
+    fn volume_name(record: &Value) -> String {
+        record["name"]
+            .as_str()
+            .or_else(|| record["VolName"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// The backend's volumes by volume id, as each driver records them.
+    /// Keyed by id, not by CSI name: two volumes of one name (a claim
+    /// provisioned twice) would be one entry of a map by name; they fail
+    /// the test here instead.
     fn volumes(&self, env: &Env) -> BTreeMap<String, Value> {
-        match self {
+        let records: Vec<Value> = match self {
             Driver::Ours => env
                 .backend_volumes()
                 .into_iter()
                 .map(|record| {
-                    let name = record.name.clone();
                     let mut value = serde_json::to_value(&record).expect("json");
                     if let Some(map) = value.as_object_mut() {
                         map.remove("creation_time");
                     }
-                    (name, value)
+                    value
                 })
                 .collect(),
             // hostpathplugin's state file: {"Volumes": [{"VolName", ...}]}.
@@ -420,9 +431,33 @@ impl Driver {
                 .filter_map(|entry| std::fs::read(entry.path()).ok())
                 .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
                 .flat_map(|state| state["Volumes"].as_array().cloned().unwrap_or_default())
-                .filter_map(|volume| Some((volume["VolName"].as_str()?.to_owned(), volume)))
                 .collect(),
+        };
+        let mut by_id = BTreeMap::new();
+        let mut names = BTreeSet::new();
+        for record in records {
+            let name = Driver::volume_name(&record);
+            assert!(
+                names.insert(name.clone()),
+                "two backend volumes named {name:?}: {record:#}\nand {:#}",
+                by_id
+                    .values()
+                    .find(|v| Driver::volume_name(v) == name)
+                    .unwrap_or(&Value::Null)
+            );
+            let id = Driver::volume_id(&record);
+            if let Some(other) = by_id.insert(id.clone(), record) {
+                panic!("two backend volume records of id {id:?}: {other:#}");
+            }
         }
+        by_id
+    }
+
+    /// Whether the backend has a volume of CSI name `name`.
+    fn has_volume_named(&self, env: &Env, name: &str) -> bool {
+        self.volumes(env)
+            .values()
+            .any(|v| Driver::volume_name(v) == name)
     }
 }
 
@@ -482,7 +517,7 @@ async fn run(
         "metadata": {"name": "creds", "namespace": ns}, "stringData": {"password": "x"}}))
         .await;
     // The volumes an earlier run left (its Retain volume) are not this
-    // run's.
+    // run's: their ids.
     let before: BTreeSet<String> = driver.volumes(env).into_keys().collect();
     let mut go = None;
     match image {
@@ -736,11 +771,12 @@ async fn run(
     }
     // Every volume of this run on the backend, by claim; and the harness's
     // invariant over them: each has its PV, each PV of the run its volume.
+    // By volume id.
     let run_volumes = |env: &Env| -> BTreeMap<String, Value> {
         driver
             .volumes(env)
             .into_iter()
-            .filter(|(name, _)| !before.contains(name))
+            .filter(|(id, _)| !before.contains(id))
             .collect()
     };
     let run_pvs = |pvs: Vec<PersistentVolume>| -> Vec<PersistentVolume> {
@@ -754,12 +790,14 @@ async fn run(
             })
             .collect()
     };
+    // (Names are unique: `Driver::volumes` checks it.)
     let by_claim = |volumes: &BTreeMap<String, Value>, replacements: &[(String, String)]| {
         volumes
-            .iter()
-            .map(|(name, volume)| {
+            .values()
+            .map(|volume| {
+                let name = Driver::volume_name(volume);
                 let claim = claim_of_volume
-                    .get(name)
+                    .get(&name)
                     .cloned()
                     .unwrap_or_else(|| format!("unclaimed {name}"));
                 let mut volume = volume.clone();
@@ -769,7 +807,7 @@ async fn run(
             .collect::<BTreeMap<String, Value>>()
     };
     let listed = run_volumes(env);
-    let ids: Vec<String> = listed.values().map(Driver::volume_id).collect();
+    let ids: Vec<String> = listed.keys().cloned().collect();
     env.assert_consistent_with(&run_pvs(env.pvs().await), &ids);
     // A volume without a PV (a leak) has an id no replacement knows yet.
     for id in &ids {
@@ -906,7 +944,7 @@ async fn run(
         if !gone {
             left.insert("pv");
         }
-        if driver.volumes(env).contains_key(pv_name) {
+        if driver.has_volume_named(env, pv_name) {
             left.insert("volume");
         }
         outcome.left_after_delete.insert(claim.to_string(), left);
@@ -997,8 +1035,8 @@ async fn run(
     let left = run_volumes(env);
     let ids: Vec<String> = left
         .iter()
-        .filter(|(name, _)| !retained.contains(*name))
-        .map(|(_, volume)| Driver::volume_id(volume))
+        .filter(|(_, volume)| !retained.contains(&Driver::volume_name(volume)))
+        .map(|(id, _)| id.clone())
         .collect();
     env.assert_consistent_with(&run_pvs(env.pvs().await), &ids);
     outcome.volumes_after_delete = by_claim(&left, &replacements);
@@ -1367,8 +1405,31 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
     go.kill();
 
     env.start_sidecar(&flags).await;
-    // Several polls of ours.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Several polls of ours, each having found every object of the Go
+    // image up to date (its log says so per object and poll), before the
+    // objects are compared: only then is "nothing changed" worth checking.
+    const POLLS: usize = 3;
+    env.wait_for(
+        &format!("{POLLS} polls of ours finding each of the Go image's objects up to date"),
+        Duration::from_secs(60),
+        || async {
+            let logs = env.logs();
+            published
+                .keys()
+                .all(|name| {
+                    let field = format!("csistoragecapacity={name}");
+                    logs.lines()
+                        .filter(|l| {
+                            l.contains("CSIStorageCapacity up to date")
+                                && l.split_whitespace().any(|w| w == field)
+                        })
+                        .count()
+                        >= POLLS
+                })
+                .then_some(())
+        },
+    )
+    .await;
     let adopted = capacity_objects(&env).await;
     let mut out = Vec::new();
     differences("", &json!(published), &json!(adopted), &mut out);

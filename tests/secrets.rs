@@ -3,7 +3,9 @@
 //! (`--v=10`, `RUST_LOG=trace`), leaves no secret value in the logs, the
 //! events, the journal or the PV. (`Debug` of every CSI message with a
 //! secret field is redacted: proto/tests.) The journal is read while the
-//! `CreateVolume`s that carry the secrets are in flight, and its entries
+//! `CreateVolume`s that carry the secrets are held by the driver (each
+//! attempt answered `UNAVAILABLE`, so the sidecar keeps the operation open
+//! and calls again, until the test lets them through), and its entries
 //! decoded (base64 protobuf, deflated when large) with the sidecar's own
 //! codec: each claim has its entry then, the entry references the secret,
 //! and no secret value is in it.
@@ -17,15 +19,17 @@ use csi_hostpath::faults::Fault;
 use prost::Message as _;
 use serde_json::json;
 use support::{Backend, ClusterConfig, Env};
+use tonic::Code;
 
 e2e!(ClusterConfig::standard(); secret_values_appear_nowhere);
 
 const SECRET_VALUE: &str = "s3cr3t-Va1ue-that-must-never-be-logged";
 const SECRET_USER: &str = "admin-of-the-backend";
 
-/// How long the driver holds each `CreateVolume` before it answers: the
-/// window in which the journal is read.
-const IN_FLIGHT: Duration = Duration::from_secs(4);
+/// How long the driver holds each `CreateVolume` attempt before it answers
+/// `UNAVAILABLE` (while the test holds the calls): the calls spend most of
+/// the time in the driver, and the sidecar's retries stay few.
+const HELD: Duration = Duration::from_millis(500);
 
 /// (claim, class): `small`'s frozen request is stored as it is, `large`'s
 /// (a parameter of 8 KiB) deflated.
@@ -48,9 +52,16 @@ async fn secret_values_appear_nowhere(backend: Backend) {
     large["padding"] = json!("p".repeat(8 << 10));
     env.storage_class("large", "Immediate", "Delete", large)
         .await;
-    // Every CreateVolume (one per claim) is held: the secrets are in use.
+    // Every CreateVolume is held until the test lets go: the secrets are in
+    // use. The driver answers each attempt `UNAVAILABLE` ("may still be in
+    // progress") after a while, without touching its backend; the sidecar
+    // keeps the operation and its journal entry, and calls again. So the
+    // reads below happen with the operations open however slow the
+    // machine is, where a fixed delay would let them answer meanwhile.
     env.set_faults(vec![
-        Fault::delay("CreateVolume", IN_FLIGHT).times(CLAIMS.len() as u32),
+        Fault::error("CreateVolume", Code::Unavailable)
+            .with_delay(HELD)
+            .with_message("held by the test"),
     ]);
     env.start_sidecar_with_env(&["--v=10"], &[("RUST_LOG", "trace")])
         .await;
@@ -63,9 +74,10 @@ async fn secret_values_appear_nowhere(backend: Backend) {
     }
 
     // Both calls sent (the sidecar logs that right before it calls, the
-    // secret read), none answered yet: the journal read now holds both
-    // operations, and the backend check after it shows that they were
-    // still in flight when it was read.
+    // secret read), none let through: the journal read now holds both
+    // operations, and the backend check after it shows that nothing was
+    // created before the read (the driver refuses every call until the
+    // faults are cleared).
     env.wait_for(
         "both CreateVolume calls sent",
         Duration::from_secs(20),
@@ -87,8 +99,8 @@ async fn secret_values_appear_nowhere(backend: Backend) {
     let entries = env.journal_entries().await;
     assert!(
         env.backend_volumes().is_empty(),
-        "a CreateVolume answered before the journal was read (the window of {IN_FLIGHT:?} \
-         is too short here): nothing shows the entries held while the secret was in use\n{}",
+        "a CreateVolume created a volume before the journal was read, although the driver \
+         was told to refuse them: nothing shows the entries held while the secret was in use\n{}",
         env.logs()
     );
     let secret_reads = env
@@ -150,6 +162,8 @@ async fn secret_values_appear_nowhere(backend: Backend) {
         }
     }
 
+    // Let the calls through: the sidecar's next attempts create the volumes.
+    env.clear_faults();
     let mut pvs = Vec::new();
     for (claim, _) in CLAIMS {
         pvs.push(env.wait_bound(&env.ns, claim).await);

@@ -79,16 +79,34 @@ impl Driver {
         }
     }
 
-    /// The backend's volume ids.
+    /// The backend's volume ids. Two volumes of one CSI name (a claim
+    /// provisioned twice) fail the test: counted by id, they would pass for
+    /// the volumes of two claims.
     fn volume_ids(&self, env: &Env) -> Vec<String> {
-        match self {
-            Driver::Ours => env.backend_volumes().into_iter().map(|v| v.id).collect(),
+        let volumes: Vec<(String, String)> = match self {
+            Driver::Ours => env
+                .backend_volumes()
+                .into_iter()
+                .map(|v| (v.id, v.name))
+                .collect(),
             Driver::Upstream(plugin) => plugin
                 .volumes()
                 .iter()
-                .filter_map(|v| v["VolID"].as_str().map(str::to_owned))
+                .map(|v| {
+                    let field = |key: &str| v[key].as_str().unwrap_or_default().to_owned();
+                    (field("VolID"), field("VolName"))
+                })
                 .collect(),
-        }
+        };
+        let mut names: Vec<&str> = volumes.iter().map(|(_, name)| name.as_str()).collect();
+        names.sort_unstable();
+        assert!(
+            names.windows(2).all(|pair| pair[0] != pair[1]),
+            "{}: two backend volumes of one name: {}",
+            self.name(),
+            self.describe(env)
+        );
+        volumes.into_iter().map(|(id, _)| id).collect()
     }
 
     /// The backend's snapshot ids.
@@ -841,6 +859,19 @@ async fn restore_abandoned(
         .await;
     }
     env.delete_pvc(&ns, claim).await;
+    // What the case is about: the deletions came while the restore was
+    // still running. The operation is open until its PV is saved (then its
+    // journal entry goes): with the entry still there and no PV yet after
+    // both deletions, both came before the restore could finish. (Should a
+    // slow machine let CreateVolume's delay run out first, this fails
+    // rather than test something else.)
+    let volume = format!("pvc-{uid}");
+    assert!(
+        env.journal().await.contains_key(&uid) && env.pv(&volume).await.is_none(),
+        "{claim}: the restore finished before its claim{} was deleted\n{}",
+        if delete_snapshot { " and snapshot" } else { "" },
+        env.logs()
+    );
     env.wait_for(
         &format!("claim {claim} gone"),
         Duration::from_secs(30),
@@ -853,7 +884,6 @@ async fn restore_abandoned(
         || async { (!env.journal().await.contains_key(&uid)).then_some(()) },
     )
     .await;
-    let volume = format!("pvc-{uid}");
     let made_and_deleted = env
         .logs()
         .lines()
@@ -1093,6 +1123,21 @@ async fn the_sweep_keeps_the_finalizer_of_another_provisioners_restore(backend: 
     // Swept.
     env.wait_source_protected(&ns, "left", false, Duration::from_secs(20))
         .await;
+    // "theirs" must stay protected, not only at the sweep that freed
+    // "left": checked all along two more whole sweeps (each sweep logs one
+    // line as it looks at the snapshots; the third line from here is
+    // written once the second sweep from here is done).
+    let sweeps_then = sweeps(&env);
+    env.wait_for("two more sweeps", Duration::from_secs(30), || async {
+        assert_eq!(
+            env.source_protected(&ns, "theirs").await,
+            Some(true),
+            "our sweep removed the finalizer of another provisioner's pending restore\n{}",
+            env.logs()
+        );
+        (sweeps(&env) >= sweeps_then + 3).then_some(())
+    })
+    .await;
     assert_eq!(
         env.source_protected(&ns, "theirs").await,
         Some(true),
@@ -1100,4 +1145,13 @@ async fn the_sweep_keeps_the_finalizer_of_another_provisioners_restore(backend: 
         env.logs()
     );
     clean_up(&env, &driver, &[&ns]).await;
+}
+
+/// How many sweeps the sidecar has started: each logs one line as it looks
+/// at the snapshots (src/snapshot_sweep).
+fn sweeps(env: &Env) -> usize {
+    env.logs()
+        .lines()
+        .filter(|l| l.contains("sweeping snapshot source-protection finalizers"))
+        .count()
 }
