@@ -201,7 +201,7 @@ async fn attempt(
         && claim_uid_of(&pv) == Some(key.uid.as_str())
     {
         tracing::debug!(claim = %key, volume = %pv_name, "PV already exists");
-        ctx.operations.finish(&key.uid);
+        finish_operation(ctx, &key.namespace, &key.uid);
         return Attempt::Uncounted(Next::Done);
     }
 
@@ -277,7 +277,7 @@ async fn attempt(
                 tracing::error!(claim = %key, volume_id = id, error = %del, "cannot delete an unusable volume; will retry");
                 return Attempt::Failed(Next::Retry);
             }
-            ctx.operations.finish(&key.uid);
+            finish_operation(ctx, &key.namespace, &key.uid);
             return Attempt::Failed(Next::Retry);
         }
     };
@@ -289,7 +289,7 @@ async fn attempt(
             ctx.volume_events
                 .changed(&crate::projection::PersistentVolume::project(&pv));
             note(ctx, claim, notes::provisioning_succeeded(&plan.volume_name)).await;
-            ctx.operations.finish(&key.uid);
+            finish_operation(ctx, &key.namespace, &key.uid);
             // Another clone of the same source still in flight keeps the
             // source protected; its own success removes the finalizer.
             if let Some(finalizer) = plan
@@ -303,7 +303,6 @@ async fn attempt(
             {
                 tracing::warn!(claim = %key, error = %e, "cannot remove the data source finalizer");
             }
-            requeue_clone_source(ctx, claim);
             Attempt::Provisioned { took }
         }
         SaveOutcome::Failed(reason) => {
@@ -339,7 +338,7 @@ async fn attempt(
                 .delete_volume(&volume_id, request.secrets, plan.is_migrated())
                 .await
             {
-                Ok(()) => ctx.operations.finish(&key.uid),
+                Ok(()) => finish_operation(ctx, &key.namespace, &key.uid),
                 Err(e) => {
                     note(
                         ctx,
@@ -435,18 +434,40 @@ pub fn clone_source_name(claim: &PersistentVolumeClaim) -> Option<String> {
 
 /// A clone's operation is over: its source may drop the cloning-protection
 /// finalizer now, so look at the source again.
-fn requeue_clone_source(ctx: &Context, clone: &PersistentVolumeClaim) {
-    if let Some(source) = clone_source_name(clone)
-        && let Some(namespace) = clone.namespace()
-        && let Some(source) = ctx
-            .caches
-            .claims
-            .store()
-            .get(&ObjectRef::new(&source).within(&namespace))
-        && let Some(key) = ClaimKey::of(&source)
-    {
-        ctx.claims.add(key);
+/// Ends the operation of claim `uid` in `namespace` here and in the
+/// journal. One that cloned a claim kept its source protected: every claim
+/// of the namespace that still carries the cloning protection is queued, so
+/// that its own pass looks again, however the operation ended (PV saved,
+/// final error, found saved after a restart, cleaned up after the claim
+/// went). Queued only on the success path before, a source whose clone was
+/// finished by a restarted sidecar kept the finalizer until its next event
+/// (tests/cancellation.rs, clone dropped after poll 3, then restarted).
+fn finish_operation(ctx: &Context, namespace: &str, uid: &str) {
+    let Some(finished) = ctx.operations.finish(uid) else {
+        return;
+    };
+    if !is_clone(&finished.frozen.request.volume_content_source) {
+        return;
     }
+    for claim in ctx.caches.claims.store().state() {
+        if claim.namespace().as_deref() == Some(namespace)
+            && claim
+                .finalizers()
+                .iter()
+                .any(|f| f == wk::FINALIZER_CLONE_SOURCE)
+            && let Some(key) = ClaimKey::of(&claim)
+        {
+            ctx.claims.add(key);
+        }
+    }
+}
+
+/// Whether a request clones a volume (rather than restoring a snapshot).
+fn is_clone(source: &Option<csi_proto::v1::VolumeContentSource>) -> bool {
+    matches!(
+        source.as_ref().and_then(|s| s.r#type.as_ref()),
+        Some(csi_proto::v1::volume_content_source::Type::Volume(_))
+    )
 }
 
 /// Upstream's clone-protection rule: a source keeps the finalizer while any
@@ -558,12 +579,11 @@ async fn create_failed(
         }
         CreateVolumeOutcome::Final => {
             note(ctx, claim, notes::provisioning_failed(&text)).await;
-            ctx.operations.finish(&uid);
-            requeue_clone_source(ctx, claim);
+            finish_operation(ctx, &claim.namespace().unwrap_or_default(), &uid);
         }
         CreateVolumeOutcome::Infeasible => {
             note(ctx, claim, notes::provisioning_infeasible(&text)).await;
-            ctx.operations.finish(&uid);
+            finish_operation(ctx, &claim.namespace().unwrap_or_default(), &uid);
             let class = ctx.caches.classes.store().get(&ObjectRef::new(class_name));
             ctx.infeasible.mark(&uid, class.as_deref(), claim);
             if class.is_some() {
@@ -572,7 +592,7 @@ async fn create_failed(
         }
         CreateVolumeOutcome::Reschedule => {
             note(ctx, claim, notes::provisioning_failed(&text)).await;
-            ctx.operations.finish(&uid);
+            finish_operation(ctx, &claim.namespace().unwrap_or_default(), &uid);
             // Until the annotation is gone the scheduler cannot pick another
             // node: a failed patch is retried (docs/design.md, hazard 7).
             return match reschedule(ctx, claim).await {
@@ -611,7 +631,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     };
     if !op.create_sent {
         tracing::info!(claim = %key, volume = %op.frozen.request.name, "no CreateVolume was sent for the claim; nothing to clean up");
-        ctx.operations.finish(&key.uid);
+        finish_operation(ctx, &key.namespace, &key.uid);
         return Next::Done;
     }
     // Saved as a PV after all: the PV owns the volume now. Asked live: the
@@ -624,7 +644,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     {
         Ok(Some(pv)) if claim_uid_of(&pv.object) == Some(key.uid.as_str()) => {
             tracing::info!(claim = %key, volume = %pv.object.name_any(), "the claim's PV was saved after all; it owns the volume");
-            ctx.operations.finish(&key.uid);
+            finish_operation(ctx, &key.namespace, &key.uid);
             return Next::Done;
         }
         Ok(_) => {}
@@ -640,7 +660,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
     // kept, and said so.
     if op.frozen.retain && op.frozen.migrated {
         tracing::warn!(claim = %key, volume = %op.frozen.request.name, "the claim is gone and its class retains volumes: the volume, if it was created, is kept on the backend");
-        ctx.operations.finish(&key.uid);
+        finish_operation(ctx, &key.namespace, &key.uid);
         return Next::Done;
     }
     let mut request = op.frozen.request.clone();
@@ -669,7 +689,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
                 .filter(|id| !id.is_empty())
             else {
                 tracing::warn!(claim = %key, volume = %op.frozen.request.name, "cleanup CreateVolume answered without a volume id; nothing to clean up");
-                ctx.operations.finish(&key.uid);
+                finish_operation(ctx, &key.namespace, &key.uid);
                 return Next::Done;
             };
             if op.frozen.retain {
@@ -682,7 +702,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
             {
                 Ok(()) => {
                     tracing::info!(claim = %key, volume_id = %id, "deleted the volume of a claim deleted during provisioning");
-                    ctx.operations.finish(&key.uid);
+                    finish_operation(ctx, &key.namespace, &key.uid);
                     Next::Done
                 }
                 Err(e) => {
@@ -706,7 +726,7 @@ pub(super) async fn finish_deleted_claim(ctx: &Context, key: &ClaimKey) -> Next 
             }
             CleanupAfterError::NoVolume => {
                 tracing::info!(claim = %key, volume = %op.frozen.request.name, error = %e, answers = CLEANUP_FINAL_ANSWERS, "cleanup CreateVolume failed for good: no volume to clean up");
-                ctx.operations.finish(&key.uid);
+                finish_operation(ctx, &key.namespace, &key.uid);
                 Next::Done
             }
         },
@@ -722,7 +742,7 @@ async fn record_retained_volume(
     response: &csi_proto::v1::CreateVolumeResponse,
 ) -> Next {
     let Some(volume) = response.volume.as_ref() else {
-        ctx.operations.finish(&key.uid);
+        finish_operation(ctx, &key.namespace, &key.uid);
         return Next::Done;
     };
     let claim = ClaimIdentity {
@@ -758,7 +778,7 @@ async fn record_retained_volume(
     tracing::info!(claim = %key, volume = %pv.name_any(), volume_id = %volume.volume_id, "the claim went away during provisioning and its class retains volumes: the volume is recorded in a Released PV");
     ctx.volume_events
         .changed(&crate::projection::PersistentVolume::project(&pv));
-    ctx.operations.finish(&key.uid);
+    finish_operation(ctx, &key.namespace, &key.uid);
     Next::Done
 }
 

@@ -198,28 +198,6 @@ impl FinalizerWrites {
     }
 }
 
-#[cfg(test)]
-mod finalizer_writes_tests {
-    use super::FinalizerWrites;
-
-    #[test]
-    fn a_change_is_not_sent_twice_from_the_same_state() {
-        let writes = FinalizerWrites::default();
-        assert!(!writes.written("u1", "7"), "nothing written yet");
-        writes.wrote("u1", "7");
-        assert!(writes.written("u1", "7"), "the cache still shows version 7");
-        assert!(!writes.written("u2", "7"), "another PV");
-        assert!(!writes.written("u1", "8"), "the cache moved on");
-        assert!(
-            !writes.written("u1", "7"),
-            "the entry went when it moved on"
-        );
-        writes.wrote("u1", "9");
-        writes.forget("u1");
-        assert!(!writes.written("u1", "9"), "the PV went");
-    }
-}
-
 /// Everything a worker needs.
 pub struct Context {
     pub client: Client,
@@ -517,13 +495,25 @@ impl Context {
     /// previous leader) may have left on the backend, and starts the
     /// workers (`--worker-threads` per queue). Call once.
     pub async fn run(self: &Arc<Self>) -> Result<(), journal::JournalError> {
+        if self.resume().await? {
+            self.start_workers();
+        }
+        Ok(())
+    }
+
+    /// What [`run`](Self::run) does before it starts the workers: loads the
+    /// journal, starts its writer and queues every operation it holds.
+    /// `false` when that was done already. For a caller that runs the
+    /// workers' steps itself ([`claims::process`], [`volumes::process`]):
+    /// the cancellation harness, `tests/cancellation.rs`.
+    pub async fn resume(self: &Arc<Self>) -> Result<bool, journal::JournalError> {
         let Some((mut store, inbox)) = self
             .unstarted_journal
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
         else {
-            return Ok(());
+            return Ok(false);
         };
         let recovered = match load_journal(&mut store).await {
             Ok(recovered) => {
@@ -548,19 +538,19 @@ impl Context {
         for claim in self.operations.resume(recovered) {
             self.claims.add(claim);
         }
-        self.spawn_workers();
-        Ok(())
+        Ok(true)
     }
 
     fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Starts the workers. Unlike the embedded loops', they stop at the
-    /// first key they take after [`shut_down`](Self::shut_down) rather
+    /// Starts the workers (part of [`run`](Self::run); call once, after
+    /// [`resume`](Self::resume)). Unlike the embedded loops', they stop at
+    /// the first key they take after [`shut_down`](Self::shut_down) rather
     /// than drain the queue: what is left is in the API server and the
     /// journal.
-    fn spawn_workers(self: &Arc<Self>) {
+    pub fn start_workers(self: &Arc<Self>) {
         let stopped = {
             let ctx = Arc::clone(self);
             move || ctx.stopping()
@@ -649,5 +639,27 @@ impl Context {
                 self.operations.finish(&uid);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod finalizer_writes_tests {
+    use super::FinalizerWrites;
+
+    #[test]
+    fn a_change_is_not_sent_twice_from_the_same_state() {
+        let writes = FinalizerWrites::default();
+        assert!(!writes.written("u1", "7"), "nothing written yet");
+        writes.wrote("u1", "7");
+        assert!(writes.written("u1", "7"), "the cache still shows version 7");
+        assert!(!writes.written("u2", "7"), "another PV");
+        assert!(!writes.written("u1", "8"), "the cache moved on");
+        assert!(
+            !writes.written("u1", "7"),
+            "the entry went when it moved on"
+        );
+        writes.wrote("u1", "9");
+        writes.forget("u1");
+        assert!(!writes.written("u1", "9"), "the PV went");
     }
 }

@@ -210,8 +210,8 @@ impl Operations {
     }
 
     /// The operation is over (PV saved, or no volume exists): forget it here
-    /// and in the journal.
-    pub fn finish(&self, uid: &str) {
+    /// and in the journal. Returns it, when one was in flight.
+    pub fn finish(&self, uid: &str) -> Option<InFlight> {
         let removed = {
             let mut in_flight = self.map();
             let removed = in_flight.remove(uid);
@@ -221,6 +221,7 @@ impl Operations {
         if removed.is_some() {
             self.journal.forget(uid);
         }
+        removed
     }
 
     /// Whether an operation in flight clones or restores from `source`.
