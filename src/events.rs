@@ -17,6 +17,7 @@
 //! drops events under pressure.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -255,13 +256,17 @@ pub struct Queued {
 }
 
 /// What [`EventQueue::push`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pushed {
     Queued,
     /// It replaced one or more queued events of the same object.
     Coalesced,
-    /// The queue was full: the oldest event was dropped to make room.
-    DroppedOldest,
+    /// The queue was full: the oldest event (its object's uid and reason)
+    /// was dropped to make room.
+    DroppedOldest {
+        uid: String,
+        reason: String,
+    },
 }
 
 /// The queue of events to write: pure, so its rules are tested alone.
@@ -301,9 +306,13 @@ impl EventQueue {
         } else {
             Pushed::Queued
         };
-        if self.items.len() >= self.capacity {
-            self.items.pop_front();
-            pushed = Pushed::DroppedOldest;
+        if self.items.len() >= self.capacity
+            && let Some(dropped) = self.items.pop_front()
+        {
+            pushed = Pushed::DroppedOldest {
+                uid: dropped.uid,
+                reason: dropped.reason,
+            };
         }
         self.items.push_back(item);
         pushed
@@ -329,6 +338,8 @@ pub struct Recorder {
     component: String,
     filter: Arc<TransitionFilter>,
     queue: Arc<Mutex<EventQueue>>,
+    /// Events taken from the queue whose write has not returned yet.
+    sending: Arc<AtomicUsize>,
     wake: Arc<Notify>,
     /// The senders, started with the first event (a recorder may be made
     /// outside a runtime).
@@ -342,6 +353,7 @@ impl Recorder {
             component: component.into(),
             filter: Arc::default(),
             queue: Arc::new(Mutex::new(EventQueue::new(QUEUE_CAPACITY))),
+            sending: Arc::default(),
             wake: Arc::default(),
             senders: OnceLock::new(),
         }
@@ -391,8 +403,14 @@ impl Recorder {
         match pushed {
             Pushed::Queued => {}
             Pushed::Coalesced => crate::metrics::count_event_coalesced(),
-            Pushed::DroppedOldest => {
+            Pushed::DroppedOldest {
+                uid: dropped_uid,
+                reason: dropped_reason,
+            } => {
                 crate::metrics::count_event_dropped();
+                // Never written: the same event next time is a transition
+                // to show, not a repeat to suppress.
+                self.filter.unrecord(&dropped_uid, &dropped_reason);
                 tracing::debug!(object = %name, reason, "event queue full: dropped the oldest event");
             }
         }
@@ -408,18 +426,27 @@ impl Recorder {
                 let queue = Arc::clone(&self.queue);
                 let wake = Arc::clone(&self.wake);
                 let filter = Arc::clone(&self.filter);
-                tokio::spawn(send_events(client, queue, wake, filter));
+                let sending = Arc::clone(&self.sending);
+                tokio::spawn(send_events(client, queue, sending, wake, filter));
             }
         });
     }
 
-    /// Waits (at most `timeout`) for the queued events to be sent: at
-    /// shutdown, so the outcome of the last operations is not lost.
+    /// Waits (at most `timeout`) for the queued events to be sent, and for
+    /// those being written: at shutdown, so the outcome of the last
+    /// operations is not lost (an event taken from the queue is counted as
+    /// sending in the same critical section, so none falls between).
     pub async fn flush(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        while self.queued() > 0 && Instant::now() < deadline {
+        while self.unsent() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Events queued or being written.
+    fn unsent(&self) -> usize {
+        let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        queue.len() + self.sending.load(Ordering::SeqCst)
     }
 
     /// Events queued and not yet sent.
@@ -443,18 +470,32 @@ impl Recorder {
     }
 }
 
+/// An event being written (see [`Recorder::flush`]).
+struct Sending<'a>(&'a AtomicUsize);
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// One sender: takes the next sendable event, writes it (the client's rate
 /// limiter gives events only spare slots), repeats.
 async fn send_events(
     client: Client,
     queue: Arc<Mutex<EventQueue>>,
+    sending: Arc<AtomicUsize>,
     wake: Arc<Notify>,
     filter: Arc<TransitionFilter>,
 ) {
     loop {
         let (next, held_until) = {
             let mut queue = queue.lock().unwrap_or_else(|p| p.into_inner());
-            (queue.pop_ready(Instant::now()), queue.next_ready_at())
+            let next = queue.pop_ready(Instant::now());
+            if next.is_some() {
+                sending.fetch_add(1, Ordering::SeqCst);
+            }
+            (next, queue.next_ready_at())
         };
         let Some(item) = next else {
             match held_until {
@@ -468,6 +509,8 @@ async fn send_events(
             }
             continue;
         };
+        // Counted until the write returns, however it ends.
+        let _sending = Sending(&sending);
         // Another sender may find more work.
         wake.notify_one();
         let namespace = item.event.metadata.namespace.clone().unwrap_or_default();
@@ -657,7 +700,13 @@ mod tests {
         let mut q = EventQueue::new(2);
         q.push(queued("u1", "A", t0));
         q.push(queued("u2", "A", t0));
-        assert_eq!(q.push(queued("u3", "A", t0)), Pushed::DroppedOldest);
+        assert_eq!(
+            q.push(queued("u3", "A", t0)),
+            Pushed::DroppedOldest {
+                uid: "u1".to_owned(),
+                reason: "A".to_owned()
+            }
+        );
         let uids: Vec<String> = std::iter::from_fn(|| q.pop_ready(t0))
             .map(|i| i.uid)
             .collect();
