@@ -12,6 +12,17 @@
 //! renewer gives up then, before any follower can take over); past it, the
 //! request fails without being sent. The Lease's own requests pass: they
 //! are how the Lease is held.
+//!
+//! The check is made where the request leaves the process: the layer is the
+//! innermost of ours ([`crate::kube_client::layers`]), below the rate
+//! limiter and its buffer. Checked on entry instead, a write admitted just
+//! before a pause would still sleep in the limiter (seconds, under a burst
+//! at a low `--kube-api-qps`) and be sent after the wake-up, past the lease.
+//!
+//! Stepping down closes the fence before the Lease is released
+//! ([`crate::leader::Leadership::step_down`]), and a closed fence stays
+//! closed until the next acquisition: a renewal that was under way then
+//! does not reopen it ([`Fence::extend`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -54,9 +65,22 @@ impl Fence {
         }
     }
 
-    /// Leading until `until` (a renewal's start plus the renew deadline).
+    /// Leading until `until` (the acquisition's start plus the renew
+    /// deadline).
     pub fn lead_until(&self, until: Instant) {
         *self.until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+    }
+
+    /// A renewal: leading until `until` (its start plus the renew
+    /// deadline), if still leading. A closed fence stays closed: the
+    /// renewer may finish a renewal on another thread just after the
+    /// leader stepped down, and must not let writes out again. Decided
+    /// under the lock that [`Fence::close`] takes, so there is no window.
+    pub fn extend(&self, until: Instant) {
+        let mut current = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        if current.is_some() {
+            *current = Some(until);
+        }
     }
 
     /// Not leading any more.
@@ -90,7 +114,9 @@ pub fn admits<B>(fence: &Fence, request: &http::Request<B>) -> bool {
         || fence.allows_writes()
 }
 
-/// The client layer ([`crate::kube_client::build_client`]).
+/// The client layer ([`crate::kube_client::build_client`]): the innermost
+/// of ours, so that a write is checked when it is sent, not when it starts
+/// waiting for its rate-limit slot.
 #[derive(Debug, Clone)]
 pub struct FenceLayer(pub Fence);
 
@@ -184,5 +210,26 @@ mod tests {
         fence.close();
         assert_eq!(cases(&fence), [true, false, false, false, true, true]);
         assert_eq!(cases(&Fence::disabled()), [true; 6]);
+    }
+
+    /// A renewal that completes after the leader stepped down (the renewer
+    /// runs on its own task) must not let writes out again; one that
+    /// completes while leading moves the deadline on, even past a deadline
+    /// that has just gone by.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_extends_an_open_fence_and_never_reopens_a_closed_one() {
+        let fence = Fence::closed();
+        fence.extend(Instant::now() + Duration::from_secs(10));
+        assert!(!fence.allows_writes(), "a candidate is not leading");
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(!fence.allows_writes());
+        fence.extend(Instant::now() + Duration::from_secs(10));
+        assert!(fence.allows_writes(), "a late renewal still counts");
+        fence.close();
+        fence.extend(Instant::now() + Duration::from_secs(10));
+        assert!(!fence.allows_writes(), "stepped down: stays closed");
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        assert!(fence.allows_writes(), "acquired again");
     }
 }

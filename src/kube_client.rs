@@ -216,10 +216,32 @@ pub fn check_client_certificate(config: &kube::Config) -> Result<(), ClientConfi
     }
 }
 
+/// The layers [`build_client`] puts on kube's stack, outermost first: the
+/// client-side rate limits of `--kube-api-qps` / `--kube-api-burst` (and
+/// the capacity pair), so every request of every loop shares one budget as
+/// with client-go's rest config; then the fence ([`crate::fence`]).
+///
+/// The fence is innermost so that a write is checked when it leaves the
+/// process, after its wait for a rate-limit slot and in the limiter's
+/// buffer: checked before that wait, a write admitted just before a pause
+/// (SIGSTOP, a stalled node) would be sent after the wake-up, past the
+/// lease. (`ServiceBuilder`'s first layer is the outermost.)
+pub type Layers = tower::ServiceBuilder<
+    tower::layer::util::Stack<
+        crate::fence::FenceLayer,
+        tower::layer::util::Stack<crate::ratelimit::RateLimitLayer, tower::layer::util::Identity>,
+    >,
+>;
+
+/// See [`Layers`].
+pub fn layers(limits: crate::ratelimit::Limits, fence: crate::fence::Fence) -> Layers {
+    tower::ServiceBuilder::new()
+        .layer(crate::ratelimit::RateLimitLayer::new(limits))
+        .layer(crate::fence::FenceLayer(fence))
+}
+
 /// Builds the process's client: kube's default stack (auth, TLS, timeouts)
-/// with the client-side rate limits of `--kube-api-qps` / `--kube-api-burst`
-/// (and the capacity pair) in front, so every request of every loop shares
-/// one budget as with client-go's rest config. Needs a Tokio runtime.
+/// under our [`layers`]. Needs a Tokio runtime.
 pub fn build_client(
     mut config: kube::Config,
     limits: crate::ratelimit::Limits,
@@ -238,10 +260,7 @@ pub fn build_client(
         config.headers.push((http::header::USER_AGENT, value));
     }
     let builder = kube::client::ClientBuilder::try_from(config)?;
-    Ok(builder
-        .with_layer(&crate::ratelimit::RateLimitLayer::new(limits))
-        .with_layer(&crate::fence::FenceLayer(fence))
-        .build())
+    Ok(builder.with_layer(&layers(limits, fence)).build())
 }
 
 /// The User-Agent client-go sends by default (`rest.DefaultKubernetesUserAgent`):
@@ -461,6 +480,113 @@ users:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data
             .expect("config");
         config.auth_info.client_certificate_data = None;
         check_client_certificate(&config).expect("token users pass");
+    }
+
+    /// A write is checked against the fence when it leaves the process,
+    /// not when it starts waiting for its rate-limit slot: writes queued in
+    /// the limiter when the lead ends (closed, or its deadline passed while
+    /// the process was paused) are refused and none reaches the API server.
+    /// Reads and the Lease's own requests still go out.
+    #[tokio::test(start_paused = true)]
+    async fn writes_waiting_for_a_rate_limit_slot_are_fenced_when_sent() {
+        use std::sync::{Arc, Mutex};
+        use std::time::Duration;
+
+        use tokio::time::Instant;
+        use tower::Service as _;
+
+        use crate::fence::{Fence, Fenced};
+
+        #[derive(Debug, Clone, Copy)]
+        enum End {
+            /// Stepped down or lost while the writes wait.
+            Closed,
+            /// The last renewal's deadline passes while they wait.
+            Expired,
+        }
+        const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l";
+        for end in [End::Closed, End::Expired] {
+            let sent = Arc::new(Mutex::new(Vec::<String>::new()));
+            let inner = {
+                let sent = Arc::clone(&sent);
+                tower::service_fn(move |req: http::Request<kube::client::Body>| {
+                    sent.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+                        "{} {}",
+                        req.method(),
+                        req.uri().path()
+                    ));
+                    async { Ok::<_, tower::BoxError>(http::Response::new(())) }
+                })
+            };
+            let fence = Fence::closed();
+            let lead = match end {
+                End::Closed => Duration::from_secs(60),
+                End::Expired => Duration::from_millis(500),
+            };
+            fence.lead_until(Instant::now() + lead);
+            // One general request a second, burst 1: the first write goes
+            // at once, the next ones wait 1 s, 2 s, ...
+            let limits = crate::ratelimit::Limits {
+                qps: 1.0,
+                burst: 1,
+                capacity_qps: 1.0,
+                capacity_burst: 1,
+            };
+            let mut client = layers(limits, fence.clone()).service(inner);
+            let request = |method: http::Method, uri: &str| {
+                http::Request::builder()
+                    .method(method)
+                    .uri(uri)
+                    .body(kube::client::Body::empty())
+                    .expect("request")
+            };
+            let mut calls = Vec::new();
+            for i in 0..4 {
+                let uri = format!("/api/v1/namespaces/ns/configmaps/c{i}");
+                calls.push(tokio::spawn(client.call(request(http::Method::PUT, &uri))));
+            }
+            calls.push(tokio::spawn(client.call(request(
+                http::Method::GET,
+                "/api/v1/namespaces/ns/configmaps/c0",
+            ))));
+            calls.push(tokio::spawn(client.call(request(http::Method::PUT, LEASE))));
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let sent_before = sent.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            assert_eq!(
+                sent_before,
+                [
+                    "PUT /api/v1/namespaces/ns/configmaps/c0",
+                    &format!("PUT {LEASE}")
+                ],
+                "{end:?}: the burst's write and the Lease's renewal go at once"
+            );
+            if let End::Closed = end {
+                fence.close();
+            }
+            let mut outcomes = Vec::new();
+            for call in calls {
+                outcomes.push(match call.await.expect("task") {
+                    Ok(_) => "sent",
+                    Err(e) if e.downcast_ref::<Fenced>().is_some() => "fenced",
+                    Err(_) => "failed",
+                });
+            }
+            assert_eq!(
+                outcomes,
+                ["sent", "fenced", "fenced", "fenced", "sent", "sent"],
+                "{end:?}"
+            );
+            let sent = sent.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            assert_eq!(
+                sent,
+                [
+                    "PUT /api/v1/namespaces/ns/configmaps/c0",
+                    &format!("PUT {LEASE}"),
+                    "GET /api/v1/namespaces/ns/configmaps/c0"
+                ],
+                "{end:?}: no refused write reached the server"
+            );
+        }
     }
 
     #[tokio::test]

@@ -505,9 +505,11 @@ impl Elector {
                     match tokio::time::timeout_at(deadline, elector.try_acquire_or_renew()).await {
                         Ok(Ok(Round::Holding)) => {
                             last_renew = attempt;
+                            // Not `lead_until`: a renewal that lands after
+                            // a step-down must leave the fence closed.
                             elector
                                 .fence
-                                .lead_until(attempt + elector.config.renew_deadline);
+                                .extend(attempt + elector.config.renew_deadline);
                             elector.health.set(State::Leading {
                                 last_renew: attempt,
                             });
@@ -582,11 +584,17 @@ impl Leadership {
         }
     }
 
-    /// Stops renewing; with `ReleaseLeaderElectionOnExit` also clears the
-    /// holder so the next leader starts at once. Call after every writer
-    /// has stopped. (Dropping a `Leadership` only stops renewing.)
+    /// Stops writing and renewing; with `ReleaseLeaderElectionOnExit` also
+    /// clears the holder so the next leader starts at once. Call only once
+    /// every writer has stopped and nothing of ours can still be on the
+    /// wire; otherwise [`Leadership::let_expire`].
+    ///
+    /// The fence closes first: a writer still running (an embedded loop's
+    /// worker draining its queue, a worker past the shutdown grace) must not
+    /// write once another replica may lead, and a released Lease is taken
+    /// at once. The release's own Lease requests pass the closed fence.
     pub async fn step_down(self) {
-        self.renewer.abort();
+        self.stop();
         if !self.elector.config.release_on_exit || *self.lost.borrow() {
             return;
         }
@@ -609,12 +617,30 @@ impl Leadership {
             }
         }
     }
+
+    /// Stops writing and renewing but keeps the Lease: it expires a lease
+    /// duration after the last renewal, so a write of ours still under way
+    /// (a worker past the shutdown grace, a journal write cut short) ends
+    /// before another replica may write. Dropping a `Leadership` does the
+    /// same.
+    pub fn let_expire(self) {
+        drop(self);
+    }
+
+    /// Closes the fence, then stops the renewer; a renewal that still lands
+    /// leaves the fence closed ([`crate::fence::Fence::extend`]).
+    fn stop(&self) {
+        self.elector.fence.close();
+        self.renewer.abort();
+    }
 }
 
 impl Drop for Leadership {
     fn drop(&mut self) {
-        // A leadership nobody holds must not keep renewing the lease.
-        self.renewer.abort();
+        // A leadership nobody holds must not keep renewing the lease, nor
+        // let writes out until the last renewal's deadline: whoever drops
+        // it (an aborted start-up, a lost lease) has stopped leading.
+        self.stop();
     }
 }
 
@@ -910,6 +936,90 @@ mod tests {
             .and_then(|l| l.spec)
             .expect("spec");
         assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+    }
+
+    /// Stepping down closes the fence before the Lease is released: the
+    /// release (Lease requests) still goes out through the fenced client,
+    /// a write of a worker still running does not. Dropping a leadership
+    /// (a start-up cut short, a lost lease) closes it too, at once rather
+    /// than at the last renewal's deadline.
+    #[tokio::test]
+    async fn stepping_down_closes_the_fence_and_still_releases_the_lease() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+
+        let server = kube_testserver::TestServer::new();
+        let fence = crate::fence::Fence::closed();
+        let no_limits = crate::ratelimit::Limits {
+            qps: 0.0,
+            burst: 0,
+            capacity_qps: 0.0,
+            capacity_burst: 0,
+        };
+        let client = kube::Client::new(
+            crate::kube_client::layers(no_limits, fence.clone()).service(server.service()),
+            "default",
+        );
+        let elector = Elector::fencing(client.clone(), config("a", true), fence.clone());
+        let configmaps: Api<ConfigMap> = Api::namespaced(client, "default");
+        let write = |name: &'static str| {
+            let configmaps = configmaps.clone();
+            async move {
+                let cm = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(name.to_owned()),
+                        ..ObjectMeta::default()
+                    },
+                    ..ConfigMap::default()
+                };
+                match configmaps.create(&PostParams::default(), &cm).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Service(e))
+                        if e.downcast_ref::<crate::fence::Fenced>().is_some() =>
+                    {
+                        Err("fenced".to_owned())
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        };
+        assert_eq!(write("candidate").await, Err("fenced".to_owned()));
+
+        let leading = elector.acquire().await;
+        assert_eq!(write("leading").await, Ok(()));
+        leading.step_down().await;
+        assert_eq!(write("stepped-down").await, Err("fenced".to_owned()));
+        let holder = server
+            .get::<Lease>("default", "test-lease")
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        assert_eq!(
+            holder.as_deref(),
+            Some(""),
+            "released through the closed fence"
+        );
+
+        let leading = elector.acquire().await;
+        assert_eq!(write("leading-again").await, Ok(()));
+        drop(leading);
+        assert_eq!(write("dropped").await, Err("fenced".to_owned()));
+        let holder = server
+            .get::<Lease>("default", "test-lease")
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        assert_eq!(holder.as_deref(), Some("a"), "dropped: left to expire");
+        for (name, written) in [
+            ("candidate", false),
+            ("leading", true),
+            ("stepped-down", false),
+            ("leading-again", true),
+            ("dropped", false),
+        ] {
+            assert_eq!(
+                server.get::<ConfigMap>("default", name).is_some(),
+                written,
+                "{name}"
+            );
+        }
     }
 
     #[test]

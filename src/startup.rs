@@ -243,6 +243,12 @@ pub async fn run(
     // from warm caches; nothing is written before the lease is ours.
     let capacity_driver = driver.clone();
     let restores_snapshots = config.capabilities.create_delete_snapshot;
+    // Outside `start`, which a signal during start-up drops: a Lease won by
+    // then is stepped down from (released with ReleaseLeaderElectionOnExit)
+    // instead of left to expire. Safe, as no writer has run before `start`
+    // completes: the journal's load only reads, and the workers, the
+    // journal's writer and the embedded loops start in `start`'s last poll.
+    let mut leadership: Option<leader::Leadership> = None;
     let start = async {
         let provisioning = provisioner::new(&shared, driver, config, &namespace).await?;
         // The embedded loops (protection, retention, releaser, pod/Job
@@ -266,17 +272,14 @@ pub async fn run(
             embedded.push(sweep);
         }
         shared.caches.start(&shared.client);
-        let mut leadership = match &elector {
+        match &elector {
             Some(elector) => {
-                let (leadership, ()) =
-                    tokio::join!(elector.acquire(), shared.caches.wait_until_ready());
-                Some(leadership)
+                // Kept as soon as won, not when the caches are ready too.
+                let acquire = async { leadership = Some(elector.acquire().await) };
+                tokio::join!(acquire, shared.caches.wait_until_ready());
             }
-            None => {
-                shared.caches.wait_until_ready().await;
-                None
-            }
-        };
+            None => shared.caches.wait_until_ready().await,
+        }
         // Loaded only now: a previous leader may have written the journal
         // until it stopped. Its read waits out an unreachable API server,
         // but never past the lease.
@@ -285,12 +288,15 @@ pub async fn run(
             lost = lease_lost(&mut leadership) => return Err(lost.into()),
         }
         embedded.start();
-        Ok::<_, RunError>((provisioning, embedded, leadership))
+        Ok::<_, RunError>((provisioning, embedded))
     };
-    let (provisioning, embedded, mut leadership) = tokio::select! {
+    let (provisioning, embedded) = tokio::select! {
         started = start => started?,
         () = shutdown.clone() => {
             tracing::info!("termination signal received during start-up, exiting");
+            if let Some(leadership) = leadership.take() {
+                leadership.step_down().await;
+            }
             return Ok(Stopped::Signal);
         }
     };
@@ -331,20 +337,84 @@ pub async fn run(
     // workers past the grace still save PVs meanwhile; a lost lease still
     // stops at once, writing nothing.
     let flush_until = deadline.max(tokio::time::Instant::now() + JOURNAL_FLUSH_MIN);
-    tokio::select! {
+    let journal = tokio::select! {
         flushed = tokio::time::timeout_at(flush_until, flush_after_workers(&provisioning, drained)) => match flushed {
-            Ok(Ok(())) => tracing::debug!("journal removals written"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "the journal's last removals were not written; the next start checks those claims again"),
-            Err(_) => tracing::warn!("the journal's last removals were not written within the shutdown grace; the next start checks those claims again"),
+            Ok(Ok(())) => {
+                tracing::debug!("journal removals written");
+                JournalFlush::Written
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the journal's last removals were not written; the next start checks those claims again");
+                JournalFlush::Failed
+            }
+            Err(_) => {
+                tracing::warn!("the journal's last removals were not written within the shutdown grace; the next start checks those claims again");
+                JournalFlush::TimedOut
+            }
         },
         lost = lease_lost(&mut leadership) => return Err(lost.into()),
-    }
+    };
     shared.recorder.flush(EVENT_FLUSH).await;
     if let Some(leadership) = leadership {
-        leadership.step_down().await;
+        // Workers past the grace may have ended during the flush.
+        let drained = {
+            use futures_util::FutureExt as _;
+            drained || provisioning.drained().now_or_never().is_some()
+        };
+        match lease_at_exit(drained, journal) {
+            LeaseAtExit::StepDown => leadership.step_down().await,
+            LeaseAtExit::Expire(why) => {
+                // Without the gate it expires anyway: nothing to explain.
+                if elector.as_ref().is_some_and(|e| e.config().release_on_exit) {
+                    tracing::warn!("not releasing the leader lease, it expires instead: {why}");
+                }
+                leadership.let_expire();
+            }
+        }
     }
     tracing::info!("exiting");
     Ok(Stopped::Signal)
+}
+
+/// How the journal's last flush at shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JournalFlush {
+    Written,
+    /// An error: the write may still have been applied, or be applied
+    /// later (a timeout of the request is an error too).
+    Failed,
+    /// Cut short by the shutdown grace: a write may be on the wire.
+    TimedOut,
+}
+
+/// What a clean exit does with the Lease it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseAtExit {
+    /// [`leader::Leadership::step_down`]: with ReleaseLeaderElectionOnExit
+    /// the Lease is released and another replica leads at once.
+    StepDown,
+    /// [`leader::Leadership::let_expire`], for the reason given: another
+    /// replica leads a lease duration after our last renewal, once what we
+    /// may still have on the wire has landed.
+    Expire(&'static str),
+}
+
+/// Releasing hands over at once, so only when nothing of ours can still
+/// be under way: every worker ended and the journal's last write answered.
+/// (Either way the fence closes first: nothing more leaves the process.)
+fn lease_at_exit(workers_drained: bool, journal: JournalFlush) -> LeaseAtExit {
+    match (workers_drained, journal) {
+        (true, JournalFlush::Written) => LeaseAtExit::StepDown,
+        (false, _) => LeaseAtExit::Expire(
+            "workers were still running at exit; an API write of theirs may still be under way",
+        ),
+        (true, JournalFlush::Failed) => LeaseAtExit::Expire(
+            "the journal's last write failed; it may still be applied after the hand-over",
+        ),
+        (true, JournalFlush::TimedOut) => LeaseAtExit::Expire(
+            "the journal's last write was cut short by the shutdown grace; it may still be applied after the hand-over",
+        ),
+    }
 }
 
 /// Writes the journal's removals, and once more each time workers still
@@ -794,6 +864,34 @@ mod api_call_tests {
                 *want,
                 "{verb} {resource}"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod shutdown_tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_is_released_only_when_nothing_of_ours_is_under_way() {
+        use JournalFlush::*;
+        let cases = [
+            (true, Written, None),
+            (true, Failed, Some("journal's last write failed")),
+            (true, TimedOut, Some("cut short by the shutdown grace")),
+            (false, Written, Some("workers were still running")),
+            (false, Failed, Some("workers were still running")),
+            (false, TimedOut, Some("workers were still running")),
+        ];
+        for (drained, journal, expire) in cases {
+            let got = lease_at_exit(drained, journal);
+            match expire {
+                None => assert_eq!(got, LeaseAtExit::StepDown, "{drained} {journal:?}"),
+                Some(why) => assert!(
+                    matches!(got, LeaseAtExit::Expire(w) if w.contains(why)),
+                    "{drained} {journal:?}: {got:?}"
+                ),
+            }
         }
     }
 }
