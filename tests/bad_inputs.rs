@@ -266,8 +266,18 @@ catalogue! {
         expect: Expect::Event { reason: "ProvisioningFailed", message: "invalid storage request of the claim: quantity \"12 parsecs\" has an unknown suffix \" parsecs\"" },
     };
     claim_limit_below_request: Case {
-        input: Input::Claim { class: "{}", claim: r#"{"spec": {"resources": {"requests": {"storage": "2Mi"}, "limits": {"storage": "1Mi"}}}}"# },
+        // Only a class that sends limits reads them (the Go image never does).
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/claim-storage-limit": "true"}}}"#, claim: r#"{"spec": {"resources": {"requests": {"storage": "2Mi"}, "limits": {"storage": "1Mi"}}}}"# },
         expect: Expect::Event { reason: "ProvisioningFailed", message: "storage limit 1048576 of the claim is below its request 2097152" },
+    };
+    claim_limit_below_request_without_the_opt_in: Case {
+        // As the Go image: the limit is not read, the request is provisioned.
+        input: Input::Claim { class: "{}", claim: r#"{"spec": {"resources": {"requests": {"storage": "2Mi"}, "limits": {"storage": "1Mi"}}}}"# },
+        expect: Expect::EventThenBound { reason: "ProvisioningSucceeded", message: "Successfully provisioned volume pvc-" },
+    };
+    class_claim_storage_limit_not_a_bool: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/claim-storage-limit": "yes"}}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/claim-storage-limit is \"yes\"; it must be \"true\" or \"false\"" },
     };
     claim_without_access_modes: Case {
         input: Input::Claim { class: "{}", claim: r#"{"spec": {"accessModes": []}}"# },

@@ -9,6 +9,7 @@
 //! | [`ANN_PARAMETER_TEMPLATES`] | parameter keys, comma separated | those parameters' values are templates, resolved per claim before `CreateVolume` |
 //! | [`ANN_COPY_CLAIM_LABELS`] | label keys, comma separated | those labels of the claim are put on its PV |
 //! | [`ANN_COPY_CLAIM_ANNOTATIONS`] | annotation keys, comma separated | those annotations of the claim are put on its PV |
+//! | [`ANN_CLAIM_STORAGE_LIMIT`] | `true` or `false` | `true`: the claim's `resources.limits.storage` is sent as `CreateVolume`'s `limit_bytes` (upstream #616), and a limit below the request is refused; otherwise limits are ignored, as by the Go image |
 //!
 //! **Templates** use the tokens of secret templates ([`super::template`]):
 //! `${pv.name}`, `${pvc.name}`, `${pvc.namespace}`,
@@ -47,6 +48,29 @@ pub const ANN_PARAMETER_TEMPLATES: &str = "csi-provisioner-rs.io/parameter-templ
 pub const ANN_COPY_CLAIM_LABELS: &str = "csi-provisioner-rs.io/copy-claim-labels";
 /// StorageClass annotation: the claim annotations to copy onto the PV.
 pub const ANN_COPY_CLAIM_ANNOTATIONS: &str = "csi-provisioner-rs.io/copy-claim-annotations";
+
+/// StorageClass annotation: `"true"` sends the claim's storage limit as
+/// `limit_bytes` (the Go image sends only `required_bytes`).
+pub const ANN_CLAIM_STORAGE_LIMIT: &str = "csi-provisioner-rs.io/claim-storage-limit";
+
+/// Whether the class opted in to sending the claim's storage limit
+/// ([`ANN_CLAIM_STORAGE_LIMIT`]); a value other than `true` or `false` is
+/// refused, naming the annotation.
+pub fn sends_claim_limit(
+    class_annotations: Option<&BTreeMap<String, String>>,
+) -> Result<bool, ClaimMetadataError> {
+    match class_annotations.and_then(|a| a.get(ANN_CLAIM_STORAGE_LIMIT)) {
+        None => Ok(false),
+        Some(value) => match value.trim() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err(ClaimMetadataError::NotABool {
+                annotation: ANN_CLAIM_STORAGE_LIMIT,
+                value: value.clone(),
+            }),
+        },
+    }
+}
 
 /// The most bytes (keys and values) of copied annotations: the API server
 /// refuses an object whose annotations exceed 256 KiB, and a PV that can
@@ -94,6 +118,11 @@ pub enum Malformed {
 /// A class or claim that cannot be planned with the gate on.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ClaimMetadataError {
+    #[error("StorageClass annotation {annotation} is {value:?}; it must be \"true\" or \"false\"")]
+    NotABool {
+        annotation: &'static str,
+        value: String,
+    },
     #[error(
         "failed to resolve StorageClass parameter {key:?}: malformed template {template:?}: {problem}"
     )]

@@ -17,7 +17,9 @@ use csi_proto::v1::volume_capability::{
 };
 use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability};
 
-use super::claim_metadata::{CopiedMetadata, copied_claim_metadata, resolve_parameter_templates};
+use super::claim_metadata::{
+    CopiedMetadata, copied_claim_metadata, resolve_parameter_templates, sends_claim_limit,
+};
 use super::config::ProvisionerConfig;
 use super::content_source::{DataSourceObjects, SourceFinalizer, content_source, data_source_ref};
 use super::error::ProvisionError;
@@ -249,10 +251,18 @@ pub fn plan_provision(
         .transpose()
         .map_err(ProvisionError::InvalidCapacity)?
         .unwrap_or(0);
-    let limit_bytes = storage(resources.and_then(|r| r.limits.as_ref()))
-        .transpose()
-        .map_err(ProvisionError::InvalidCapacity)?
-        .unwrap_or(0);
+    // The Go image sends only the request (limits ignored, upstream #616);
+    // a class opts in to the limit under ClaimMetadataPropagation.
+    let sends_limit = config.claim_metadata_propagation
+        && sends_claim_limit(inputs.class.metadata.annotations.as_ref())?;
+    let limit_bytes = if sends_limit {
+        storage(resources.and_then(|r| r.limits.as_ref()))
+            .transpose()
+            .map_err(ProvisionError::InvalidCapacity)?
+            .unwrap_or(0)
+    } else {
+        0
+    };
     if limit_bytes != 0 && limit_bytes < required_bytes {
         return Err(ProvisionError::LimitBelowRequest {
             request: required_bytes,

@@ -477,15 +477,51 @@ fn with_resources(requests: Option<&str>, limits: Option<&str>) -> PersistentVol
 
 #[test]
 fn capacity_from_requests_and_limits() {
-    let range = |claim: PersistentVolumeClaim| {
-        plan(&claim, &class(), &config()).map(|p| {
-            let range = p.request.capacity_range.expect("range");
-            (range.required_bytes, range.limit_bytes)
-        })
-    };
+    use crate::provision::claim_metadata::{ANN_CLAIM_STORAGE_LIMIT, ClaimMetadataError};
+    let range_with =
+        |claim: PersistentVolumeClaim, class: &StorageClass, config: &ProvisionerConfig| {
+            plan(&claim, class, config).map(|p| {
+                let range = p.request.capacity_range.expect("range");
+                (range.required_bytes, range.limit_bytes)
+            })
+        };
+    // As the Go image: only the request is sent, limits are not read.
+    let range = |claim: PersistentVolumeClaim| range_with(claim, &class(), &config());
     assert_eq!(range(with_resources(None, None)), Ok((0, 0)));
     assert_eq!(range(with_resources(Some("10Gi"), None)), Ok((10 << 30, 0)));
     assert_eq!(range(with_resources(Some("100m"), None)), Ok((1, 0)));
+    assert_eq!(
+        range(with_resources(Some("1G"), Some("2G"))),
+        Ok((1_000_000_000, 0))
+    );
+    assert_eq!(
+        range(with_resources(Some("2G"), Some("1G"))),
+        Ok((2_000_000_000, 0))
+    );
+    assert_eq!(
+        range(with_resources(Some("1Gi"), Some("-1"))),
+        Ok((1 << 30, 0))
+    );
+    assert_eq!(
+        range(with_resources(Some("lots"), None)),
+        Err(ProvisionError::InvalidCapacity(QuantityError {
+            input: "lots".to_owned(),
+            reason: QuantityErrorKind::NoNumber,
+        }))
+    );
+
+    // A class that opts in, gate on: the limit is sent.
+    let gate_on = ProvisionerConfig {
+        claim_metadata_propagation: true,
+        ..config()
+    };
+    let class_saying = |value: &str| {
+        let mut class = class();
+        class.metadata.annotations = Some(map(&[(ANN_CLAIM_STORAGE_LIMIT, value)]));
+        class
+    };
+    let opted_in = class_saying("true");
+    let range = |claim: PersistentVolumeClaim| range_with(claim, &opted_in, &gate_on);
     assert_eq!(
         range(with_resources(Some("1G"), Some("2G"))),
         Ok((1_000_000_000, 2_000_000_000))
@@ -502,18 +538,36 @@ fn capacity_from_requests_and_limits() {
         })
     );
     assert_eq!(
-        range(with_resources(Some("lots"), None)),
-        Err(ProvisionError::InvalidCapacity(QuantityError {
-            input: "lots".to_owned(),
-            reason: QuantityErrorKind::NoNumber,
-        }))
-    );
-    assert_eq!(
         range(with_resources(Some("1Gi"), Some("-1"))),
         Err(ProvisionError::InvalidCapacity(QuantityError {
             input: "-1".to_owned(),
             reason: QuantityErrorKind::Negative,
         }))
+    );
+    // Opted in but the gate off, or opted out: the Go image's request.
+    let claim = || with_resources(Some("1G"), Some("2G"));
+    assert_eq!(
+        range_with(claim(), &opted_in, &config()),
+        Ok((1_000_000_000, 0))
+    );
+    assert_eq!(
+        range_with(claim(), &class_saying("false"), &gate_on),
+        Ok((1_000_000_000, 0))
+    );
+    // Neither true nor false: refused, naming the annotation.
+    let refused = range_with(claim(), &class_saying("yes"), &gate_on);
+    assert_eq!(
+        refused,
+        Err(ProvisionError::ClaimMetadata(
+            ClaimMetadataError::NotABool {
+                annotation: ANN_CLAIM_STORAGE_LIMIT,
+                value: "yes".to_owned(),
+            }
+        ))
+    );
+    assert_eq!(
+        refused.map_err(|e| e.to_string()),
+        Err("StorageClass annotation csi-provisioner-rs.io/claim-storage-limit is \"yes\"; it must be \"true\" or \"false\"".to_owned())
     );
 }
 
