@@ -177,6 +177,9 @@ pub enum FeatureGateError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FeatureGates {
     enabled: BTreeMap<Feature, bool>,
+    /// Gates named on the command line (not through `AllAlpha`/`AllBeta`):
+    /// component-base's `ExplicitlySet`.
+    explicit: std::collections::BTreeSet<Feature>,
     /// Upstream library gates that were set ([`UPSTREAM_LIBRARY_GATES`]).
     ignored: BTreeMap<&'static str, bool>,
 }
@@ -188,6 +191,7 @@ impl Default for FeatureGates {
                 .into_iter()
                 .map(|f| (f, f.default_enabled()))
                 .collect(),
+            explicit: Default::default(),
             ignored: BTreeMap::new(),
         }
     }
@@ -199,6 +203,12 @@ impl FeatureGates {
             .get(&feature)
             .copied()
             .unwrap_or(feature.default_enabled())
+    }
+
+    /// Whether the command line named the gate (upstream decides some
+    /// defaults only for gates the user did not set, e.g. #1425).
+    pub fn explicitly_set(&self, feature: Feature) -> bool {
+        self.explicit.contains(&feature)
     }
 
     pub fn set(&mut self, feature: Feature, value: bool) {
@@ -249,6 +259,7 @@ impl FeatureGates {
         }
         for (feature, value) in explicit {
             self.set(feature, value);
+            self.explicit.insert(feature);
         }
         self.ignored.extend(ignored);
         Ok(())
@@ -359,6 +370,11 @@ mod tests {
             "explicit gate wins"
         );
         assert!(gates.enabled(Feature::HonorPVReclaimPolicy), "GA untouched");
+        // Named gates are explicitly set; AllAlpha sets none explicitly.
+        assert!(gates.explicitly_set(Feature::ReleaseLeaderElectionOnExit));
+        assert!(!gates.explicitly_set(Feature::CrossNamespaceVolumeDataSource));
+        assert!(!gates.explicitly_set(Feature::VolumeAttributesClass));
+        assert!(!FeatureGates::default().explicitly_set(Feature::VolumeAttributesClass));
         // Our embedded loops are switched on by name only.
         assert!(!gates.enabled(Feature::PVCProtection));
         assert!(!gates.enabled(Feature::StatefulSetAutoDeletePVC));

@@ -148,7 +148,10 @@ pub async fn run(
     if config.volume_attributes_class_enabled {
         let probe =
             probe_list::<k8s_openapi::api::storage::v1::VolumeAttributesClass>(&client).await;
-        let (enabled, why_not) = volume_attributes_class_gate(&probe);
+        let explicit = options
+            .gates()
+            .explicitly_set(Feature::VolumeAttributesClass);
+        let (enabled, why_not) = volume_attributes_class_gate(&probe, explicit);
         if let Some(why_not) = why_not {
             tracing::warn!(gate = "VolumeAttributesClass", "{why_not}");
         }
@@ -568,7 +571,21 @@ where
 /// otherwise never fill and nothing would be provisioned. Returns whether
 /// the gate stays on, and the line to log when it does not (or when it
 /// cannot be told).
-fn volume_attributes_class_gate(probe: &ListProbe) -> (bool, Option<String>) {
+fn volume_attributes_class_gate(probe: &ListProbe, explicit: bool) -> (bool, Option<String>) {
+    // As upstream (#1425): a gate the user set is never turned off.
+    if explicit {
+        return match probe {
+            ListProbe::Served | ListProbe::Unknown(_) => (true, None),
+            ListProbe::NotServed => (
+                true,
+                Some("kept on because --feature-gates sets it, although the API server does not serve storage.k8s.io/v1 VolumeAttributesClass: its watch cannot fill, so /readyz stays false and provisioning waits for it, as the Go image does; remove the gate to provision without VolumeAttributesClasses".to_owned()),
+            ),
+            ListProbe::Forbidden(message) => (
+                true,
+                Some(format!("kept on because --feature-gates sets it, although RBAC does not allow list/watch of volumeattributesclasses ({message}): its watch cannot fill, so /readyz stays false and provisioning waits for it, as the Go image does; grant the rule of deploy/kubernetes/base/rbac.yaml")),
+            ),
+        };
+    }
     match probe {
         ListProbe::Served => (true, None),
         ListProbe::NotServed => (
@@ -922,7 +939,10 @@ mod vac_tests {
             ),
         ];
         for (probe, enabled, message) in cases {
-            let (on, why) = volume_attributes_class_gate(&probe);
+            // Set on the command line: never turned off (upstream #1425).
+            let (kept, _) = volume_attributes_class_gate(&probe, true);
+            assert!(kept, "{probe:?}: an explicit gate stays on");
+            let (on, why) = volume_attributes_class_gate(&probe, false);
             assert_eq!(on, enabled, "{probe:?}");
             match message {
                 None => assert!(why.is_none(), "{probe:?}: {why:?}"),
