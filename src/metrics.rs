@@ -153,6 +153,7 @@ struct Metrics {
     remembered: Family<WhatLabels, Gauge>,
     events_coalesced: Family<NoLabels, Counter>,
     patches_refused: Family<WhatLabels, Counter>,
+    driver_reachable: Family<NoLabels, Gauge>,
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
     capacity_obsolete: Family<NoLabels, Gauge>,
@@ -219,6 +220,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         capability: Family::default(),
         events_dropped: Family::default(),
         patches_refused: Family::default(),
+        driver_reachable: Family::default(),
         remembered: Family::default(),
         events_coalesced: Family::default(),
         capacity_goal: Family::default(),
@@ -351,6 +353,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "csi_provisioner_events_dropped",
         "Events dropped because the queue of events waiting for spare API budget was full.",
         m.events_dropped.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_driver_reachable",
+        "Whether the CSI driver's socket answers (1) or not (0: its connection is refused or broke, and the sidecar re-dials it instead of exiting as the Go image does). Updated by every CSI call and a Probe every 10 s.",
+        m.driver_reachable.clone(),
     );
     register(
         &mut registry,
@@ -854,6 +863,14 @@ pub fn set_remembered(what: &str, count: usize) {
 
 pub fn count_event_dropped() {
     METRICS.events_dropped.get_or_create(&NoLabels {}).inc();
+}
+
+/// Whether the driver answers (see the metric's help).
+pub fn set_driver_reachable(reachable: bool) {
+    METRICS
+        .driver_reachable
+        .get_or_create(&NoLabels {})
+        .set(i64::from(reachable));
 }
 
 /// A JSON patch refused although its tests held (see the metric's help).

@@ -143,6 +143,10 @@ pub async fn run(
         tracing::info!("termination signal received before the driver was ready, exiting");
         return Ok(Stopped::Signal);
     };
+    // Unlike the Go image, a lost driver is re-dialled, not a reason to
+    // exit (docs/design.md, "Deliberate differences"): said by /readyz and
+    // csi_provisioner_driver_reachable.
+    driver.watch_reachability();
     let mut capacity_settings = capacity_settings(&options, &driver)?;
     let mut config = provisioner_config(&options, &driver);
     if config.volume_attributes_class_enabled {

@@ -24,6 +24,7 @@ e2e!(ClusterConfig::standard();
     without_the_release_gate_the_lease_is_kept_until_it_expires,
     client_side_rate_limit_bounds_the_request_rate,
     a_follower_writes_nothing_and_takes_a_released_lease_at_once,
+    a_driver_gone_longer_than_the_timeout_is_dialled_again,
 );
 
 /// Short timings so a failover takes seconds: lease 2s, renew deadline 1s,
@@ -280,6 +281,74 @@ async fn metrics_and_health_checks_over_http(backend: Backend) {
     assert_eq!(status, 500, "{body}");
     assert!(body.contains("CSI driver"), "{body}");
     assert_eq!(http_get(port, "/healthz/leader-election").await.0, 200);
+}
+
+/// The Go image exits when its driver's connection is lost (the container
+/// restarts); ours re-dials (docs/design.md, "Deliberate differences"). While
+/// the driver is gone, /readyz fails and `csi_provisioner_driver_reachable`
+/// is 0; when it is back, the same process provisions what came meanwhile.
+async fn a_driver_gone_longer_than_the_timeout_is_dialled_again(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let port = free_port();
+    let endpoint = format!("--http-endpoint=127.0.0.1:{port}");
+    env.start_sidecar(&[endpoint.as_str(), "--timeout=1s"])
+        .await;
+    env.create_pvc(&env.ns, "before", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound(&env.ns, "before").await;
+    let reachable = |metrics: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("csi_provisioner_driver_reachable "))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    let (_, metrics) = http_get(port, "/metrics").await;
+    assert_eq!(reachable(&metrics).as_deref(), Some("1"), "{metrics}");
+
+    env.stop_driver().await;
+    let gone = Instant::now();
+    env.create_pvc(&env.ns, "during", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "the driver unreachable in /readyz and the metric",
+        Duration::from_secs(30),
+        || async {
+            let (ready, _) = http_get(port, "/readyz").await;
+            let (_, metrics) = http_get(port, "/metrics").await;
+            (ready != 200 && reachable(&metrics).as_deref() == Some("0")).then_some(())
+        },
+    )
+    .await;
+    // Gone for several times --timeout, with calls failing meanwhile.
+    env.wait_for(
+        "the driver gone for 3 s (--timeout is 1 s)",
+        Duration::from_secs(10),
+        || async { (gone.elapsed() >= Duration::from_secs(3)).then_some(()) },
+    )
+    .await;
+    assert!(
+        env.backend_volumes().len() == 1,
+        "nothing provisioned without a driver"
+    );
+
+    env.start_driver();
+    env.wait_bound(&env.ns, "during").await;
+    env.wait_for(
+        "the driver reachable again",
+        Duration::from_secs(30),
+        || async {
+            let (ready, _) = http_get(port, "/readyz").await;
+            let (_, metrics) = http_get(port, "/metrics").await;
+            (ready == 200 && reachable(&metrics).as_deref() == Some("1")).then_some(())
+        },
+    )
+    .await;
+    env.assert_consistent().await;
+    // The same process all along: it ends on SIGTERM, with 0.
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
 async fn sigterm_finishes_the_call_in_flight_releases_the_lease_and_exits_zero(backend: Backend) {

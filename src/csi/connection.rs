@@ -143,6 +143,36 @@ pub fn probe_error_is_transient(err: &CsiError) -> bool {
 
 /// One `Probe`. A response without `ready` means ready (CSI spec: the field
 /// is optional and its absence means the plugin is ready).
+/// How often [`watch_reachability`] asks.
+pub const REACHABILITY_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Keeps `csi_provisioner_driver_reachable` true to the driver while no
+/// other call would tell: a `Probe` every [`REACHABILITY_INTERVAL`], not
+/// counted in `csi_sidecar_operations_seconds` (the Go image has no such
+/// probe). Runs until the process ends.
+pub fn watch_reachability(mut client: IdentityClient<Channel>, timeout: Duration) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REACHABILITY_INTERVAL).await;
+            let answered = tokio::time::timeout(
+                timeout,
+                client.probe(super::request(ProbeRequest {}, timeout)),
+            )
+            .await;
+            match answered {
+                Ok(Ok(_)) => crate::metrics::set_driver_reachable(true),
+                // Our side failed: the socket refused or the connection
+                // broke. A status the driver sent has no source.
+                Ok(Err(status)) => crate::metrics::set_driver_reachable(
+                    std::error::Error::source(&status).is_none(),
+                ),
+                // Slow is not gone.
+                Err(_) => {}
+            }
+        }
+    });
+}
+
 pub async fn probe_once(
     client: &mut IdentityClient<Channel>,
     timeout: Duration,

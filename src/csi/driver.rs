@@ -257,6 +257,13 @@ impl Driver {
 
     /// Whether the driver is ready now (`Probe` with `timeout`), for the
     /// health endpoint.
+    /// Starts [`connection::watch_reachability`](super::connection::watch_reachability)
+    /// on this driver's connection.
+    pub fn watch_reachability(&self) {
+        crate::metrics::set_driver_reachable(true);
+        super::connection::watch_reachability(self.identity.clone(), self.timeout);
+    }
+
     pub async fn probe(&self, timeout: Duration) -> Result<bool, CsiError> {
         let mut client = self.identity.clone();
         super::connection::probe_once(&mut client, timeout).await

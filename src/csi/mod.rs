@@ -75,9 +75,19 @@ where
         {
             Err(CsiError::deadline(method, timeout))
         }
-        Ok(Err(status)) => Err(CsiError::new(method, local_failure_as_unavailable(status))),
+        Ok(Err(status)) => {
+            // A status the driver sent has no source; ours (a refused or
+            // broken connection) has one.
+            if std::error::Error::source(&status).is_some() {
+                crate::metrics::set_driver_reachable(false);
+            }
+            Err(CsiError::new(method, local_failure_as_unavailable(status)))
+        }
         Err(_) => Err(CsiError::deadline(method, timeout)),
     };
+    if result.is_ok() {
+        crate::metrics::set_driver_reachable(true);
+    }
     // Every CSI call passes here: the one place to time them.
     let code = match &result {
         Ok(_) => tonic::Code::Ok,
