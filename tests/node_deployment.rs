@@ -1,7 +1,22 @@
 //! End-to-end: `--node-deployment`. Two nodes, each with its own hostpath
 //! driver (own socket and state directory, node id = node name, topology
-//! on) and its own sidecar process (`NODE_NAME`), against one API test
-//! server holding both Nodes and CSINodes.
+//! on) and its own sidecar process (`NODE_NAME`), against one API server
+//! holding both Nodes and CSINodes: the API test server, or the real
+//! control plane (its PV binder, protection controllers and garbage
+//! collector; no scheduler: a test selects a WaitForFirstConsumer claim's
+//! node itself, by the annotation the scheduler would write).
+//!
+//! The nodes, the driver name, the namespace and the classes are the
+//! test's own ([`Env`]: named after its id), so the tests sharing a real
+//! cluster never see each other's objects; on the real cluster the
+//! sidecars run as a user bound to exactly `deploy/`'s RBAC rules.
+//!
+//! tests/real_scheduling.rs has what needs the real kube-scheduler (pods
+//! placed by the capacity the node sidecars publish, a stopped node's
+//! claims waiting for it) and Immediate claims raced by several node
+//! sidecars on the real cluster; the two race scenarios here run on the
+//! test server only, and so does the check of `NODE_NAME`, which never
+//! reaches an API server (see each).
 
 mod support;
 
@@ -13,16 +28,27 @@ use std::time::Duration;
 use controlplane::GuardedChild;
 use csi_hostpath::faults::{self, Fault, Faults};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, DeleteParams, PostParams};
-use kube_testserver::{HttpServer, TestServer};
-use serde_json::json;
-use support::{Launch, SELECTED_NODE};
+use kube::api::Api;
+use serde_json::{Value, json};
+use support::{Backend, ClusterConfig, Env, Launch, SELECTED_NODE};
 
-const DRIVER: &str = csi_hostpath::DEFAULT_DRIVER_NAME;
-const NODES: [&str; 2] = ["node-a", "node-b"];
+e2e!(ClusterConfig::standard();
+    wait_for_first_consumer_claims_go_to_the_selected_node_only,
+    allowed_topologies_and_capacity_decide_which_node_takes_a_claim,
+    without_immediate_binding_node_sidecars_leave_immediate_claims_alone,
+    each_node_publishes_its_own_capacity_and_refreshes_it_after_provisioning,
+);
+
+/// The suffixes of the two nodes' names (see [`Cluster::name`]).
+const NODES: [&str; 2] = ["a", "b"];
+
+/// How long a claim may take to be bound or deleted, a capacity to be
+/// published (the real controller-manager paces its writes).
+const WAIT: Duration = Duration::from_secs(60);
 
 struct NodeSide {
-    name: &'static str,
+    /// The Node's name ([`Cluster::name`]).
+    name: String,
     /// Killed when dropped.
     sidecar: Option<GuardedChild>,
     /// Told to stop when dropped.
@@ -31,89 +57,88 @@ struct NodeSide {
     log: PathBuf,
 }
 
-impl NodeSide {
-    /// Its sidecar in node deployment, in `default`.
-    fn launch(&self, kubeconfig: &Path) -> Launch {
-        Launch::new(&self.driver.endpoint, kubeconfig, "default").args(["--node-deployment"])
-    }
-}
-
 struct Cluster {
-    /// First: the sidecars and drivers go before the API server and
-    /// their directory.
+    /// First: the sidecars and drivers go before the API server, their
+    /// directory and the end-of-test checks of [`Env`]'s drop.
     nodes: Vec<NodeSide>,
-    /// Holds the drivers' sockets and state directories and the logs.
-    _dir: tempfile::TempDir,
-    api: TestServer,
-    http: HttpServer,
-    client: kube::Client,
+    /// The API server, the test's namespace (claims, journals, capacity
+    /// objects), driver name and classes; its own node and driver are
+    /// replaced by the two of [`NODES`].
+    env: Env,
 }
 
 impl Cluster {
     /// API server, both Nodes/CSINodes and both drivers; no sidecar yet.
-    /// `capacity` limits a node's driver: (node, kind, bytes).
-    async fn new(capacity: &[(&str, &str, u64)]) -> Cluster {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let api = TestServer::builder()
-            .controller_manager(true)
-            .gc(true)
-            .build();
-        let http = api.serve_http().await.expect("http");
-        let client = api.client();
+    /// `capacity` limits a node's driver: (node suffix, kind, bytes).
+    async fn new(backend: Backend, capacity: &[(&str, &str, u64)]) -> Cluster {
+        let mut env = Env::new(backend).await;
+        // The harness's own node and in-process driver are not part of
+        // this cluster: its nodes are made below.
+        env.stop_driver().await;
+        let own = env.node.clone();
+        env.delete("storage.k8s.io/v1", "CSINode", "", &own).await;
+        env.delete("v1", "Node", "", &own).await;
         let mut nodes = Vec::new();
-        for name in NODES {
-            api.create_object(json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {csi_hostpath::TOPOLOGY_KEY: name}}}))
-                .expect("node");
-            api.create_object(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
-                "metadata": {"name": name},
-                "spec": {"drivers": [{"name": DRIVER, "nodeID": name,
-                    "topologyKeys": [csi_hostpath::TOPOLOGY_KEY]}]}}))
-                .expect("csinode");
-            let node_dir = dir.path().join(name);
+        for suffix in NODES {
+            let name = format!("{own}-{suffix}");
+            // A Node labelled with its topology segment, and its CSINode
+            // naming the test's driver.
+            env.add_node(&name).await;
+            let node_dir = env.dir.path().join(&name);
             std::fs::create_dir_all(&node_dir).expect("node dir");
             let mut driver = csi_hostpath::Config::for_tests(&node_dir);
-            driver.node_id = name.to_owned();
+            driver.driver_name = env.driver_name.clone();
+            driver.node_id = name.clone();
             driver.capacity = capacity
                 .iter()
-                .filter(|(node, _, _)| *node == name)
+                .filter(|(node, _, _)| *node == suffix)
                 .map(|(_, kind, bytes)| ((*kind).to_owned(), *bytes))
                 .collect::<BTreeMap<_, _>>();
             nodes.push(NodeSide {
-                name,
                 sidecar: None,
                 _served: csi_hostpath::InProcess::spawn(driver.clone()),
                 driver,
                 log: node_dir.join("sidecar.log"),
+                name,
             });
         }
-        Cluster {
-            _dir: dir,
-            api,
-            http,
-            client,
-            nodes,
-        }
+        Cluster { nodes, env }
+    }
+
+    /// The name of node `suffix` (`a`, `b`): the test's node name with the
+    /// suffix, unique on a shared real cluster.
+    fn name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.env.node)
+    }
+
+    /// A node's sidecar in node deployment, in the test's namespace.
+    fn launch(&self, node: &NodeSide, kubeconfig: &Path) -> Launch {
+        Launch::new(&node.driver.endpoint, kubeconfig, &self.env.ns).args(["--node-deployment"])
     }
 
     /// One sidecar per node, in node mode with short delays, plus `extra`.
-    fn start_sidecars(&mut self, extra: &[&str]) {
-        self.start_sidecars_with_delays("100ms", "500ms", extra);
+    async fn start_sidecars(&mut self, extra: &[&str]) {
+        self.start_sidecars_with_delays("100ms", "500ms", extra)
+            .await;
     }
 
-    fn start_sidecars_with_delays(&mut self, base: &str, max: &str, extra: &[&str]) {
-        let kubeconfig = self.http.kubeconfig_path().to_owned();
-        for node in &mut self.nodes {
-            let child = node
-                .launch(&kubeconfig)
+    /// On the real cluster the sidecars run as the harness's sidecar user,
+    /// bound to `deploy/`'s rules for `extra` (the capacity rules with
+    /// `--enable-capacity`).
+    async fn start_sidecars_with_delays(&mut self, base: &str, max: &str, extra: &[&str]) {
+        let kubeconfig = self.env.sidecar_kubeconfig(extra).await;
+        for i in 0..self.nodes.len() {
+            let node = &self.nodes[i];
+            let child = self
+                .launch(node, &kubeconfig)
                 .args([
                     format!("--node-deployment-base-delay={base}"),
                     format!("--node-deployment-max-delay={max}"),
                 ])
                 .args(extra)
-                .env("NODE_NAME", node.name)
+                .env("NODE_NAME", &node.name)
                 .spawn("csi-provisioner", &node.log);
-            node.sidecar = Some(child);
+            self.nodes[i].sidecar = Some(child);
         }
     }
 
@@ -121,11 +146,14 @@ impl Cluster {
         self.nodes
             .iter()
             .find(|n| n.name == name)
-            .expect("known node")
+            .unwrap_or_else(|| panic!("no node {name}"))
     }
 
+    /// Each node's sidecar log, and on the real cluster the end of the
+    /// controller-manager's.
     fn logs(&self) -> String {
-        self.nodes
+        let mut out: String = self
+            .nodes
             .iter()
             .map(|n| {
                 format!(
@@ -134,19 +162,31 @@ impl Cluster {
                     std::fs::read_to_string(&n.log).unwrap_or_default()
                 )
             })
-            .collect()
+            .collect();
+        out.push_str(&self.env.logs());
+        out
     }
 
     /// Names (CreateVolume names = PV names) of the volumes on a node's
     /// backend, sorted. The backend keeps one record per volume id; two of
     /// one name (a claim provisioned twice) fail the test.
     fn backend(&self, node: &str) -> Vec<String> {
-        let mut names: Vec<String> =
-            csi_hostpath::backend_volumes(&self.node(node).driver.state_dir)
-                .expect("backend volumes")
-                .into_iter()
-                .map(|v| v.name)
-                .collect();
+        let state_dir = &self.node(node).driver.state_dir;
+        // A volume deleted between the directory listing and the read of
+        // its record makes one read fail: read again.
+        let mut read = csi_hostpath::backend_volumes(state_dir);
+        for _ in 0..20 {
+            if read.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            read = csi_hostpath::backend_volumes(state_dir);
+        }
+        let mut names: Vec<String> = read
+            .unwrap_or_else(|e| panic!("backend volumes of {node}: {e}"))
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
         names.sort();
         assert!(
             names.windows(2).all(|pair| pair[0] != pair[1]),
@@ -159,7 +199,8 @@ impl Cluster {
     /// Holds every `CreateVolume` on every node's driver until
     /// [`Cluster::release_create_volume`]: each attempt is answered
     /// `UNAVAILABLE` ("may still be in progress"), so the sidecars keep the
-    /// operations open and call again.
+    /// operations open and call again. (The drivers' faults files: the
+    /// same on both backends.)
     fn hold_create_volume(&self) {
         for node in &self.nodes {
             Faults::with_rules(vec![
@@ -178,9 +219,10 @@ impl Cluster {
         }
     }
 
-    /// The names of the journal segments (ConfigMaps) in `default`.
+    /// The names of the journal segments (ConfigMaps) in the test's
+    /// namespace.
     async fn journal_segments(&self) -> Vec<String> {
-        Api::<ConfigMap>::namespaced(self.client.clone(), "default")
+        Api::<ConfigMap>::namespaced(self.env.client.clone(), &self.env.ns)
             .list(&Default::default())
             .await
             .expect("config maps")
@@ -192,68 +234,44 @@ impl Cluster {
     }
 
     /// Whether `node`'s sidecar logged a line with `message` and the field
-    /// `claim=default/<claim>`.
+    /// `claim=<namespace>/<claim>`.
     fn logged_about(&self, node: &str, claim: &str, message: &str) -> bool {
-        let field = format!("claim=default/{claim}");
+        let field = format!("claim={}/{claim}", self.env.ns);
         std::fs::read_to_string(&self.node(node).log)
             .unwrap_or_default()
             .lines()
             .any(|l| l.contains(message) && l.split_whitespace().any(|w| w == field))
     }
 
-    fn storage_class(&self, name: &str, binding: &str, extra: serde_json::Value) {
-        let mut class = json!({
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {"name": name},
-            "provisioner": DRIVER,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": binding,
-        });
-        if let (Some(class), serde_json::Value::Object(extra)) = (class.as_object_mut(), extra) {
-            class.extend(extra);
-        }
-        self.api.create_object(class).expect("storage class");
+    /// The test's StorageClass `short` ([`Env::class`]) of its driver,
+    /// reclaim policy Delete, with `extra` merged in (allowedTopologies).
+    async fn storage_class(&self, short: &str, binding: &str, params: Value, extra: Value) {
+        self.env
+            .storage_class_with(short, binding, "Delete", params, extra)
+            .await;
     }
 
-    async fn create_pvc(
-        &self,
-        name: &str,
-        class: &str,
-        size: &str,
-        annotations: serde_json::Value,
-    ) {
-        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": class,
-                "resources": {"requests": {"storage": size}},
-            },
-        }))
-        .expect("pvc json");
-        self.claims()
-            .create(&PostParams::default(), &pvc)
-            .await
-            .expect("create pvc");
-    }
-
-    fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.client.clone(), "default")
+    /// A claim of the test's class `class` (short name) in its namespace.
+    async fn create_pvc(&self, name: &str, class: &str, size: &str, annotations: Value) {
+        self.env
+            .create_pvc(
+                &self.env.ns,
+                name,
+                class,
+                size,
+                json!({"metadata": {"annotations": annotations}}),
+            )
+            .await;
     }
 
     async fn pvc(&self, name: &str) -> Option<PersistentVolumeClaim> {
-        self.claims().get_opt(name).await.expect("get pvc")
+        self.env.pvc(&self.env.ns, name).await
     }
 
+    /// The PVs of this test (of its driver, or bound to its claims): on the
+    /// real cluster the other tests' PVs are there too.
     async fn pvs(&self) -> Vec<PersistentVolume> {
-        Api::<PersistentVolume>::all(self.client.clone())
-            .list(&Default::default())
-            .await
-            .expect("list pv")
-            .items
+        self.env.pvs().await
     }
 
     async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> T
@@ -261,47 +279,34 @@ impl Cluster {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let context = || format!("\n{}", self.logs());
+        let context = || format!("({})\n{}", self.env.backend_name(), self.logs());
         support::poll(what, timeout, Duration::from_millis(50), check, context).await
     }
 
     /// The claim, once bound to its PV.
     async fn wait_bound(&self, name: &str) -> (PersistentVolumeClaim, PersistentVolume) {
-        self.wait_for(
-            &format!("claim {name} bound"),
-            Duration::from_secs(30),
-            || async {
-                let pvc = self.pvc(name).await?;
-                let volume = pvc.spec.as_ref()?.volume_name.clone()?;
-                if pvc.status.as_ref()?.phase.as_deref() != Some("Bound") {
-                    return None;
-                }
-                let pv = Api::<PersistentVolume>::all(self.client.clone())
-                    .get_opt(&volume)
-                    .await
-                    .expect("get pv")?;
-                Some((pvc, pv))
-            },
-        )
+        self.wait_for(&format!("claim {name} bound"), WAIT, || async {
+            let pvc = self.pvc(name).await?;
+            let volume = pvc.spec.as_ref()?.volume_name.clone()?;
+            if pvc.status.as_ref()?.phase.as_deref() != Some("Bound") {
+                return None;
+            }
+            let pv = self.env.pv(&volume).await?;
+            Some((pvc, pv))
+        })
         .await
     }
 
     async fn delete_pvc(&self, name: &str) {
-        self.claims()
-            .delete(name, &DeleteParams::default())
-            .await
-            .expect("delete pvc");
+        self.env.delete_pvc(&self.env.ns, name).await;
     }
 
     async fn wait_all_deleted(&self) {
-        self.wait_for(
-            "every PV and backend volume deleted",
-            Duration::from_secs(30),
-            || async {
-                (self.pvs().await.is_empty() && NODES.iter().all(|n| self.backend(n).is_empty()))
-                    .then_some(())
-            },
-        )
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        self.wait_for("every PV and backend volume deleted", WAIT, || async {
+            (self.pvs().await.is_empty() && names.iter().all(|n| self.backend(n).is_empty()))
+                .then_some(())
+        })
         .await;
     }
 }
@@ -335,44 +340,43 @@ fn pv_name(pv: &PersistentVolume) -> String {
     pv.metadata.name.clone().unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
-    let mut cluster = Cluster::new(&[]).await;
-    cluster.storage_class("local", "WaitForFirstConsumer", json!({}));
-    cluster.start_sidecars(&[]);
+async fn wait_for_first_consumer_claims_go_to_the_selected_node_only(backend: Backend) {
+    let mut cluster = Cluster::new(backend, &[]).await;
+    let (a, b) = (cluster.name("a"), cluster.name("b"));
+    cluster
+        .storage_class("local", "WaitForFirstConsumer", json!({}), json!({}))
+        .await;
+    cluster.start_sidecars(&[]).await;
     // The operations are held open until the journals are looked at.
     cluster.hold_create_volume();
 
-    // As the scheduler would: node-b selected (the controller-manager
-    // helper then adds the storage-provisioner annotation).
+    // As the scheduler would: b selected (the controller-manager, or the
+    // test server's helper, then adds the storage-provisioner annotation).
     cluster
-        .create_pvc("on-b", "local", "10Mi", json!({SELECTED_NODE: "node-b"}))
+        .create_pvc("on-b", "local", "10Mi", json!({SELECTED_NODE: b}))
         .await;
     cluster
-        .create_pvc("on-a", "local", "10Mi", json!({SELECTED_NODE: "node-a"}))
+        .create_pvc("on-a", "local", "10Mi", json!({SELECTED_NODE: a}))
         .await;
     // One write-ahead journal per node: a restarted node resumes only its
     // own operations, on its own driver. Looked at while each node's
     // operation is open, so each node's journal has a segment then (once
     // their operations are done segments are deleted, and a look at that
     // time could find none and check nothing).
-    let bases = NODES.map(|node| format!("{DRIVER}-{node}-provisioner-journal"));
+    let driver = cluster.env.driver_name.clone();
+    let bases = [&a, &b].map(|node| format!("{driver}-{node}-provisioner-journal"));
     let journals = cluster
-        .wait_for(
-            "a journal segment of each node",
-            Duration::from_secs(30),
-            || async {
-                let segments = cluster.journal_segments().await;
-                bases
-                    .iter()
-                    .all(|base| {
-                        segments
-                            .iter()
-                            .any(|name| name.starts_with(&format!("{base}-")))
-                    })
-                    .then_some(segments)
-            },
-        )
+        .wait_for("a journal segment of each node", WAIT, || async {
+            let segments = cluster.journal_segments().await;
+            bases
+                .iter()
+                .all(|base| {
+                    segments
+                        .iter()
+                        .any(|name| name.starts_with(&format!("{base}-")))
+                })
+                .then_some(segments)
+        })
         .await;
     assert!(!journals.is_empty(), "no journal segment");
     for name in &journals {
@@ -386,10 +390,10 @@ async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
     cluster.release_create_volume();
     let (_, pv_b) = cluster.wait_bound("on-b").await;
     let (_, pv_a) = cluster.wait_bound("on-a").await;
-    assert_eq!(cluster.backend("node-b"), vec![pv_name(&pv_b)]);
-    assert_eq!(cluster.backend("node-a"), vec![pv_name(&pv_a)]);
-    assert_eq!(affinity_nodes(&pv_b), vec!["node-b".to_owned()]);
-    assert_eq!(affinity_nodes(&pv_a), vec!["node-a".to_owned()]);
+    assert_eq!(cluster.backend(&b), vec![pv_name(&pv_b)]);
+    assert_eq!(cluster.backend(&a), vec![pv_name(&pv_a)]);
+    assert_eq!(affinity_nodes(&pv_b), vec![b.clone()]);
+    assert_eq!(affinity_nodes(&pv_a), vec![a.clone()]);
     // Each PV carries its node's provisioner identity.
     let identity = |pv: &PersistentVolume| {
         pv.spec
@@ -400,8 +404,16 @@ async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
             .cloned()
             .unwrap_or_default()
     };
-    assert!(identity(&pv_b).ends_with("-node-b"), "{}", identity(&pv_b));
-    assert!(identity(&pv_a).ends_with("-node-a"), "{}", identity(&pv_a));
+    assert!(
+        identity(&pv_b).ends_with(&format!("-{b}")),
+        "{}",
+        identity(&pv_b)
+    );
+    assert!(
+        identity(&pv_a).ends_with(&format!("-{a}")),
+        "{}",
+        identity(&pv_a)
+    );
     // Still no segment but the nodes' own (some may be gone by now).
     for name in cluster.journal_segments().await {
         assert!(
@@ -420,16 +432,14 @@ async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
     // Deletion: each node deletes its own volume.
     cluster.delete_pvc("on-b").await;
     cluster
-        .wait_for(
-            "node-b's volume deleted",
-            Duration::from_secs(30),
-            || async { cluster.backend("node-b").is_empty().then_some(()) },
-        )
+        .wait_for("b's volume deleted", WAIT, || async {
+            cluster.backend(&b).is_empty().then_some(())
+        })
         .await;
     assert_eq!(
-        cluster.backend("node-a"),
+        cluster.backend(&a),
         vec![pv_name(&pv_a)],
-        "node-a's volume must stay"
+        "a's volume must stay"
     );
     cluster.delete_pvc("on-a").await;
     cluster.wait_all_deleted().await;
@@ -444,32 +454,41 @@ async fn wait_for_first_consumer_claims_go_to_the_selected_node_only() {
     );
 }
 
+/// Test server only: on the real cluster, Immediate claims taken by racing
+/// node sidecars (one owner, one volume on its backend, everything deleted
+/// by its owner) are real_scheduling.rs's
+/// `immediate_claims_get_one_owner_and_one_volume_*`, which also counts
+/// the owners' claim writes in the audit log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn immediate_claims_are_provisioned_once_by_the_node_that_takes_them() {
-    let mut cluster = Cluster::new(&[]).await;
-    cluster.storage_class("shared", "Immediate", json!({}));
-    cluster.start_sidecars(&[]);
+    let mut cluster = Cluster::new(Backend::TestServer, &[]).await;
+    let nodes = NODES.map(|suffix| cluster.name(suffix));
+    cluster
+        .storage_class("shared", "Immediate", json!({}), json!({}))
+        .await;
+    cluster.start_sidecars(&[]).await;
 
     let names = ["imm-0", "imm-1", "imm-2", "imm-3"];
     for name in names {
         cluster.create_pvc(name, "shared", "5Mi", json!({})).await;
     }
-    let mut expected: BTreeMap<&str, Vec<String>> = NODES.iter().map(|n| (*n, vec![])).collect();
+    let mut expected: BTreeMap<String, Vec<String>> =
+        nodes.iter().map(|n| (n.clone(), vec![])).collect();
     for name in names {
         let (pvc, pv) = cluster.wait_bound(name).await;
         let winner = selected_node(&pvc)
             .unwrap_or_else(|| panic!("{name}: no selected node\n{}", cluster.logs()));
-        assert!(NODES.contains(&winner.as_str()), "{name}: {winner}");
+        assert!(nodes.contains(&winner), "{name}: {winner}");
         assert_eq!(affinity_nodes(&pv), vec![winner.clone()], "{name}");
         expected
-            .get_mut(winner.as_str())
+            .get_mut(&winner)
             .expect("known node")
             .push(pv_name(&pv));
     }
     // Exactly one volume per claim, on the winner's backend only.
     for (node, mut volumes) in expected.clone() {
         volumes.sort();
-        assert_eq!(cluster.backend(node), volumes, "backend of {node}");
+        assert_eq!(cluster.backend(&node), volumes, "backend of {node}");
     }
     assert_eq!(cluster.pvs().await.len(), names.len());
 
@@ -487,11 +506,19 @@ async fn immediate_claims_are_provisioned_once_by_the_node_that_takes_them() {
 
 /// Delays of a few milliseconds make both nodes try at nearly the same
 /// time: conflicts decide, and still every claim gets exactly one volume.
+///
+/// Test server only: the same race on the real cluster (three nodes,
+/// delays of 5 to 50 ms, our sidecar with either driver and the Go image)
+/// is real_scheduling.rs's
+/// `immediate_claims_get_one_owner_and_one_volume_*`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_nodes_still_provision_each_claim_once() {
-    let mut cluster = Cluster::new(&[]).await;
-    cluster.storage_class("shared", "Immediate", json!({}));
-    cluster.start_sidecars_with_delays("1ms", "4ms", &[]);
+    let mut cluster = Cluster::new(Backend::TestServer, &[]).await;
+    let nodes = NODES.map(|suffix| cluster.name(suffix));
+    cluster
+        .storage_class("shared", "Immediate", json!({}), json!({}))
+        .await;
+    cluster.start_sidecars_with_delays("1ms", "4ms", &[]).await;
     let names: Vec<String> = (0..10).map(|i| format!("race-{i}")).collect();
     for name in &names {
         cluster.create_pvc(name, "shared", "1Mi", json!({})).await;
@@ -508,22 +535,18 @@ async fn racing_nodes_still_provision_each_claim_once() {
     // (it logs, at each claim's last pass, that the claim names its volume
     // already): the loser is then done with the claim.
     cluster
-        .wait_for(
-            "each node done with every claim",
-            Duration::from_secs(30),
-            || async {
-                NODES
-                    .iter()
-                    .all(|node| {
-                        names.iter().all(|name| {
-                            cluster.logged_about(node, name, "claim already names volume")
-                        })
-                    })
-                    .then_some(())
-            },
-        )
+        .wait_for("each node done with every claim", WAIT, || async {
+            nodes
+                .iter()
+                .all(|node| {
+                    names
+                        .iter()
+                        .all(|name| cluster.logged_about(node, name, "claim already names volume"))
+                })
+                .then_some(())
+        })
         .await;
-    for node in NODES {
+    for node in &nodes {
         let mut expected = volumes.get(node).cloned().unwrap_or_default();
         expected.sort();
         assert_eq!(
@@ -540,25 +563,33 @@ async fn racing_nodes_still_provision_each_claim_once() {
     cluster.wait_all_deleted().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allowed_topologies_and_capacity_decide_which_node_takes_a_claim() {
-    // Of kind "fast", node-a has 1 MiB, node-b 1 GiB; both have room
-    // elsewhere ("slow").
-    let mut cluster = Cluster::new(&[
-        ("node-a", "fast", 1 << 20),
-        ("node-a", "slow", 1 << 30),
-        ("node-b", "fast", 1 << 30),
-        ("node-b", "slow", 1 << 30),
-    ])
+async fn allowed_topologies_and_capacity_decide_which_node_takes_a_claim(backend: Backend) {
+    // Of kind "fast", a has 1 MiB, b 1 GiB; both have room elsewhere
+    // ("slow").
+    let mut cluster = Cluster::new(
+        backend,
+        &[
+            ("a", "fast", 1 << 20),
+            ("a", "slow", 1 << 30),
+            ("b", "fast", 1 << 30),
+            ("b", "slow", 1 << 30),
+        ],
+    )
     .await;
-    cluster.storage_class(
-        "only-a",
-        "Immediate",
-        json!({"allowedTopologies": [{"matchLabelExpressions": [
-            {"key": csi_hostpath::TOPOLOGY_KEY, "values": ["node-a"]}]}]}),
-    );
-    cluster.storage_class("fast", "Immediate", json!({"parameters": {"kind": "fast"}}));
-    cluster.start_sidecars(&[]);
+    let (a, b) = (cluster.name("a"), cluster.name("b"));
+    cluster
+        .storage_class(
+            "only-a",
+            "Immediate",
+            json!({}),
+            json!({"allowedTopologies": [{"matchLabelExpressions": [
+                {"key": csi_hostpath::TOPOLOGY_KEY, "values": [a]}]}]}),
+        )
+        .await;
+    cluster
+        .storage_class("fast", "Immediate", json!({"kind": "fast"}), json!({}))
+        .await;
+    cluster.start_sidecars(&[]).await;
 
     for i in 0..3 {
         cluster
@@ -570,20 +601,19 @@ async fn allowed_topologies_and_capacity_decide_which_node_takes_a_claim() {
     }
     for i in 0..3 {
         let (pvc, _) = cluster.wait_bound(&format!("only-a-{i}")).await;
-        assert_eq!(selected_node(&pvc).as_deref(), Some("node-a"), "only-a-{i}");
-        // node-a cannot hold 10 MiB: only node-b tries.
+        assert_eq!(selected_node(&pvc), Some(a.clone()), "only-a-{i}");
+        // a cannot hold 10 MiB: only b tries.
         let (pvc, _) = cluster.wait_bound(&format!("big-{i}")).await;
-        assert_eq!(selected_node(&pvc).as_deref(), Some("node-b"), "big-{i}");
+        assert_eq!(selected_node(&pvc), Some(b.clone()), "big-{i}");
     }
-    assert_eq!(cluster.backend("node-a").len(), 3);
-    assert_eq!(cluster.backend("node-b").len(), 3);
-    // Decided before trying, not by losing races: node-b never schedules an
+    assert_eq!(cluster.backend(&a).len(), 3);
+    assert_eq!(cluster.backend(&b).len(), 3);
+    // Decided before trying, not by losing races: b never schedules an
     // attempt at a claim its class does not admit there. (Whether it logs
-    // the refusal depends on whether node-a took the claim first.)
-    let log = |node: &str| std::fs::read_to_string(&cluster.node(node).log).unwrap_or_default();
+    // the refusal depends on whether a took the claim first.)
+    let log = std::fs::read_to_string(&cluster.node(&b).log).unwrap_or_default();
     assert!(
-        !log("node-b")
-            .lines()
+        !log.lines()
             .any(|l| l.contains("will try to become the owner") && l.contains("/only-a-")),
         "{}",
         cluster.logs()
@@ -595,27 +625,28 @@ async fn allowed_topologies_and_capacity_decide_which_node_takes_a_claim() {
     cluster.wait_all_deleted().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_immediate_binding_node_sidecars_leave_immediate_claims_alone() {
-    let mut cluster = Cluster::new(&[]).await;
-    cluster.storage_class("shared", "Immediate", json!({}));
-    cluster.storage_class("local", "WaitForFirstConsumer", json!({}));
-    cluster.start_sidecars(&["--node-deployment-immediate-binding=false"]);
+async fn without_immediate_binding_node_sidecars_leave_immediate_claims_alone(backend: Backend) {
+    let mut cluster = Cluster::new(backend, &[]).await;
+    let (a, b) = (cluster.name("a"), cluster.name("b"));
+    cluster
+        .storage_class("shared", "Immediate", json!({}), json!({}))
+        .await;
+    cluster
+        .storage_class("local", "WaitForFirstConsumer", json!({}), json!({}))
+        .await;
+    cluster
+        .start_sidecars(&["--node-deployment-immediate-binding=false"])
+        .await;
 
     cluster
         .create_pvc("immediate", "shared", "5Mi", json!({}))
         .await;
     // The sidecars work: a scheduled claim is provisioned...
     cluster
-        .create_pvc(
-            "scheduled",
-            "local",
-            "5Mi",
-            json!({SELECTED_NODE: "node-a"}),
-        )
+        .create_pvc("scheduled", "local", "5Mi", json!({SELECTED_NODE: a}))
         .await;
     let (_, pv) = cluster.wait_bound("scheduled").await;
-    assert_eq!(cluster.backend("node-a"), vec![pv_name(&pv)]);
+    assert_eq!(cluster.backend(&a), vec![pv_name(&pv)]);
     // ...while the Immediate claim is never taken: each node's sidecar has
     // looked at it and decided it is not for this node (a decision that
     // queues nothing: the claim is not looked at again until it changes),
@@ -624,16 +655,16 @@ async fn without_immediate_binding_node_sidecars_leave_immediate_claims_alone() 
     cluster
         .wait_for(
             "each node leaving the Immediate claim alone",
-            Duration::from_secs(30),
+            WAIT,
             || async {
-                NODES
+                [&a, &b]
                     .iter()
                     .all(|node| cluster.logged_about(node, "immediate", "not provisioning"))
                     .then_some(())
             },
         )
         .await;
-    for node in NODES {
+    for node in [&a, &b] {
         assert!(
             !cluster.logged_about(node, "immediate", "will try to become the owner"),
             "{node} tried to take the Immediate claim\n{}",
@@ -649,7 +680,7 @@ async fn without_immediate_binding_node_sidecars_leave_immediate_claims_alone() 
             .and_then(|s| s.volume_name.clone())
             .is_none()
     );
-    assert_eq!(cluster.backend("node-b"), Vec::<String>::new());
+    assert_eq!(cluster.backend(&b), Vec::<String>::new());
     assert_eq!(cluster.pvs().await.len(), 1);
 
     cluster.delete_pvc("scheduled").await;
@@ -657,12 +688,15 @@ async fn without_immediate_binding_node_sidecars_leave_immediate_claims_alone() 
     cluster.wait_all_deleted().await;
 }
 
+/// Test server only: `NODE_NAME` is checked before anything else, the
+/// kubeconfig included (src/startup.rs), so the API server plays no part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_deployment_needs_node_name() {
-    let cluster = Cluster::new(&[]).await;
-    let node = cluster.node("node-a");
-    let output = node
-        .launch(cluster.http.kubeconfig_path())
+    let cluster = Cluster::new(Backend::TestServer, &[]).await;
+    let kubeconfig = cluster.env.sidecar_kubeconfig(&[]).await;
+    let node = cluster.node(&cluster.name("a"));
+    let output = cluster
+        .launch(node, &kubeconfig)
         .command()
         .env_remove("NODE_NAME")
         .stdin(Stdio::null())
@@ -681,25 +715,35 @@ async fn node_deployment_needs_node_name() {
 /// the two never delete or rewrite each other's objects; a volume
 /// provisioned (or deleted) refreshes its node's capacity at once, not at
 /// the next poll (upstream's provision wrapper).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_node_publishes_its_own_capacity_and_refreshes_it_after_provisioning() {
+async fn each_node_publishes_its_own_capacity_and_refreshes_it_after_provisioning(
+    backend: Backend,
+) {
     use k8s_openapi::api::storage::v1::CSIStorageCapacity;
-    let mut cluster =
-        Cluster::new(&[("node-a", "fast", 100 << 20), ("node-b", "fast", 200 << 20)]).await;
-    cluster.storage_class(
-        "local",
-        "WaitForFirstConsumer",
-        json!({"parameters": {"kind": "fast"}}),
-    );
+    let mut cluster = Cluster::new(
+        backend,
+        &[("a", "fast", 100 << 20), ("b", "fast", 200 << 20)],
+    )
+    .await;
+    let (a, b) = (cluster.name("a"), cluster.name("b"));
+    cluster
+        .storage_class(
+            "local",
+            "WaitForFirstConsumer",
+            json!({"kind": "fast"}),
+            json!({}),
+        )
+        .await;
     // A poll interval far beyond the test: only the refresh after a
     // provision or delete can change a published value.
-    cluster.start_sidecars(&[
-        "--enable-capacity",
-        "--capacity-ownerref-level=-1",
-        "--capacity-poll-interval=1h",
-    ]);
+    cluster
+        .start_sidecars(&[
+            "--enable-capacity",
+            "--capacity-ownerref-level=-1",
+            "--capacity-poll-interval=1h",
+        ])
+        .await;
     let objects = || async {
-        Api::<CSIStorageCapacity>::namespaced(cluster.client.clone(), "default")
+        Api::<CSIStorageCapacity>::namespaced(cluster.env.client.clone(), &cluster.env.ns)
             .list(&Default::default())
             .await
             .expect("list capacities")
@@ -733,26 +777,24 @@ async fn each_node_publishes_its_own_capacity_and_refreshes_it_after_provisionin
         out.sort();
         out
     };
-    let expect = |a: &str, b: &str| {
+    let expect = |on_a: &str, on_b: &str| {
         vec![
             (
-                "external-provisioner-node-a".to_owned(),
-                "node-a".to_owned(),
-                a.to_owned(),
+                format!("external-provisioner-{a}"),
+                a.clone(),
+                on_a.to_owned(),
             ),
             (
-                "external-provisioner-node-b".to_owned(),
-                "node-b".to_owned(),
-                b.to_owned(),
+                format!("external-provisioner-{b}"),
+                b.clone(),
+                on_b.to_owned(),
             ),
         ]
     };
     cluster
-        .wait_for(
-            "one object per node, labelled for it",
-            Duration::from_secs(20),
-            || async { (published(objects().await) == expect("100Mi", "200Mi")).then_some(()) },
-        )
+        .wait_for("one object per node, labelled for it", WAIT, || async {
+            (published(objects().await) == expect("100Mi", "200Mi")).then_some(())
+        })
         .await;
     // Neither sidecar takes the other's object for stale: the objects'
     // names, compared below once each sidecar has rewritten its own object
@@ -772,17 +814,17 @@ async fn each_node_publishes_its_own_capacity_and_refreshes_it_after_provisionin
     let first = names().await;
 
     cluster
-        .create_pvc("on-a", "local", "10Mi", json!({SELECTED_NODE: "node-a"}))
+        .create_pvc("on-a", "local", "10Mi", json!({SELECTED_NODE: a}))
         .await;
     cluster
-        .create_pvc("on-b", "local", "10Mi", json!({SELECTED_NODE: "node-b"}))
+        .create_pvc("on-b", "local", "10Mi", json!({SELECTED_NODE: b}))
         .await;
     cluster.wait_bound("on-a").await;
     cluster.wait_bound("on-b").await;
     cluster
         .wait_for(
             "each node's capacity refreshed after provisioning",
-            Duration::from_secs(10),
+            WAIT,
             || async { (published(objects().await) == expect("90Mi", "190Mi")).then_some(()) },
         )
         .await;
@@ -792,7 +834,7 @@ async fn each_node_publishes_its_own_capacity_and_refreshes_it_after_provisionin
     cluster
         .wait_for(
             "each node's capacity refreshed after deletion",
-            Duration::from_secs(10),
+            WAIT,
             || async { (published(objects().await) == expect("100Mi", "200Mi")).then_some(()) },
         )
         .await;
