@@ -90,12 +90,9 @@ async fn wait_available(env: &Env, name: &str) -> PersistentVolume {
     .await
 }
 
-async fn a_managed_claims_volume_is_released_and_claimable_again(backend: Backend) {
-    let mut env = Env::new(backend).await;
-    env.storage_class("keep", "Immediate", "Retain", json!({}))
-        .await;
-    env.start_sidecar(&args(&gate_on())).await;
-
+/// Claim `data` of class `keep`, labelled for our id, bound: its PV and
+/// the PV's name.
+async fn managed_claim_bound(env: &Env) -> (PersistentVolume, String) {
     env.create_pvc(
         &env.ns,
         "data",
@@ -106,6 +103,16 @@ async fn a_managed_claims_volume_is_released_and_claimable_again(backend: Backen
     .await;
     let pv = env.wait_bound(&env.ns, "data").await;
     let name = pv.metadata.name.clone().expect("pv name");
+    (pv, name)
+}
+
+async fn a_managed_claims_volume_is_released_and_claimable_again(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("keep", "Immediate", "Retain", json!({}))
+        .await;
+    env.start_sidecar(&args(&gate_on())).await;
+
+    let (_, name) = managed_claim_bound(&env).await;
     env.wait_for("PV labelled", Duration::from_secs(20), || async {
         let pv = env.pv(&name).await?;
         (label(&pv) == Some(ID)).then_some(())
@@ -182,16 +189,7 @@ async fn a_replacement_claim_does_not_hide_the_departed_one() {
     env.api().fail_next(u32::MAX, association, 500);
     env.start_sidecar(&args(&gate_on())).await;
 
-    env.create_pvc(
-        &env.ns,
-        "data",
-        "keep",
-        "5Mi",
-        json!({"metadata": {"labels": {PVC_LABEL: ID}}}),
-    )
-    .await;
-    let pv = env.wait_bound(&env.ns, "data").await;
-    let name = pv.metadata.name.clone().expect("pv name");
+    let (pv, name) = managed_claim_bound(&env).await;
     env.delete_pvc(&env.ns, "data").await;
     wait_released(&env, &name).await;
     // The replacement names the PV, so that its event queues the PV at
@@ -313,16 +311,7 @@ async fn without_automatic_association_a_managed_claims_volume_is_kept(backend: 
     flags.push("--disable-automatic-association".to_owned());
     env.start_sidecar(&args(&flags)).await;
 
-    env.create_pvc(
-        &env.ns,
-        "data",
-        "keep",
-        "5Mi",
-        json!({"metadata": {"labels": {PVC_LABEL: ID}}}),
-    )
-    .await;
-    let pv = env.wait_bound(&env.ns, "data").await;
-    let name = pv.metadata.name.clone().expect("pv name");
+    let (_, name) = managed_claim_bound(&env).await;
     env.delete_pvc(&env.ns, "data").await;
     wait_released(&env, &name).await;
     assert_stays(
