@@ -79,6 +79,14 @@ fn good_claims(env: &Env) -> Vec<(&'static str, &'static str, &'static str, Valu
             "4Mi",
             json!({"metadata": {"annotations": {support::SELECTED_NODE: env.node}}}),
         ),
+        // The Go image sends no limit (upstream #616): the driver records
+        // what it was asked, so a limit sent by one image only shows.
+        (
+            "limited",
+            "plain",
+            "5Mi",
+            json!({"spec": {"resources": {"limits": {"storage": "6Mi"}}}}),
+        ),
     ]
 }
 

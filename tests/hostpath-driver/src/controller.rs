@@ -465,6 +465,7 @@ impl Driver {
             name: req.name.clone(),
             id: uuid::Uuid::new_v4().to_string(),
             capacity_bytes: size,
+            limit_bytes: range_bounds(range)?.1,
             parameters: req.parameters.clone().into_iter().collect(),
             access_type,
             content_source: source,

@@ -116,6 +116,11 @@ pub struct VolumeRecord {
     /// The volume id handed to the CO.
     pub id: String,
     pub capacity_bytes: u64,
+    /// The `capacity_range.limit_bytes` the volume was asked with (0: no
+    /// limit): kept so that a test can compare what two sidecars asked for
+    /// (the Go image never sends one).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub limit_bytes: u64,
     /// The CreateVolume parameters.
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
@@ -135,6 +140,10 @@ pub struct VolumeRecord {
     /// a target removed behind the driver's back) is stale and ignored.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub published: BTreeMap<String, Publication>,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// The record of one snapshot (`snapshots/<id>.json`).
@@ -325,6 +334,7 @@ mod tests {
             name: format!("name-{id}"),
             id: id.to_owned(),
             capacity_bytes: 1024,
+            limit_bytes: 2048,
             parameters: BTreeMap::from([("kind".to_owned(), "fast".to_owned())]),
             access_type: AccessType::Mount,
             content_source: Some(ContentSource::Snapshot {
