@@ -16,6 +16,7 @@ use support::{Backend, ClusterConfig, Env, free_port, http_get};
 e2e_real!(ClusterConfig::standard();
     stock_upstream_rbac_and_flags_provision_and_delete,
     rbac_without_volume_attributes_classes_turns_the_gate_off_once,
+    a_volume_attributes_class_gate_set_on_the_command_line_is_kept_on,
 );
 
 /// The opt-out of the harness's refused-request check for the stock rules
@@ -164,8 +165,9 @@ async fn stock_upstream_rbac_and_flags_provision_and_delete(backend: Backend) {
 /// The API server serves storage.k8s.io/v1 VolumeAttributesClass, but RBAC
 /// forbids reading it: upstream turns the gate off; so do we, and the
 /// claim is provisioned (before, the cache waited for ever).
-async fn rbac_without_volume_attributes_classes_turns_the_gate_off_once(backend: Backend) {
-    let mut env = Env::new(backend).await;
+/// A user bound to deploy/'s rules minus volumeattributesclasses; its
+/// kubeconfig.
+async fn user_without_volume_attributes_classes(env: &mut Env) -> std::path::PathBuf {
     let plane = env.plane().expect("real cluster");
     let user = format!("novac-{}", env.id);
     // deploy/'s rules minus volumeattributesclasses.
@@ -187,7 +189,12 @@ async fn rbac_without_volume_attributes_classes_turns_the_gate_off_once(backend:
     }
     env.replace(role).await;
     env.expect_refusals(RULES_LACK_VAC, &[VAC_PROBE_REFUSED]);
-    let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
+    plane.kubeconfig_for(&user, None).expect("kubeconfig")
+}
+
+async fn rbac_without_volume_attributes_classes_turns_the_gate_off_once(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let kubeconfig = user_without_volume_attributes_classes(&mut env).await;
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
     let port = free_port();
@@ -209,4 +216,57 @@ async fn rbac_without_volume_attributes_classes_turns_the_gate_off_once(backend:
         "the journal is allowed here"
     );
     assert_eq!(http_get(port, "/readyz").await.0, 200);
+}
+
+/// As upstream (#1425): a `VolumeAttributesClass` gate set on the command
+/// line is never turned off. With RBAC refusing the class list its watch
+/// cannot fill, so `/readyz` names it and nothing is provisioned, as the Go
+/// image waits for its informers.
+async fn a_volume_attributes_class_gate_set_on_the_command_line_is_kept_on(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let kubeconfig = user_without_volume_attributes_classes(&mut env).await;
+    env.expect_refusals(
+        "the gate is kept on: its watch is refused, and retried with backoff, until RBAC allows it",
+        &[("watch", "volumeattributesclasses", 403)],
+    );
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let port = free_port();
+    let http = format!("--http-endpoint=127.0.0.1:{port}");
+    env.start_sidecar_as(
+        &kubeconfig,
+        &[&http, "--feature-gates=VolumeAttributesClass=true"],
+        &[],
+    );
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "the gate kept on, said once",
+        Duration::from_secs(30),
+        || async {
+            (lines_with(&env, "kept on because --feature-gates sets it") == 1).then_some(())
+        },
+    )
+    .await;
+    env.wait_for(
+        "/readyz naming the class cache",
+        Duration::from_secs(30),
+        || async {
+            let (status, body) = http_get(port, "/readyz").await;
+            (status != 200 && body.contains("AttributesClasses: ")).then_some(())
+        },
+    )
+    .await;
+    let (_, metrics) = http_get(port, "/metrics").await;
+    assert!(
+        metrics.contains(
+            "csi_provisioner_capability_enabled{capability=\"volume_attributes_class\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        env.backend_volumes().is_empty(),
+        "nothing provisioned before every cache is filled"
+    );
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
