@@ -42,7 +42,10 @@ pub struct ClaimFact {
 /// namespace only).
 #[derive(Debug, Clone, Default)]
 pub struct World {
-    pub backend: Vec<BackendVolume>,
+    /// The backend's volumes by volume id, their one key: a claim
+    /// provisioned twice shows as two volumes of one name, which a map by
+    /// name would hide ([`backend_violations`]).
+    pub backend: BTreeMap<String, BackendVolume>,
     pub pvs: Vec<PvFact>,
     pub claims: Vec<ClaimFact>,
     /// The write-ahead journal's entries.
@@ -224,12 +227,45 @@ pub fn set_violations(world: &World, sets: &[SetRecord]) -> Vec<String> {
     out
 }
 
+/// The backend's volumes by id, from a list of them.
+pub fn by_id(volumes: impl IntoIterator<Item = BackendVolume>) -> BTreeMap<String, BackendVolume> {
+    volumes.into_iter().map(|v| (v.id.clone(), v)).collect()
+}
+
+/// What is wrong with the backend's volumes on their own: two of one name
+/// (the CreateVolume name is the claim's, `pvc-<uid>`: one claim
+/// provisioned twice), or a record under another id than its own.
+pub fn backend_violations(backend: &BTreeMap<String, BackendVolume>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut by_name: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (id, volume) in backend {
+        if *id != volume.id {
+            out.push(format!(
+                "backend volume {id} records the id {}: keyed wrong",
+                volume.id
+            ));
+        }
+        by_name
+            .entry(volume.name.as_str())
+            .or_default()
+            .push(id.as_str());
+    }
+    for (name, ids) in by_name {
+        if ids.len() > 1 {
+            out.push(format!(
+                "{} backend volumes have the name {name}: {ids:?}",
+                ids.len()
+            ));
+        }
+    }
+    out
+}
+
 /// Every rule `world` breaks, one sentence each; empty when all hold.
 pub fn violations(world: &World, claims: &[ClaimRecord]) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut out = backend_violations(&world.backend);
     let pvs_by_handle = count_by(world.pvs.iter().map(|pv| pv.handle.as_str()));
-    let backend_ids = count_by(world.backend.iter().map(|v| v.id.as_str()));
-    for volume in &world.backend {
+    for volume in world.backend.values() {
         match pvs_by_handle.get(volume.id.as_str()).copied().unwrap_or(0) {
             1 => {}
             0 => out.push(format!(
@@ -243,7 +279,7 @@ pub fn violations(world: &World, claims: &[ClaimRecord]) -> Vec<String> {
         }
     }
     for pv in &world.pvs {
-        if !backend_ids.contains_key(pv.handle.as_str()) {
+        if !world.backend.contains_key(&pv.handle) {
             out.push(format!(
                 "PV {} ({}) names backend volume {} which does not exist: orphaned or deleted while kept",
                 pv.name, pv.reclaim, pv.handle
@@ -301,7 +337,7 @@ fn claim_violations(world: &World, record: &ClaimRecord) -> Vec<String> {
     let volume_name = format!("pvc-{}", record.uid);
     let volumes = world
         .backend
-        .iter()
+        .values()
         .filter(|v| v.name == volume_name)
         .count();
     if pvs.len() > 1 {
@@ -432,7 +468,7 @@ mod tests {
 
     fn healthy() -> (World, Vec<ClaimRecord>) {
         let world = World {
-            backend: vec![volume("v1", "u1"), volume("v2", "u2")],
+            backend: by_id([volume("v1", "u1"), volume("v2", "u2")]),
             pvs: vec![
                 pv("pvc-u1", "v1", "Delete", "u1"),
                 pv("pvc-u2", "v2", "Retain", "u2"),
@@ -459,15 +495,25 @@ mod tests {
     #[test]
     fn every_rule_fires_on_its_own_breakage() {
         type Breakage = fn(&mut World, &mut Vec<ClaimRecord>);
-        let cases: [(&str, Breakage); 13] = [
+        let cases: [(&str, Breakage); 16] = [
+            ("keyed wrong", |w, _| {
+                w.backend.insert("v8".to_owned(), volume("v9", "u9"));
+            }),
             ("has no PV: leaked", |w, _| {
-                w.backend.push(volume("v9", "u9"))
+                w.backend.insert("v9".to_owned(), volume("v9", "u9"));
+            }),
+            // One claim provisioned twice: two ids, one name.
+            ("claim a got 2 backend volumes", |w, _| {
+                w.backend.insert("v1b".to_owned(), volume("v1b", "u1"));
+            }),
+            ("2 backend volumes have the name pvc-u1", |w, _| {
+                w.backend.insert("v1b".to_owned(), volume("v1b", "u1"));
             }),
             ("recorded in 2 PVs", |w, _| {
                 w.pvs.push(pv("pvc-x", "v1", "Delete", "ux"))
             }),
             ("which does not exist", |w, _| {
-                w.backend.retain(|v| v.id != "v2")
+                w.backend.remove("v2");
             }),
             ("is being deleted and stays", |w, _| {
                 w.pvs[0].deleting = true
@@ -477,7 +523,7 @@ mod tests {
                 w.claims[0].deleting = true
             }),
             ("got 2 PVs", |w, _| {
-                w.backend.push(volume("v3", "u1"));
+                w.backend.insert("v3".to_owned(), volume("v3", "u1"));
                 w.pvs.push(pv("pvc-u1b", "v3", "Delete", "u1"))
             }),
             ("never deleted and is gone", |w, _| w.claims.clear()),
@@ -490,7 +536,7 @@ mod tests {
                 w.pvs.retain(|pv| pv.reclaim != "Retain")
             }),
             ("data lost", |w, _| {
-                w.backend.retain(|v| v.id != "v2");
+                w.backend.remove("v2");
             }),
             ("stays at quiescence", |w, _| {
                 w.journal.push(JournalFact {
@@ -514,7 +560,7 @@ mod tests {
     #[test]
     fn a_deleted_delete_claim_leaves_nothing() {
         let world = World {
-            backend: vec![volume("v1", "u1")],
+            backend: by_id([volume("v1", "u1")]),
             ..World::default()
         };
         let found = violations(&world, &[record("a", "u1", DELETE, true)]);

@@ -126,6 +126,19 @@ pub enum Fault {
     TermLeader {
         down_ms: u64,
     },
+    /// Fencing (two replicas only): the fault makes `claims` new claims of
+    /// `class` (the plan's claims `first_claim..first_claim + claims`)
+    /// while every `CreateVolume` is held `delay_ms` in the driver; once
+    /// the leader's calls are in the driver (its faults file's count, not
+    /// a guess), the leader is frozen (SIGSTOP) until another replica holds
+    /// the Lease, then woken (SIGCONT). It must write nothing to the API
+    /// after that (the server's request log, the audit log), and exit.
+    FreezeLeader {
+        first_claim: usize,
+        claims: usize,
+        class: Class,
+        delay_ms: u64,
+    },
     /// The next `count` calls of `method` fail with gRPC `code`. On
     /// `Probe`: every call fails for `count` rounds of `/healthz` requests
     /// to each replica (the runner's own, see `Run::probe_fault` in
@@ -345,6 +358,9 @@ pub enum AimedAt {
     /// A sidecar's start-up (`GetPluginInfo` and the capability calls are
     /// made then only): the plan restarts the leader right after.
     Restart,
+    /// New claims that the fault makes itself, at its own moment
+    /// ([`Fault::FreezeLeader`]): the plan counts them as its claims.
+    ItsOwnClaims,
 }
 
 impl Fault {
@@ -368,6 +384,7 @@ impl Fault {
                 _ => AimedAt::Provisioning,
             },
             Fault::ApiLatency { .. } => AimedAt::Provisioning,
+            Fault::FreezeLeader { .. } => AimedAt::ItsOwnClaims,
             _ => AimedAt::Anything,
         }
     }
@@ -391,7 +408,13 @@ pub fn rules(backend: Backend) -> Vec<String> {
             rules.push(format!("{kind} {method}"));
         }
     }
-    for process in ["KillSidecar", "KillLeader", "TermSidecar", "TermLeader"] {
+    for process in [
+        "KillSidecar",
+        "KillLeader",
+        "TermSidecar",
+        "TermLeader",
+        "FreezeLeader",
+    ] {
         rules.push(process.to_owned());
     }
     match backend {
@@ -451,10 +474,160 @@ enum ClaimState {
     Gone,
 }
 
+/// The seeds' schedule repeats every `PERIOD` seeds: any `PERIOD`
+/// consecutive seeds plan every rule of [`rules`] in at least two seeds
+/// (each focus call in two, every other rule in the two seeds of
+/// [`schedule`]), so that a run of that many seeds, CI's sample of the
+/// test server, can tell a rule that never strikes (dead) from one that
+/// was not planned.
+pub const PERIOD: u64 = 10;
+
+/// The seeds (by `seed % PERIOD`) that run two replicas with leader
+/// election, the rest one: the leader's rules are scheduled in these.
+const TWO_REPLICAS: [u64; 4] = [1, 3, 6, 8];
+
+/// A fault rule, whose parameters (code, count, delay, replica) the
+/// seed's rng draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// 0: error, 1: slowness, 2: exit ([`driver_fault`]).
+    Driver(u64, &'static str),
+    KillSidecar,
+    KillLeader,
+    TermSidecar,
+    TermLeader,
+    FreezeLeader,
+    CloseWatches,
+    Compact,
+    Partition,
+    Latency(Option<&'static str>),
+    Api(ApiVerb, &'static str),
+    RestartApiServer,
+    CompactEtcd,
+    RestartControllerManager,
+    KillEtcd,
+}
+
+impl Kind {
+    fn draw(self, rng: &mut Rng, replicas: usize) -> Fault {
+        match self {
+            Kind::Driver(kind, method) => driver_fault(rng, kind, method),
+            Kind::KillSidecar => Fault::KillSidecar {
+                replica: rng.below(replicas as u64) as usize,
+                down_ms: rng.between(0, 1500),
+            },
+            Kind::KillLeader => Fault::KillLeader {
+                down_ms: rng.between(0, 1500),
+            },
+            Kind::TermSidecar => Fault::TermSidecar {
+                replica: rng.below(replicas as u64) as usize,
+                down_ms: rng.between(0, 1500),
+            },
+            Kind::TermLeader => Fault::TermLeader {
+                down_ms: rng.between(0, 1500),
+            },
+            // Its claims are numbered by `aim`. Held shorter than the
+            // freeze (answers waiting when it wakes) or longer (answered
+            // after), both beyond `--timeout`.
+            Kind::FreezeLeader => Fault::FreezeLeader {
+                first_claim: 0,
+                claims: rng.between(1, 3) as usize,
+                class: rng.pick(&Class::ALL),
+                delay_ms: rng.between(SIDECAR_TIMEOUT_MS + 200, SIDECAR_TIMEOUT_MS * 4),
+            },
+            Kind::CloseWatches => Fault::CloseWatches,
+            Kind::Compact => Fault::Compact,
+            Kind::Partition => Fault::Partition {
+                ms: rng.between(500, 5000),
+            },
+            Kind::Latency(resource) => Fault::ApiLatency {
+                resource,
+                delay_ms: rng.between(100, 1500),
+                for_ms: rng.between(1000, 4000),
+            },
+            Kind::Api(verb, resource) => Fault::Api {
+                verb,
+                resource,
+                status: rng.pick(api_statuses(verb)),
+                count: rng.between(1, 3) as u32,
+            },
+            Kind::RestartApiServer => Fault::RestartApiServer,
+            Kind::CompactEtcd => Fault::CompactEtcd,
+            Kind::RestartControllerManager => Fault::RestartControllerManager,
+            Kind::KillEtcd => Fault::KillEtcd {
+                down_ms: rng.between(500, 3000),
+            },
+        }
+    }
+}
+
+/// The rules [`schedule`] spreads over every `PERIOD` seeds: those that
+/// need a leader (two replicas), and the others; the focus calls' rules
+/// are each seed's focus instead.
+fn scheduled_kinds(backend: Backend) -> (Vec<Kind>, Vec<Kind>) {
+    // FreezeLeader first: seeds 1 and 3, in the real cluster's sample too.
+    let mut leader = vec![Kind::FreezeLeader, Kind::KillLeader, Kind::TermLeader];
+    let mut others: Vec<Kind> = VOLUME_METHODS
+        .iter()
+        .flat_map(|&method| (0..3).map(move |kind| Kind::Driver(kind, method)))
+        .collect();
+    others.extend([Kind::KillSidecar, Kind::TermSidecar]);
+    match backend {
+        Backend::TestServer => {
+            leader.extend(LEASE_TARGETS.map(|(verb, resource)| Kind::Api(verb, resource)));
+            others.extend([Kind::CloseWatches, Kind::Compact, Kind::Partition]);
+            others.extend(LATENCY_TARGETS.map(Kind::Latency));
+            others.extend(API_TARGETS.map(|(verb, resource)| Kind::Api(verb, resource)));
+        }
+        Backend::Real => others.extend([
+            Kind::RestartApiServer,
+            Kind::CompactEtcd,
+            Kind::RestartControllerManager,
+            Kind::KillEtcd,
+        ]),
+    }
+    (leader, others)
+}
+
+/// The rules `seed` injects for sure (beyond its focus and its random
+/// faults): each rule of [`scheduled_kinds`] in two of every `PERIOD`
+/// seeds, a leader's in two of the [`TWO_REPLICAS`] seeds.
+fn schedule(seed: u64, backend: Backend) -> Vec<Kind> {
+    let residue = seed % PERIOD;
+    let (leader, others) = scheduled_kinds(backend);
+    let mut out = Vec::new();
+    let spread = TWO_REPLICAS.len();
+    for (j, kind) in leader.into_iter().enumerate() {
+        if [TWO_REPLICAS[j % spread], TWO_REPLICAS[(j + 1) % spread]].contains(&residue) {
+            out.push(kind);
+        }
+    }
+    for (i, kind) in others.into_iter().enumerate() {
+        let i = i as u64;
+        // Two residues, never the same: 3i + 7 - i is odd.
+        if [i % PERIOD, (3 * i + 7) % PERIOD].contains(&residue) {
+            out.push(kind);
+        }
+    }
+    out
+}
+
+/// What a step chosen to be a fault injects.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// The focus call, with a kind of driver fault ([`driver_fault`]).
+    Focus(u64),
+    Scheduled(Kind),
+}
+
 /// The plan of `seed` against `backend`.
 pub fn plan(seed: u64, backend: Backend) -> Plan {
     let mut rng = Rng::new(seed);
-    let replicas = if rng.chance(30) { 2 } else { 1 };
+    let replicas = if TWO_REPLICAS.contains(&(seed % PERIOD)) {
+        2
+    } else {
+        1
+    };
     let focus = FOCUS_METHODS[(seed % FOCUS_METHODS.len() as u64) as usize];
     let capacity = focus == "GetCapacity" || rng.chance(40);
     let mut claims: Vec<ClaimState> = Vec::new();
@@ -462,27 +635,38 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
     // Set index → alive.
     let mut sets: Vec<bool> = Vec::new();
     let mut steps = Vec::new();
-    let length = rng.between(14, 26);
-    // The steps (by index) that fault the focus, and the kind of each.
-    let mut focus_at = std::collections::BTreeMap::new();
-    while focus_at.len() < 3 {
-        let at = rng.below(length);
-        if !focus_at.contains_key(&at) {
-            focus_at.insert(at, focus_at.len() as u64);
+    let mut slots: Vec<Slot> = (0..3).map(Slot::Focus).collect();
+    slots.extend(schedule(seed, backend).into_iter().map(Slot::Scheduled));
+    // The real cluster's faults take longer (restarts of its processes):
+    // fewer steps around them.
+    let length = match backend {
+        Backend::TestServer => rng.between(10, 18),
+        Backend::Real => rng.between(6, 12),
+    }
+    .max(slots.len() as u64 + 3);
+    // The steps (by index) that inject the focus's and the schedule's
+    // faults, in a random order.
+    let mut fault_at = std::collections::BTreeMap::new();
+    for slot in slots {
+        loop {
+            let at = rng.below(length);
+            if let std::collections::btree_map::Entry::Vacant(free) = fault_at.entry(at) {
+                free.insert(slot);
+                break;
+            }
         }
     }
     for index in 0..length {
         let live: Vec<usize> = (0..claims.len())
             .filter(|&i| matches!(claims[i], ClaimState::Live(_)))
             .collect();
-        // A step of the focus is a fault step with that fault.
-        let focus_fault = focus_at
-            .get(&index)
-            .map(|&kind| driver_fault(&mut rng, kind, focus));
-        let roll = if focus_fault.is_some() {
-            68
-        } else {
-            rng.below(100)
+        // A step of the focus or of the schedule is a fault step; of the
+        // others, one in ten (the schedule's make most of a seed's faults).
+        let slot = fault_at.get(&index).copied();
+        let roll = match rng.below(100) {
+            _ if slot.is_some() => 68,
+            roll @ 68..=89 if !rng.chance(45) => roll - 68,
+            roll => roll,
         };
         let step = match roll {
             0..=34 => {
@@ -550,9 +734,10 @@ pub fn plan(seed: u64, backend: Backend) -> Plan {
                 }
             }
             68..=89 => {
-                let fault = match focus_fault {
-                    Some(fault) => fault,
-                    None => fault(&mut rng, backend, replicas),
+                let fault = match slot {
+                    Some(Slot::Focus(kind)) => driver_fault(&mut rng, kind, focus),
+                    Some(Slot::Scheduled(kind)) => kind.draw(&mut rng, replicas),
+                    None => random_kind(&mut rng, backend, replicas).draw(&mut rng, replicas),
                 };
                 aim(
                     fault,
@@ -634,6 +819,24 @@ fn aim(
             Step::DeleteBoundClaim { claim }
         }
         AimedAt::Anything => Step::Fault(fault),
+        AimedAt::ItsOwnClaims => match fault {
+            Fault::FreezeLeader {
+                claims: count,
+                class,
+                delay_ms,
+                ..
+            } => {
+                let first_claim = claims.len();
+                claims.extend((0..count).map(|_| ClaimState::Live(class)));
+                Step::Fault(Fault::FreezeLeader {
+                    first_claim,
+                    claims: count,
+                    class,
+                    delay_ms,
+                })
+            }
+            other => Step::Fault(other),
+        },
         AimedAt::Rewatch => {
             steps.push(Step::Fault(fault));
             Step::Fault(Fault::CloseWatches)
@@ -701,59 +904,35 @@ fn driver_fault(rng: &mut Rng, kind: u64, method: &'static str) -> Fault {
     }
 }
 
-fn fault(rng: &mut Rng, backend: Backend, replicas: usize) -> Fault {
+/// A fault step's rule beyond the schedule, at random.
+fn random_kind(rng: &mut Rng, backend: Backend, replicas: usize) -> Kind {
     match rng.below(11) {
-        kind @ 0..=3 => {
-            let method = rng.pick(&VOLUME_METHODS);
-            driver_fault(rng, kind.saturating_sub(1), method)
-        }
-        4 if replicas == 2 => Fault::KillLeader {
-            down_ms: rng.between(0, 1500),
-        },
-        4 | 5 => Fault::KillSidecar {
-            replica: rng.below(replicas as u64) as usize,
-            down_ms: rng.between(0, 1500),
-        },
-        6 if replicas == 2 && rng.chance(50) => Fault::TermLeader {
-            down_ms: rng.between(0, 1500),
-        },
-        6 => Fault::TermSidecar {
-            replica: rng.below(replicas as u64) as usize,
-            down_ms: rng.between(0, 1500),
-        },
+        kind @ 0..=3 => Kind::Driver(kind.saturating_sub(1), rng.pick(&VOLUME_METHODS)),
+        4 if replicas == 2 && rng.chance(25) => Kind::FreezeLeader,
+        4 if replicas == 2 => Kind::KillLeader,
+        4 | 5 => Kind::KillSidecar,
+        6 if replicas == 2 && rng.chance(50) => Kind::TermLeader,
+        6 => Kind::TermSidecar,
         _ => match backend {
             Backend::TestServer => match rng.below(6) {
-                0 => Fault::CloseWatches,
-                1 => Fault::Compact,
-                2 => Fault::ApiLatency {
-                    resource: rng.pick(&LATENCY_TARGETS),
-                    delay_ms: rng.between(100, 1500),
-                    for_ms: rng.between(1000, 4000),
-                },
-                3 => Fault::Partition {
-                    ms: rng.between(500, 5000),
-                },
+                0 => Kind::CloseWatches,
+                1 => Kind::Compact,
+                2 => Kind::Latency(rng.pick(&LATENCY_TARGETS)),
+                3 => Kind::Partition,
                 _ => {
                     let (verb, resource) = if replicas == 2 && rng.chance(30) {
                         rng.pick(&LEASE_TARGETS)
                     } else {
                         rng.pick(&API_TARGETS)
                     };
-                    Fault::Api {
-                        verb,
-                        resource,
-                        status: rng.pick(api_statuses(verb)),
-                        count: rng.between(1, 3) as u32,
-                    }
+                    Kind::Api(verb, resource)
                 }
             },
             Backend::Real => match rng.below(6) {
-                0 | 1 => Fault::RestartApiServer,
-                2 => Fault::CompactEtcd,
-                3 | 4 => Fault::RestartControllerManager,
-                _ => Fault::KillEtcd {
-                    down_ms: rng.between(500, 3000),
-                },
+                0 | 1 => Kind::RestartApiServer,
+                2 => Kind::CompactEtcd,
+                3 | 4 => Kind::RestartControllerManager,
+                _ => Kind::KillEtcd,
             },
         },
     }
@@ -802,6 +981,7 @@ mod tests {
             "KillLeader",
             "TermSidecar",
             "TermLeader",
+            "FreezeLeader",
             "DriverError",
             "DriverSlow",
             "DriverExit",
@@ -841,6 +1021,56 @@ mod tests {
         }
     }
 
+    /// Any `PERIOD` consecutive seeds (CI's sample of the test server)
+    /// plan every rule of the catalogue in at least two seeds: a run of
+    /// them can call a rule that never struck dead.
+    #[test]
+    fn every_period_of_seeds_plans_every_rule_in_two_seeds() {
+        for backend in [Backend::TestServer, Backend::Real] {
+            for first in 0..2 * PERIOD + 1 {
+                let mut seeds_of: std::collections::BTreeMap<String, u64> = Default::default();
+                for seed in first..first + PERIOD {
+                    let rules: std::collections::BTreeSet<String> = plan(seed, backend)
+                        .steps
+                        .iter()
+                        .filter_map(|step| match step {
+                            Step::Fault(fault) => Some(fault.rule()),
+                            _ => None,
+                        })
+                        .collect();
+                    for rule in rules {
+                        *seeds_of.entry(rule).or_default() += 1;
+                    }
+                }
+                for rule in rules(backend) {
+                    let n = seeds_of.get(&rule).copied().unwrap_or(0);
+                    assert!(
+                        n >= 2,
+                        "{backend:?}: seeds {first}..{}: {rule} planned in {n} seeds",
+                        first + PERIOD
+                    );
+                }
+            }
+        }
+    }
+
+    /// Fencing is planned in the real cluster's sample (seeds 1 to 4) and
+    /// in CI's sample of the test server.
+    #[test]
+    fn the_default_samples_freeze_a_leader() {
+        for backend in [Backend::TestServer, Backend::Real] {
+            let frozen = (1..=4)
+                .filter(|&seed| {
+                    plan(seed, backend)
+                        .steps
+                        .iter()
+                        .any(|step| matches!(step, Step::Fault(Fault::FreezeLeader { .. })))
+                })
+                .count();
+            assert!(frozen >= 2, "{backend:?}: {frozen} of seeds 1..=4");
+        }
+    }
+
     /// The Lease is only renewed with two replicas: a fault on it in a
     /// single-replica seed could never fire.
     #[test]
@@ -853,7 +1083,8 @@ mod tests {
                         resource: "leases", ..
                     }
                     | Fault::KillLeader { .. }
-                    | Fault::TermLeader { .. }),
+                    | Fault::TermLeader { .. }
+                    | Fault::FreezeLeader { .. }),
                 ) = step
                 {
                     assert_eq!(plan.replicas, 2, "seed {seed}: {fault:?}");
@@ -886,7 +1117,7 @@ mod tests {
                     next = steps.get(i + 3);
                 }
                 let followed = match fault.aimed_at() {
-                    AimedAt::Anything => true,
+                    AimedAt::Anything | AimedAt::ItsOwnClaims => true,
                     AimedAt::Rewatch => {
                         matches!(steps.get(i + 1), Some(Step::Fault(Fault::CloseWatches)))
                     }
@@ -1014,6 +1245,15 @@ mod tests {
             for step in plan(seed, Backend::TestServer).steps {
                 match step {
                     Step::CreateClaim { claim, .. } => assert!(created.insert(claim)),
+                    Step::Fault(Fault::FreezeLeader {
+                        first_claim,
+                        claims,
+                        ..
+                    }) => {
+                        for claim in first_claim..first_claim + claims {
+                            assert!(created.insert(claim), "seed {seed}");
+                        }
+                    }
                     Step::DeleteClaim { claim }
                     | Step::DeleteBoundClaim { claim }
                     | Step::DeletePvThenClaim { claim } => {

@@ -659,6 +659,27 @@ impl Env {
             .is_some_and(|child| child.try_wait().is_some())
     }
 
+    /// The driver process's exit status once it has ended (`None` while it
+    /// runs, and for the in-process driver).
+    pub fn driver_exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.driver_process
+            .as_mut()
+            .and_then(|child| child.try_wait())
+    }
+
+    /// The log of the driver's current (or last) process; empty for the
+    /// in-process driver.
+    pub fn driver_log(&self) -> String {
+        if !self.driver_as_process {
+            return String::new();
+        }
+        let log = self
+            .dir
+            .path()
+            .join(format!("driver-{}.log", self.driver_runs));
+        std::fs::read_to_string(log).unwrap_or_default()
+    }
+
     pub async fn stop_driver(&mut self) {
         if let Some(mut child) = self.driver_process.take() {
             child.kill();
