@@ -492,6 +492,12 @@ struct Run {
     /// fault was armed on during its current process's life: the calls
     /// whose failure may end it.
     startup_faults: Vec<BTreeSet<&'static str>>,
+    /// Per replica: the driver process was seen gone (a fault's exit)
+    /// since the replica started, or was down when it started. Any of its
+    /// start-up calls may then fail on a refused or broken connection
+    /// (`Unavailable`), as the Go image's would (seed 1086: a `DriverExit`
+    /// on `GetCapacity` met another replica's `GetPluginCapabilities`).
+    driver_gone: Vec<bool>,
     /// Test server: a listener of its own for every sidecar process, so
     /// that the request log tells the processes apart (`Origin::Http`);
     /// kept for the whole seed.
@@ -609,6 +615,7 @@ impl Run {
             latencies: Vec::new(),
             ports: Vec::new(),
             startup_faults: Vec::new(),
+            driver_gone: Vec::new(),
             listeners: Vec::new(),
             listener_ports: Vec::new(),
             users: Vec::new(),
@@ -620,6 +627,7 @@ impl Run {
         run.replica_logs = vec![PathBuf::new(); run.plan.replicas];
         run.ports = vec![0; run.plan.replicas];
         run.startup_faults = vec![BTreeSet::new(); run.plan.replicas];
+        run.driver_gone = vec![false; run.plan.replicas];
         run.listener_ports = vec![0; run.plan.replicas];
         run.users = vec![None; run.plan.replicas];
         for replica in 0..run.plan.replicas {
@@ -632,6 +640,7 @@ impl Run {
         // Each process its own port: the last one's may still linger.
         self.ports[replica] = support::free_port();
         self.count_driver_firings();
+        self.driver_gone[replica] = self.env.driver_exit_status().is_some();
         self.startup_faults[replica] = self
             .armed_driver_faults
             .iter()
@@ -845,6 +854,7 @@ impl Run {
         if self.aborted.is_none()
             && let Some(status) = self.env.driver_exit_status()
         {
+            self.driver_gone.iter_mut().for_each(|gone| *gone = true);
             if status.code() == Some(csi_hostpath::faults::EXIT_CODE) {
                 *self
                     .tally
@@ -913,6 +923,9 @@ impl Run {
     /// call that a fault made fail (exit 1, said in its last line:
     /// `startup_failure`) may end it; any other exit fails the seed.
     fn judge_exit(&mut self, replica: usize, status: ExitStatus) {
+        if self.env.driver_exit_status().is_some() {
+            self.driver_gone.iter_mut().for_each(|gone| *gone = true);
+        }
         let log = self.replica_log(replica);
         let lost_lease =
             self.plan.replicas == 2 && status.code() == Some(1) && log.contains(LEASE_LOST);
@@ -1610,10 +1623,13 @@ impl Run {
             return None;
         }
         let last = log.lines().rev().find(|line| !line.trim().is_empty())?;
+        // The driver gone under it: a refused or broken connection.
+        let driver_gone = self.driver_gone[replica] && last.contains("code = Unavailable");
         STARTUP_FAILURES
             .iter()
             .find(|(method, text)| {
-                last.contains(text) && self.startup_faults[replica].contains(method)
+                last.contains(text)
+                    && (self.startup_faults[replica].contains(method) || driver_gone)
             })
             .map(|(method, _)| *method)
     }
