@@ -931,6 +931,13 @@ impl Run {
             self.plan.replicas == 2 && status.code() == Some(1) && log.contains(LEASE_LOST);
         let what = if lost_lease {
             "sidecar lost its lease, exited 1 and restarted".to_owned()
+        } else if port_taken(status, &log) {
+            // The runner's doing, not the sidecar's: the free port it chose
+            // for --http-endpoint was taken (an outgoing connection of a
+            // seed running beside, or a listener) before the sidecar bound
+            // it, and the sidecar said so and exited 1, as the Go image does
+            // (seed 1443). It starts again on another port.
+            "sidecar's --http-endpoint port was taken meanwhile, exited 1 and restarted".to_owned()
         } else if let Some(method) = self.startup_failure(replica, status, &log) {
             format!("sidecar's {method} failed at start-up, exited 1 and restarted")
         } else {
@@ -2865,6 +2872,17 @@ fn test_server_verb(verb: ApiVerb) -> Verb {
 }
 
 /// The last `n` lines of a log, for a failure message.
+/// Whether the sidecar ended because its `--http-endpoint` port was in use:
+/// exit 1 with that as its last line.
+fn port_taken(status: ExitStatus, log: &str) -> bool {
+    status.code() == Some(1)
+        && log
+            .lines()
+            .rev()
+            .find(|line| !line.trim().is_empty())
+            .is_some_and(|last| last.contains("(--http-endpoint): Address already in use"))
+}
+
 fn last_lines(log: &str, n: usize) -> String {
     let lines: Vec<&str> = log.lines().rev().take(n).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join("\n")
@@ -2921,4 +2939,20 @@ fn audit_after(
         .lines()
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect()
+}
+
+/// Only an exit 1 whose last line says the `--http-endpoint` port was in
+/// use is the runner's port collision.
+#[test]
+fn a_taken_port_is_told_from_other_exits() {
+    let code = |code: i32| ExitStatus::from_raw(code << 8);
+    let taken = "x\n2026-11-28T06:15:31Z ERROR cannot listen on 127.0.0.1:41965 (--http-endpoint): Address already in use (os error 98)\n";
+    assert!(port_taken(code(1), taken));
+    assert!(!port_taken(code(2), taken), "another exit code");
+    let other = format!("{taken}2026-11-28T06:15:32Z ERROR something else\n");
+    assert!(!port_taken(code(1), &other), "not the last line");
+    assert!(!port_taken(
+        code(1),
+        "ERROR cannot listen on 127.0.0.1:1 (--metrics-address): Address already in use"
+    ));
 }
