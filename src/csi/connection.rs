@@ -141,8 +141,6 @@ pub fn probe_error_is_transient(err: &CsiError) -> bool {
     )
 }
 
-/// One `Probe`. A response without `ready` means ready (CSI spec: the field
-/// is optional and its absence means the plugin is ready).
 /// How often [`watch_reachability`] asks.
 pub const REACHABILITY_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -161,11 +159,9 @@ pub fn watch_reachability(mut client: IdentityClient<Channel>, timeout: Duration
             .await;
             match answered {
                 Ok(Ok(_)) => crate::metrics::set_driver_reachable(true),
-                // Our side failed: the socket refused or the connection
-                // broke. A status the driver sent has no source.
-                Ok(Err(status)) => crate::metrics::set_driver_reachable(
-                    std::error::Error::source(&status).is_none(),
-                ),
+                Ok(Err(status)) => {
+                    crate::metrics::set_driver_reachable(!super::is_local_failure(&status))
+                }
                 // Slow is not gone.
                 Err(_) => {}
             }
@@ -173,6 +169,8 @@ pub fn watch_reachability(mut client: IdentityClient<Channel>, timeout: Duration
     });
 }
 
+/// One `Probe`. A response without `ready` means ready (CSI spec: the field
+/// is optional and its absence means the plugin is ready).
 pub async fn probe_once(
     client: &mut IdentityClient<Channel>,
     timeout: Duration,

@@ -255,8 +255,6 @@ impl Driver {
         self.timeout
     }
 
-    /// Whether the driver is ready now (`Probe` with `timeout`), for the
-    /// health endpoint.
     /// Starts [`connection::watch_reachability`](super::connection::watch_reachability)
     /// on this driver's connection.
     pub fn watch_reachability(&self) {
@@ -264,6 +262,8 @@ impl Driver {
         super::connection::watch_reachability(self.identity.clone(), self.timeout);
     }
 
+    /// Whether the driver is ready now (`Probe` with `timeout`), for the
+    /// health endpoint.
     pub async fn probe(&self, timeout: Duration) -> Result<bool, CsiError> {
         let mut client = self.identity.clone();
         super::connection::probe_once(&mut client, timeout).await

@@ -49,11 +49,18 @@ where
 /// operation in flight, or its volume leaks (found by the chaos harness).
 /// A status the driver sent has no source.
 fn local_failure_as_unavailable(status: tonic::Status) -> tonic::Status {
-    if status.code() == tonic::Code::Unknown && std::error::Error::source(&status).is_some() {
+    if status.code() == tonic::Code::Unknown && is_local_failure(&status) {
         tonic::Status::unavailable(status.message().to_owned())
     } else {
         status
     }
+}
+
+/// Whether a status was made on our side of the connection (refused,
+/// broken: it carries the local error as its source) rather than sent by
+/// the driver.
+pub(crate) fn is_local_failure(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
 }
 
 pub(crate) async fn with_deadline_migrated<T, F>(
@@ -76,9 +83,7 @@ where
             Err(CsiError::deadline(method, timeout))
         }
         Ok(Err(status)) => {
-            // A status the driver sent has no source; ours (a refused or
-            // broken connection) has one.
-            if std::error::Error::source(&status).is_some() {
+            if is_local_failure(&status) {
                 crate::metrics::set_driver_reachable(false);
             }
             Err(CsiError::new(method, local_failure_as_unavailable(status)))

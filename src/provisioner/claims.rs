@@ -432,8 +432,6 @@ pub fn clone_source_name(claim: &PersistentVolumeClaim) -> Option<String> {
         .map(|source| source.name.clone())
 }
 
-/// A clone's operation is over: its source may drop the cloning-protection
-/// finalizer now, so look at the source again.
 /// Ends the operation of claim `uid` in `namespace` here and in the
 /// journal. One that cloned a claim kept its source protected: every claim
 /// of the namespace that still carries the cloning protection is queued, so
