@@ -121,6 +121,21 @@ const TAKEN_OVER_WITHIN: Duration = Duration::from_secs(30);
 /// been answered before its requests are looked at.
 const FROZEN_AT_LEAST: Duration = Duration::from_secs(2);
 
+/// How many times more a freeze is tried when the Lease's holder was not a
+/// live leader just then ([`Freeze::NoLiveLeader`]).
+const FREEZE_ATTEMPTS: usize = 3;
+
+/// What [`Run::freeze`] did.
+enum Freeze {
+    /// The Lease named no live process (one that had ended, or none):
+    /// nothing was stopped.
+    NoLiveLeader,
+    /// The replica's leader was frozen and another process took its Lease.
+    Struck(usize),
+    /// Frozen, but no other process took the Lease in time (a violation).
+    NotTakenOver,
+}
+
 /// A frozen leader's `CreateVolume` calls are held in the driver by a
 /// rule of this many firings, disarmed once the fault is over.
 const HELD_CALLS: u32 = 1000;
@@ -704,14 +719,14 @@ impl Run {
         std::fs::read_to_string(&self.replica_logs[replica]).unwrap_or_default()
     }
 
-    /// Whether `replica` holds the Lease (always, for a single replica).
+    /// Whether `replica`'s current process holds the Lease (always, for a
+    /// single replica).
     async fn leads(&self, replica: usize) -> bool {
         self.plan.replicas == 1
-            || self
-                .env
-                .lease_holder()
-                .await
-                .is_some_and(|holder| holder.starts_with(&format!("replica-{replica}_")))
+            || self.env.lease_holder().await.is_some_and(|holder| {
+                holder.starts_with(&format!("replica-{replica}_"))
+                    && acquired_as(&self.replica_log(replica), &holder)
+            })
     }
 
     fn fired(&mut self, rule: String, times: u64) {
@@ -1291,8 +1306,24 @@ impl Run {
         for claim in claims.clone() {
             self.create_claim(claim, class).await?;
         }
-        let calls = self.wait_held(index, claims.len() as u32).await;
-        let outcome = self.freeze(&rule).await;
+        let mut calls = self.wait_held(index, 0, claims.len() as u32).await;
+        let mut outcome = self.freeze(&rule).await;
+        // The leader may lose its Lease on its own just then (another
+        // fault's API latency past its renew deadline): its successor,
+        // once it runs, is the one to freeze, with its own calls held.
+        for _ in 0..FREEZE_ATTEMPTS {
+            if !matches!(outcome, Freeze::NoLiveLeader) {
+                break;
+            }
+            self.running_leader(TAKEN_OVER_WITHIN).await;
+            let before = self.held(index);
+            calls = self.wait_held(index, before, claims.len() as u32).await;
+            outcome = self.freeze(&rule).await;
+        }
+        let outcome = match outcome {
+            Freeze::Struck(frozen) => Some(frozen),
+            Freeze::NoLiveLeader | Freeze::NotTakenOver => None,
+        };
         self.disarm_driver_fault(index).await;
         let what = match (outcome, calls) {
             (None, _) => "leader frozen: none to freeze, or none took over".to_owned(),
@@ -1307,17 +1338,23 @@ impl Run {
         Ok(())
     }
 
+    /// How many calls the armed rule at `index` held so far.
+    fn held(&mut self, index: usize) -> u32 {
+        self.count_driver_firings();
+        HELD_CALLS - self.armed_driver_faults[index].left.min(HELD_CALLS)
+    }
+
     /// Waits until the leader's `CreateVolume` calls are held in the driver
     /// by the armed rule at `index` ([`HELD_CALLS`] firings, counted down
     /// in the faults file as each call takes it): `want` of them, or some
     /// and then no more for a moment (another rule armed before may take a
-    /// call first). Returns how many are.
-    async fn wait_held(&mut self, index: usize, want: u32) -> u32 {
+    /// call first). Counts from `before` held already; returns how many
+    /// more are.
+    async fn wait_held(&mut self, index: usize, before: u32, want: u32) -> u32 {
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut first_seen: Option<Instant> = None;
         loop {
-            self.count_driver_firings();
-            let held = HELD_CALLS - self.armed_driver_faults[index].left.min(HELD_CALLS);
+            let held = self.held(index).saturating_sub(before);
             if held > 0 && first_seen.is_none() {
                 first_seen = Some(Instant::now());
             }
@@ -1340,7 +1377,12 @@ impl Run {
                 && self.replicas[replica]
                     .as_mut()
                     .is_some_and(|child| child.is_running())
-                && self.replica_log(replica).contains(LOOP_RUNNING)
+                && {
+                    // Its current process, not one that ended and still
+                    // has the Lease's name ([`acquired_as`]).
+                    let log = self.replica_log(replica);
+                    acquired_as(&log, &holder) && log.contains(LOOP_RUNNING)
+                }
             {
                 return Some(replica);
             }
@@ -1355,28 +1397,44 @@ impl Run {
     /// another replica holds it, the woken process's exit awaited and its
     /// requests recorded for [`Run::fence_violations`]. Returns the
     /// frozen replica when the Lease changed hands meanwhile (struck).
-    async fn freeze(&mut self, rule: &str) -> Option<usize> {
+    async fn freeze(&mut self, rule: &str) -> Freeze {
         let holder = self.env.lease_holder().await.unwrap_or_default();
-        let frozen =
-            (0..self.replicas.len()).find(|r| holder.starts_with(&format!("replica-{r}_")))?;
-        // The holder is this replica's current process (its log names the
-        // identity it acquired the Lease with), not one that ended.
-        if !self.replica_log(frozen).contains(&holder) {
-            return None;
+        let Some(frozen) =
+            (0..self.replicas.len()).find(|r| holder.starts_with(&format!("replica-{r}_")))
+        else {
+            return Freeze::NoLiveLeader;
+        };
+        // The holder is this replica's current process (its log says it
+        // acquired the Lease as that identity), not one that ended: the
+        // Lease names a dead leader until its duration has passed, and the
+        // replica's next process logs that identity as the one it waits
+        // for (seed 1611 froze an exited, unreaped process that way, and
+        // then waited for ever for a holder of another replica while the
+        // replica's new process rightly took the Lease).
+        if !acquired_as(&self.replica_log(frozen), &holder) {
+            return Freeze::NoLiveLeader;
         }
-        let child = self.replicas[frozen].as_ref()?;
+        let Some(child) = self.replicas[frozen].as_mut() else {
+            return Freeze::NoLiveLeader;
+        };
         child.signal("STOP");
+        // Stopped, it cannot exit any more: if it is not running now, it
+        // had exited before the signal (an unreaped process takes it), and
+        // there is no leader to freeze; its exit is judged as any other.
+        if child.try_wait().is_some() {
+            return Freeze::NoLiveLeader;
+        }
         let stopped = Instant::now();
         let deadline = stopped + TAKEN_OVER_WITHIN;
-        let own = format!("replica-{frozen}_");
-        // Another replica leads, by the Lease as the API server has it
+        // Another process leads, by the Lease as the API server has it
         // (the frozen one cannot renew). The others are revived meanwhile
-        // as ever; a stopped process has not exited.
+        // as ever; a stopped process has not exited, so this replica has
+        // no other process that could take it.
         let successor = loop {
-            if let Some(holder) = self.env.lease_holder().await
-                && !holder.starts_with(&own)
+            if let Some(successor) = self.env.lease_holder().await
+                && successor != holder
             {
-                break Some(holder);
+                break Some(successor);
             }
             if Instant::now() >= deadline {
                 break None;
@@ -1389,9 +1447,9 @@ impl Run {
                 child.signal("CONT");
             }
             self.violations.push(format!(
-                "{rule}: no other replica took the Lease from the frozen leader replica-{frozen} ({holder}) within {TAKEN_OVER_WITHIN:?}"
+                "{rule}: no other process took the Lease from the frozen leader replica-{frozen} ({holder}) within {TAKEN_OVER_WITHIN:?}"
             ));
-            return None;
+            return Freeze::NotTakenOver;
         };
         self.fired(rule.to_owned(), 1);
         // From here on it does not lead: where its requests go from now.
@@ -1454,7 +1512,7 @@ impl Run {
         } else {
             self.revive_exited().await;
         }
-        Some(frozen)
+        Freeze::Struck(frozen)
     }
 
     /// The frozen leaders' API writes after another replica led (the
@@ -2871,7 +2929,18 @@ fn test_server_verb(verb: ApiVerb) -> Verb {
     }
 }
 
-/// The last `n` lines of a log, for a failure message.
+/// Whether a sidecar's log says it acquired the Lease as `identity` (its
+/// own process's identity, the whole of it).
+fn acquired_as(log: &str, identity: &str) -> bool {
+    !identity.is_empty()
+        && log.lines().any(|line| {
+            line.contains("successfully acquired lease")
+                && line
+                    .split_whitespace()
+                    .any(|field| field.strip_prefix("identity=") == Some(identity))
+        })
+}
+
 /// Whether the sidecar ended because its `--http-endpoint` port was in use:
 /// exit 1 with that as its last line.
 fn port_taken(status: ExitStatus, log: &str) -> bool {
@@ -2883,6 +2952,7 @@ fn port_taken(status: ExitStatus, log: &str) -> bool {
             .is_some_and(|last| last.contains("(--http-endpoint): Address already in use"))
 }
 
+/// The last `n` lines of a log, for a failure message.
 fn last_lines(log: &str, n: usize) -> String {
     let lines: Vec<&str> = log.lines().rev().take(n).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join("\n")
@@ -2939,6 +3009,24 @@ fn audit_after(
         .lines()
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect()
+}
+
+/// Only the line that says the Lease was acquired names the process's own
+/// identity: a follower's log names the holder it waits for.
+#[test]
+fn a_leader_is_told_by_its_acquisition_not_by_any_mention() {
+    let me = "replica-0_8770f4ef";
+    let follower = "2026-11-28T07:38:02.599Z  INFO waiting to acquire the leader lease, currently held by another instance lease=ns/l holder=replica-0_858d11e9\n";
+    let leader = format!(
+        "{follower}2026-11-28T07:38:05.422Z  INFO successfully acquired lease; became leader lease=ns/l identity={me}\n"
+    );
+    assert!(acquired_as(&leader, me));
+    assert!(
+        !acquired_as(follower, "replica-0_858d11e9"),
+        "only waited for"
+    );
+    assert!(!acquired_as(&leader, "replica-0_8770"), "a prefix of it");
+    assert!(!acquired_as(&leader, ""), "no holder");
 }
 
 /// Only an exit 1 whose last line says the `--http-endpoint` port was in
