@@ -1662,12 +1662,10 @@ pub fn state_dir(env: &Env) -> &Path {
     &env.driver.state_dir
 }
 
-/// A free TCP port on 127.0.0.1 (for `--http-endpoint`).
+/// A free TCP port on 127.0.0.1 (for `--http-endpoint`), below the
+/// ephemeral range ([`controlplane::free_port`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    controlplane::free_port().expect("free port")
 }
 
 /// A plain HTTP/1.1 GET: status and body.

@@ -434,9 +434,33 @@ struct Ports {
     scheduler: u16,
 }
 
-fn free_port() -> Result<u16, Error> {
+/// A loopback port nothing listens on now, for a process started later to
+/// bind. Taken below the kernel's ephemeral range (32768 and up by
+/// default): a port the kernel hands out (to any outgoing connection, or a
+/// listener on port 0) could otherwise take it between this check and the
+/// bind, as a chaos seed once saw (its sidecar's `--http-endpoint` taken
+/// under load). Ports go round a window starting at a place of this
+/// process's own, so test binaries running at once rarely meet, and never
+/// repeat within a process until the window is used up.
+pub fn free_port() -> Result<u16, Error> {
+    let base = PORT_WINDOW.start + (std::process::id() % 97) as u16 * 64;
+    let span = PORT_WINDOW.end - PORT_WINDOW.start;
+    for _ in 0..span {
+        let step = NEXT_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = PORT_WINDOW.start + (base - PORT_WINDOW.start + (step % span)) % span;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    // Every port of the window in use: the kernel's choice, as before.
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
+
+/// Where [`free_port`] picks: below the ephemeral range, above the
+/// well-known ports of a node (the kubelet's 10250, 20248 and 20250).
+const PORT_WINDOW: std::ops::Range<u16> = 21_000..32_000;
+
+static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
 
 #[derive(Default)]
 struct Processes {
@@ -1168,6 +1192,18 @@ fn etcd_post(port: u16, path: &str, body: &str) -> Result<serde_json::Value, Err
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ports come from below the ephemeral range, bindable, and not twice
+    /// in a row (the window goes round).
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_and_do_not_repeat() {
+        let first = free_port().expect("a port");
+        let second = free_port().expect("a port");
+        assert!(PORT_WINDOW.contains(&first), "{first}");
+        assert!(PORT_WINDOW.contains(&second), "{second}");
+        assert_ne!(first, second);
+        TcpListener::bind(("127.0.0.1", second)).expect("free to bind");
+    }
 
     /// A file system of `dirs` and `files` (name, executable).
     struct Fake {
