@@ -213,11 +213,17 @@ catalogue! {
     class_parameter_template_unknown_token: Case {
         // The spelling csi-driver-smb/nfs resolve themselves: not ours.
         input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "subDir"}}, "parameters": {"subDir": "${pvc.metadata.namespace}/${pvc.metadata.name}"}}"#, claim: "{}" },
-        expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to resolve StorageClass parameter \"subDir\": unknown token \"${pvc.metadata.namespace}\" (known: ${pv.name}, ${pvc.name}, ${pvc.namespace}, ${pvc.annotations['KEY']})" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to resolve StorageClass parameter \"subDir\": unknown token \"${pvc.metadata.namespace}\" (known: ${pv.name}, ${pvc.name}, ${pvc.namespace}, ${pvc.annotations['KEY']}, ${pvc.labels['KEY']})" },
     };
     class_parameter_template_missing_annotation: Case {
         input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "tags"}}, "parameters": {"tags": "cost-center=${pvc.annotations['cost-center']}"}}"#, claim: r#"{"metadata": {"annotations": {"cost_center": "typo"}}}"# },
         expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to resolve StorageClass parameter \"tags\": the claim has no annotation \"cost-center\" (for \"${pvc.annotations['cost-center']}\")" },
+    };
+    class_parameter_template_missing_label: Case {
+        // The key is an annotation of the claim, not a label: labels and
+        // annotations are separate maps.
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "pool"}}, "parameters": {"pool": "pool-${pvc.labels['tier']}"}}"#, claim: r#"{"metadata": {"labels": {"team": "a"}, "annotations": {"tier": "gold"}}}"# },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "failed to resolve StorageClass parameter \"pool\": the claim has no label \"tier\" (for \"${pvc.labels['tier']}\")" },
     };
     class_parameter_template_of_a_reserved_key: Case {
         input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "csi.storage.k8s.io/fstype"}}, "parameters": {"csi.storage.k8s.io/fstype": "${pvc.name}"}}"#, claim: "{}" },

@@ -30,7 +30,7 @@ e2e!(ClusterConfig::standard();
 
 const GATE: &str = "--feature-gates=ClaimMetadataPropagation=true";
 
-/// The class `tagged`: three templated parameters, one a driver's own
+/// The class `tagged`: four templated parameters (one from a label), one a driver's own
 /// template that the class does not list, a plain one; two labels and two
 /// annotations to copy (one of each the claim will not have).
 async fn tagged_class(env: &Env) {
@@ -42,11 +42,12 @@ async fn tagged_class(env: &Env) {
             "tags": "cost-center=${pvc.annotations['cost-center']}",
             "subDir": "${pvc.namespace}/${pvc.name}",
             "volume": "${pv.name}",
+            "owner": "${pvc.labels['team']}",
             "driverTemplate": "${pvc.metadata.name}",
             "type": "ssd",
         }),
         json!({"metadata": {"annotations": {
-            "csi-provisioner-rs.io/parameter-templates": "tags, subDir, volume",
+            "csi-provisioner-rs.io/parameter-templates": "tags, subDir, volume, owner",
             "csi-provisioner-rs.io/copy-claim-labels": "team,cost-center,absent",
             "csi-provisioner-rs.io/copy-claim-annotations": "cost-center,example.com/ticket,absent",
         }}}),
@@ -146,6 +147,7 @@ async fn gate_on_resolves_parameters_and_copies_metadata(backend: Backend) {
             ("tags".to_owned(), "cost-center=cc-42".to_owned()),
             ("subDir".to_owned(), format!("{}/data", env.ns)),
             ("volume".to_owned(), pv_name.clone()),
+            ("owner".to_owned(), "storage".to_owned()),
             // Not listed: passed on as it is, for the driver to resolve.
             (
                 "driverTemplate".to_owned(),
@@ -207,6 +209,7 @@ async fn gate_off_is_the_go_image(backend: Backend) {
                 "${pvc.namespace}/${pvc.name}".to_owned()
             ),
             ("volume".to_owned(), "${pv.name}".to_owned()),
+            ("owner".to_owned(), "${pvc.labels['team']}".to_owned()),
             (
                 "driverTemplate".to_owned(),
                 "${pvc.metadata.name}".to_owned()

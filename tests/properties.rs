@@ -106,6 +106,7 @@ proptest! {
             pvc_name: &pvc_name,
             pvc_namespace: "ns",
             pvc_annotations: Some(&annotations),
+            pvc_labels: None,
         };
         let _ = resolve_secret_ref(SecretKind::Provisioner, &params, &context);
     }
@@ -121,6 +122,7 @@ proptest! {
             pvc_name: &pvc_name,
             pvc_namespace: &ns,
             pvc_annotations: None,
+            pvc_labels: None,
         };
         let found = resolve_secret_ref(SecretKind::Provisioner, &params, &context);
         let found = found.ok().flatten();

@@ -13,10 +13,12 @@
 //!
 //! **Templates** use the tokens of secret templates ([`super::template`]):
 //! `${pv.name}`, `${pvc.name}`, `${pvc.namespace}`,
-//! `${pvc.annotations['KEY']}`, read strictly: `$$` is a literal `$`, and
-//! any other `$`, `${}` or an unclosed `${` is a malformed template. An
-//! unknown token, a malformed template or an annotation the claim does not
-//! have fails the plan (a `ProvisioningFailed` event naming the parameter,
+//! `${pvc.annotations['KEY']}`, and `${pvc.labels['KEY']}` (parameter
+//! templates only: secret templates keep upstream's tokens), read
+//! strictly: `$$` is a literal `$`, and any other `$`, `${}` or an
+//! unclosed `${` is a malformed template. An unknown token, a malformed
+//! template or an annotation or label the claim does not have fails the
+//! plan (a `ProvisioningFailed` event naming the parameter,
 //! retried with backoff and at once when the claim changes); nothing is
 //! sent to the driver. Keys the provisioner reads itself (every
 //! `csi.storage.k8s.io/` key, `fstype`, the legacy secret keys) keep their
@@ -39,7 +41,9 @@ use std::collections::BTreeMap;
 use crate::projection::PersistentVolumeClaim;
 
 use super::secrets::is_dns1123_subdomain;
-use super::template::{KNOWN_TOKENS, Piece, TemplateContext, Token, parse_token, pieces};
+use super::template::{
+    PARAMETER_TOKENS, Piece, TemplateContext, Token, parse_parameter_token, pieces,
+};
 use crate::wellknown as wk;
 
 /// StorageClass annotation: the parameters whose values are templates.
@@ -133,13 +137,17 @@ pub enum ClaimMetadataError {
     },
     #[error(
         "failed to resolve StorageClass parameter {key:?}: unknown token \"${{{token}}}\" (known: {known})",
-        known = KNOWN_TOKENS
+        known = PARAMETER_TOKENS
     )]
     UnknownToken { key: String, token: String },
     #[error(
         "failed to resolve StorageClass parameter {key:?}: the claim has no annotation {annotation:?} (for \"${{pvc.annotations['{annotation}']}}\")"
     )]
     MissingAnnotation { key: String, annotation: String },
+    #[error(
+        "failed to resolve StorageClass parameter {key:?}: the claim has no label {label:?} (for \"${{pvc.labels['{label}']}}\")"
+    )]
+    MissingLabel { key: String, label: String },
     #[error(
         "StorageClass annotation {ann} lists {key:?}, which is not a parameter of the class",
         ann = ANN_PARAMETER_TEMPLATES
@@ -240,14 +248,20 @@ pub fn resolve_template(
                 braced: false,
             } => out.push('$'),
             Piece::Token { name, braced: true } => {
-                let token = parse_token(name).ok_or_else(|| ClaimMetadataError::UnknownToken {
-                    key: key.to_owned(),
-                    token: name.to_owned(),
+                let token = parse_parameter_token(name).ok_or_else(|| {
+                    ClaimMetadataError::UnknownToken {
+                        key: key.to_owned(),
+                        token: name.to_owned(),
+                    }
                 })?;
                 let value = context.value(token).ok_or_else(|| match token {
                     Token::PvcAnnotation(annotation) => ClaimMetadataError::MissingAnnotation {
                         key: key.to_owned(),
                         annotation: annotation.to_owned(),
+                    },
+                    Token::PvcLabel(label) => ClaimMetadataError::MissingLabel {
+                        key: key.to_owned(),
+                        label: label.to_owned(),
                     },
                     // The others always have a value.
                     _ => ClaimMetadataError::UnknownToken {

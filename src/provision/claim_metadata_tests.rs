@@ -9,8 +9,17 @@ fn context(annotations: Option<&crate::projection::Map>) -> TemplateContext<'_> 
         pvc_name: "data",
         pvc_namespace: "team-a",
         pvc_annotations: annotations,
+        pvc_labels: Some(&LABELS),
     }
 }
+
+static LABELS: std::sync::LazyLock<crate::projection::Map> = std::sync::LazyLock::new(|| {
+    crate::projection::Map::from(map(&[
+        ("team", "storage"),
+        ("example.com/tier", "gold"),
+        ("cost-center", "from-label"),
+    ]))
+});
 
 #[test]
 fn template_resolution() {
@@ -56,7 +65,19 @@ fn template_resolution() {
         ("{pvc.name}", Ok("{pvc.name}".into())),
         // Unknown tokens, including the drivers' own template spellings.
         ("${pvc.metadata.name}", unknown("pvc.metadata.name")),
-        ("a-${pvc.labels['team']}", unknown("pvc.labels['team']")),
+        ("a-${pvc.labels['team']}", Ok("a-storage".into())),
+        ("${pvc.labels['example.com/tier']}", Ok("gold".into())),
+        // Labels and annotations are separate maps.
+        (
+            "${pvc.labels['cost-center']}/${pvc.annotations['cost-center']}",
+            Ok("from-label/cc-42".into()),
+        ),
+        ("${pvc.labels['']}", unknown("pvc.labels['']")),
+        ("${pvc.labels[\"team\"]}", unknown("pvc.labels[\"team\"]")),
+        (
+            "${pvc.metadata.labels['team']}",
+            unknown("pvc.metadata.labels['team']"),
+        ),
         ("${PVC.NAME}", unknown("PVC.NAME")),
         (
             "${pvc.annotations[\"cost-center\"]}",
@@ -102,6 +123,28 @@ fn missing_annotations_name_the_key() {
     }
 }
 
+/// A label the claim lacks fails the plan naming the parameter and the
+/// label, whether the claim has other labels, none, or has the key as an
+/// annotation only.
+#[test]
+fn missing_labels_name_the_key() {
+    let other = crate::projection::Map::from(map(&[("other", "x")]));
+    let as_annotation = crate::projection::Map::from(map(&[("tier", "gold")]));
+    for labels in [None, Some(&other)] {
+        let ctx = TemplateContext {
+            pvc_labels: labels,
+            ..context(Some(&as_annotation))
+        };
+        assert_eq!(
+            resolve_template("pool", "pool-${pvc.labels['tier']}", &ctx),
+            Err(ClaimMetadataError::MissingLabel {
+                key: "pool".into(),
+                label: "tier".into(),
+            })
+        );
+    }
+}
+
 #[test]
 fn error_messages() {
     let cases = [
@@ -134,7 +177,7 @@ fn error_messages() {
                 key: "subDir".into(),
                 token: "pvc.metadata.name".into(),
             },
-            r#"failed to resolve StorageClass parameter "subDir": unknown token "${pvc.metadata.name}" (known: ${pv.name}, ${pvc.name}, ${pvc.namespace}, ${pvc.annotations['KEY']})"#,
+            r#"failed to resolve StorageClass parameter "subDir": unknown token "${pvc.metadata.name}" (known: ${pv.name}, ${pvc.name}, ${pvc.namespace}, ${pvc.annotations['KEY']}, ${pvc.labels['KEY']})"#,
         ),
         (
             ClaimMetadataError::MissingAnnotation {
@@ -142,6 +185,13 @@ fn error_messages() {
                 annotation: "cost-center".into(),
             },
             r#"failed to resolve StorageClass parameter "tags": the claim has no annotation "cost-center" (for "${pvc.annotations['cost-center']}")"#,
+        ),
+        (
+            ClaimMetadataError::MissingLabel {
+                key: "pool".into(),
+                label: "tier".into(),
+            },
+            r#"failed to resolve StorageClass parameter "pool": the claim has no label "tier" (for "${pvc.labels['tier']}")"#,
         ),
         (
             ClaimMetadataError::NotAParameter {

@@ -213,6 +213,7 @@ pub fn deletion_secret_ref(
         pvc_name: claim_ref.name.as_deref().unwrap_or_default(),
         pvc_namespace: claim_ref.namespace.as_deref().unwrap_or_default(),
         pvc_annotations: None,
+        pvc_labels: None,
     };
     resolve_secret_ref(
         SecretKind::Provisioner,

@@ -340,6 +340,7 @@ pub fn plan_provision(
         pvc_name: &claim_identity.name,
         pvc_namespace: &claim_identity.namespace,
         pvc_annotations: claim.metadata.annotations.as_ref(),
+        pvc_labels: claim.metadata.labels.as_ref(),
     };
     let secret = |kind| resolve_secret_ref(kind, params, &template_context);
     let provisioner_secret = secret(SecretKind::Provisioner)?;

@@ -300,11 +300,12 @@ fn claim_metadata_inputs() -> (PersistentVolumeClaim, StorageClass) {
         ("tags", "cost-center=${pvc.annotations['cost-center']}"),
         ("subDir", "${pvc.namespace}/${pvc.name}"),
         ("volume", "${pv.name}"),
+        ("owner", "${pvc.labels['team']}"),
         ("type", "ssd"),
         (wk::PARAM_FSTYPE, "xfs"),
     ]);
     class.metadata.annotations = Some(map(&[
-        (ANN_PARAMETER_TEMPLATES, "tags, subDir,volume"),
+        (ANN_PARAMETER_TEMPLATES, "tags, subDir,volume,owner"),
         (ANN_COPY_CLAIM_LABELS, "team,absent"),
         (ANN_COPY_CLAIM_ANNOTATIONS, "cost-center"),
     ]));
@@ -327,6 +328,7 @@ fn claim_metadata_gate_off_is_the_go_images_plan() {
                 "${pvc.namespace}/${pvc.name}".to_owned()
             ),
             ("volume".to_owned(), "${pv.name}".to_owned()),
+            ("owner".to_owned(), "${pvc.labels['team']}".to_owned()),
             ("type".to_owned(), "ssd".to_owned()),
         ]),
         "parameters pass through untouched, even with `${{`"
@@ -371,6 +373,7 @@ fn claim_metadata_gate_on_resolves_and_copies() {
             ("tags".to_owned(), "cost-center=cc-42".to_owned()),
             ("subDir".to_owned(), "ns/data".to_owned()),
             ("volume".to_owned(), VOLUME.to_owned()),
+            ("owner".to_owned(), "storage".to_owned()),
             ("type".to_owned(), "ssd".to_owned()),
             (wk::PARAM_PVC_NAME.to_owned(), "data".to_owned()),
             (wk::PARAM_PVC_NAMESPACE.to_owned(), "ns".to_owned()),
@@ -414,6 +417,8 @@ fn claim_metadata_errors_fail_the_plan() {
             .insert(key.to_owned(), list.to_owned());
         class
     };
+    let mut without_label = claim.clone();
+    without_label.metadata.labels = Some(map(&[("other", "x")]).into());
     let mut malformed = class_with(&[("subDir", "${pvc.namespace")]);
     malformed.metadata.annotations = Some(map(&[(ANN_PARAMETER_TEMPLATES, "subDir")]));
     let cases = [
@@ -423,6 +428,14 @@ fn claim_metadata_errors_fail_the_plan() {
             ClaimMetadataError::MissingAnnotation {
                 key: "tags".into(),
                 annotation: "cost-center".into(),
+            },
+        ),
+        (
+            without_label,
+            class.clone(),
+            ClaimMetadataError::MissingLabel {
+                key: "owner".into(),
+                label: "team".into(),
             },
         ),
         (

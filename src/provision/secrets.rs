@@ -343,8 +343,15 @@ mod tests {
             pvc_name: "data",
             pvc_namespace: "team-a",
             pvc_annotations: annotations,
+            // A claim's labels, known to the context, are still not a
+            // token of secret templates (upstream has none).
+            pvc_labels: Some(&LABELS),
         }
     }
+
+    static LABELS: std::sync::LazyLock<crate::projection::Map> = std::sync::LazyLock::new(|| {
+        crate::projection::Map::from(BTreeMap::from([("team".to_owned(), "a".to_owned())]))
+    });
 
     fn secret(name: &str, namespace: &str) -> SecretRef {
         SecretRef {
@@ -516,6 +523,11 @@ mod tests {
         assert_eq!(
             resolve("literal", "literal-ns"),
             ok("literal", "literal-ns")
+        );
+        // Labels are a token of parameter templates only.
+        assert_eq!(
+            resolve("s-${pvc.labels['team']}", "fixed"),
+            invalid("s-${pvc.labels['team']}", &["pvc.labels['team']"])
         );
         // The namespace must not depend on what the PVC's user controls.
         assert_eq!(

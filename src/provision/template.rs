@@ -9,8 +9,11 @@
 //!   `ClaimMetadataPropagation`) read it strictly: only `${token}` and `$$`
 //!   (a literal `$`), anything else is a malformed template.
 //!
-//! The tokens are the same for both: `${pv.name}`, `${pvc.name}`,
-//! `${pvc.namespace}`, `${pvc.annotations['KEY']}`.
+//! Secret templates know upstream's tokens ([`parse_token`]): `${pv.name}`,
+//! `${pvc.name}`, `${pvc.namespace}`, `${pvc.annotations['KEY']}`.
+//! Parameter templates know those and `${pvc.labels['KEY']}`
+//! ([`parse_parameter_token`]); secret templates keep upstream's set, so a
+//! class means the same to both images there.
 
 /// What the templates may refer to. At deletion time only the claim's name
 /// and namespace from the PV's claimRef are known, so `annotations` is empty
@@ -21,6 +24,8 @@ pub struct TemplateContext<'a> {
     pub pvc_name: &'a str,
     pub pvc_namespace: &'a str,
     pub pvc_annotations: Option<&'a crate::projection::Map>,
+    /// Read only by parameter templates (`${pvc.labels['KEY']}`).
+    pub pvc_labels: Option<&'a crate::projection::Map>,
 }
 
 /// A token of a template.
@@ -34,11 +39,15 @@ pub enum Token<'a> {
     PvcNamespace,
     /// `pvc.annotations['KEY']`: the value of the claim's annotation `KEY`.
     PvcAnnotation(&'a str),
+    /// `pvc.labels['KEY']`: the value of the claim's label `KEY` (parameter
+    /// templates only).
+    PvcLabel(&'a str),
 }
 
-/// The tokens, as a user writes them (for error messages).
-pub const KNOWN_TOKENS: &str =
-    "${pv.name}, ${pvc.name}, ${pvc.namespace}, ${pvc.annotations['KEY']}";
+/// The tokens of parameter templates, as a user writes them (for error
+/// messages).
+pub const PARAMETER_TOKENS: &str =
+    "${pv.name}, ${pvc.name}, ${pvc.namespace}, ${pvc.annotations['KEY']}, ${pvc.labels['KEY']}";
 
 impl Token<'_> {
     /// Whether the claim's user cannot choose the value: only these may
@@ -48,29 +57,41 @@ impl Token<'_> {
     }
 }
 
-/// The token a name between `${` and `}` stands for, if any.
+/// The token of a secret template a name between `${` and `}` stands for,
+/// if any (upstream's set).
 pub fn parse_token(name: &str) -> Option<Token<'_>> {
     match name {
         "pv.name" => Some(Token::PvName),
         "pvc.name" => Some(Token::PvcName),
         "pvc.namespace" => Some(Token::PvcNamespace),
-        _ => name
-            .strip_prefix("pvc.annotations['")
-            .and_then(|rest| rest.strip_suffix("']"))
-            .filter(|key| !key.is_empty())
-            .map(Token::PvcAnnotation),
+        _ => indexed(name, "pvc.annotations").map(Token::PvcAnnotation),
     }
 }
 
+/// The token of a parameter template a name stands for, if any: the
+/// secret templates' and `pvc.labels['KEY']`.
+pub fn parse_parameter_token(name: &str) -> Option<Token<'_>> {
+    parse_token(name).or_else(|| indexed(name, "pvc.labels").map(Token::PvcLabel))
+}
+
+/// `KEY` of `<map>['KEY']`, when not empty.
+fn indexed<'a>(name: &'a str, map: &str) -> Option<&'a str> {
+    name.strip_prefix(map)?
+        .strip_prefix("['")?
+        .strip_suffix("']")
+        .filter(|key| !key.is_empty())
+}
+
 impl TemplateContext<'_> {
-    /// The value of `token`; `None` for an annotation the claim does not
-    /// have (or when the annotations are not known).
+    /// The value of `token`; `None` for an annotation or label the claim
+    /// does not have (or when they are not known).
     pub fn value(&self, token: Token<'_>) -> Option<&str> {
         match token {
             Token::PvName => Some(self.pv_name),
             Token::PvcName => Some(self.pvc_name),
             Token::PvcNamespace => Some(self.pvc_namespace),
             Token::PvcAnnotation(key) => self.pvc_annotations?.get(key).map(|value| value.as_str()),
+            Token::PvcLabel(key) => self.pvc_labels?.get(key).map(|value| value.as_str()),
         }
     }
 }
@@ -245,24 +266,57 @@ mod tests {
         }
     }
 
+    /// Parameter templates know the secret templates' tokens and labels.
+    #[test]
+    fn parameter_tokens() {
+        let cases = [
+            ("pv.name", Some(Token::PvName)),
+            ("pvc.name", Some(Token::PvcName)),
+            ("pvc.namespace", Some(Token::PvcNamespace)),
+            ("pvc.annotations['a/b']", Some(Token::PvcAnnotation("a/b"))),
+            ("pvc.labels['team']", Some(Token::PvcLabel("team"))),
+            (
+                "pvc.labels['example.com/tier']",
+                Some(Token::PvcLabel("example.com/tier")),
+            ),
+            ("pvc.labels['']", None),
+            ("pvc.labels[\"team\"]", None),
+            ("pvc.labels['team'", None),
+            ("pvc.labels", None),
+            ("pvc.labelsx['team']", None),
+            ("pvc.metadata.labels['team']", None),
+            ("pvc.uid", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(parse_parameter_token(name), want, "{name:?}");
+        }
+    }
+
     #[test]
     fn values() {
         let annotations = crate::projection::Map::from([("k".to_owned(), "v".to_owned())]);
+        let labels = crate::projection::Map::from([("team".to_owned(), "a".to_owned())]);
         let context = TemplateContext {
             pv_name: "pvc-1",
             pvc_name: "data",
             pvc_namespace: "ns",
             pvc_annotations: Some(&annotations),
+            pvc_labels: Some(&labels),
         };
         assert_eq!(context.value(Token::PvName), Some("pvc-1"));
         assert_eq!(context.value(Token::PvcName), Some("data"));
         assert_eq!(context.value(Token::PvcNamespace), Some("ns"));
         assert_eq!(context.value(Token::PvcAnnotation("k")), Some("v"));
         assert_eq!(context.value(Token::PvcAnnotation("x")), None);
+        assert_eq!(context.value(Token::PvcLabel("team")), Some("a"));
+        assert_eq!(context.value(Token::PvcLabel("k")), None, "labels only");
+        assert_eq!(context.value(Token::PvcAnnotation("team")), None);
         let deletion = TemplateContext {
             pvc_annotations: None,
+            pvc_labels: None,
             ..context
         };
         assert_eq!(deletion.value(Token::PvcAnnotation("k")), None);
+        assert_eq!(deletion.value(Token::PvcLabel("team")), None);
     }
 }
