@@ -215,3 +215,7 @@ pub const REASON_ERR_RELEASE_PV: &str = "ErrReleasePV";
 /// (422) although the PV was as the patch expected: not a stale cache. No
 /// upstream counterpart (the Go image retries such a patch for ever).
 pub const REASON_FINALIZER_PATCH_REFUSED: &str = "FinalizerPatchRefused";
+/// Warning event on a claim whose PV was saved without an entry of the
+/// driver's `volume_context` that its class lists (gate
+/// `ClaimMetadataPropagation`). No upstream counterpart.
+pub const REASON_VOLUME_CONTEXT_SKIPPED: &str = "VolumeContextSkipped";

@@ -241,6 +241,43 @@ catalogue! {
         input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/copy-claim-annotations": "volume.beta.kubernetes.io/storage-class"}}}"#, claim: "{}" },
         expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/copy-claim-annotations lists \"volume.beta.kubernetes.io/storage-class\", which belongs to Kubernetes' volume machinery and is never copied" },
     };
+    class_volume_name_template_without_uid: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/volume-name-template": "${pvc.namespace}-${pvc.name}"}}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/volume-name-template (\"${pvc.namespace}-${pvc.name}\") must contain \"${pvc.uid}\", so that no two claims share a volume name" },
+    };
+    class_volume_name_template_with_part_of_the_uid: Case {
+        // Only the whole uid keeps two claims' names apart.
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/volume-name-template": "${pvc.name}-${pvc.uid[:8]}"}}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/volume-name-template (\"${pvc.name}-${pvc.uid[:8]}\") has an unknown token \"${pvc.uid[:8]}\" (known: ${pvc.namespace}, ${pvc.name}, ${pvc.uid})" },
+    };
+    class_volume_name_template_malformed: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/volume-name-template": "${pvc.name}-${pvc.uid"}}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/volume-name-template is malformed (\"${pvc.name}-${pvc.uid\"): \"${\" without a closing \"}\"" },
+    };
+    class_volume_name_not_a_pv_name: Case {
+        // The uid is in the name: the text is matched from after it.
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/volume-name-template": "Data-${pvc.uid}"}}}"#, claim: "{}" },
+        expect: Expect::EventContaining { reason: "ProvisioningFailed", text: "\" made from StorageClass annotation csi-provisioner-rs.io/volume-name-template is not a valid PV name: it must be a DNS subdomain: lowercase alphanumerics, \"-\" and \".\", each part between dots starting and ending with an alphanumeric" },
+    };
+    class_volume_name_too_long: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/volume-name-template": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-${pvc.uid}"}}}"#, claim: "{}" },
+        expect: Expect::EventContaining { reason: "ProvisioningFailed", text: "\" made from StorageClass annotation csi-provisioner-rs.io/volume-name-template is not a valid PV name: it has 257 characters, more than 253" },
+    };
+    class_volume_context_key_that_is_not_a_label_key: Case {
+        // Refused by the plan: no volume is made.
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/volume-context-labels": "zone,Zone Name"}}, "parameters": {"zone": "z1"}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/volume-context-labels lists \"Zone Name\", which is not a valid label key: the name must consist of alphanumerics, \"-\", \"_\" or \".\", and start and end with an alphanumeric" },
+    };
+    class_volume_context_volume_machinery_key: Case {
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/volume-context-annotations": "pv.kubernetes.io/provisioned-by"}}}"#, claim: "{}" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "StorageClass annotation csi-provisioner-rs.io/volume-context-annotations lists \"pv.kubernetes.io/provisioned-by\", which belongs to Kubernetes' volume machinery and is never copied" },
+    };
+    class_volume_context_value_that_is_not_a_label_value: Case {
+        // The volume exists by then: the entry is left off, the PV saved.
+        // The hostpath driver answers with the parameters as the context.
+        input: Input::ClaimWithFlags { flags: CLAIM_METADATA, class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/volume-context-labels": "tier"}}, "parameters": {"tier": "Gold Tier"}}"#, claim: "{}" },
+        expect: Expect::EventThenBound { reason: "VolumeContextSkipped", message: "volume context key \"tier\" is not put on the PV of claim \"{ns}/{claim}\" as a label: its value \"Gold Tier\" is not a valid label value: it must be empty or consist of alphanumerics, \"-\", \"_\" or \".\", and start and end with an alphanumeric" },
+    };
     class_claim_metadata_without_the_gate: Case {
         // Gate off: the same class is the Go image's class, `${` and all.
         input: Input::Claim { class: r#"{"metadata": {"annotations": {"csi-provisioner-rs.io/parameter-templates": "subDir", "csi-provisioner-rs.io/copy-claim-labels": "not a key"}}, "parameters": {"subDir": "${pvc.namespace"}}"#, claim: "{}" },

@@ -6,7 +6,13 @@
 //! for a claim holds the resolved values.
 //!
 //! Gate off, the same class and claim give the Go image's behaviour:
-//! parameters passed on untouched (`${…}` and all), nothing copied.
+//! parameters passed on untouched (`${…}` and all), nothing copied, PVs
+//! named `pvc-<uid>`.
+//!
+//! The class `named` names volumes from the claim and puts entries of the
+//! driver's `volume_context` on the PV; the hostpath driver answers with
+//! the request's parameters as the volume context, so the class's
+//! parameters are what the driver "decided".
 
 mod support;
 
@@ -26,6 +32,9 @@ e2e!(ClusterConfig::standard();
     a_missing_annotation_fails_until_the_claim_has_it,
     a_restart_sends_the_frozen_request,
     the_cleanup_of_a_deleted_claim_sends_the_frozen_request,
+    gate_on_names_the_volume_and_records_the_volume_context,
+    gate_off_names_volumes_as_the_go_image,
+    a_templated_name_survives_a_restart_with_the_class_changed,
 );
 
 const GATE: &str = "--feature-gates=ClaimMetadataPropagation=true";
@@ -123,8 +132,15 @@ async fn patch_claim(env: &Env, name: &str, patch: Value) {
 
 /// Deletes the claim and waits until its PV and volume are gone.
 async fn delete_and_wait_clean(env: &Env, name: &str) {
-    env.delete_pvc(&env.ns, name).await;
-    env.wait_for("PV and volume gone", Duration::from_secs(30), || async {
+    delete_all_and_wait_clean(env, &[name]).await;
+}
+
+/// Deletes the claims and waits until every PV and volume is gone.
+async fn delete_all_and_wait_clean(env: &Env, names: &[&str]) {
+    for name in names {
+        env.delete_pvc(&env.ns, name).await;
+    }
+    env.wait_for("PVs and volumes gone", Duration::from_secs(30), || async {
         (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
     })
     .await;
@@ -356,4 +372,172 @@ async fn the_cleanup_of_a_deleted_claim_sends_the_frozen_request(backend: Backen
     .await;
     assert!(env.pvs().await.is_empty());
     env.assert_consistent().await;
+}
+
+const NAME_TEMPLATE: &str = "${pvc.namespace}-${pvc.name}-${pvc.uid}";
+
+/// The class `named`: PV names from [`NAME_TEMPLATE`]; volume context
+/// entries `zone`, `tier` (a value no label may have) and `absent` as
+/// labels, `pool` as an annotation.
+async fn named_class(env: &Env) {
+    env.storage_class_with(
+        "named",
+        "Immediate",
+        "Delete",
+        json!({"zone": "zone-1", "tier": "Gold Tier", "pool": "pool-7"}),
+        json!({"metadata": {"annotations": {
+            "csi-provisioner-rs.io/volume-name-template": NAME_TEMPLATE,
+            "csi-provisioner-rs.io/volume-context-labels": "zone, tier, absent",
+            "csi-provisioner-rs.io/volume-context-annotations": "pool",
+        }}}),
+    )
+    .await;
+}
+
+async fn patch_class(env: &Env, short: &str, patch: Value) {
+    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(env.client.clone())
+        .patch(
+            &env.class(short),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("patch class");
+}
+
+fn uid_of(claim: &PersistentVolumeClaim) -> String {
+    claim.metadata.uid.clone().expect("claim uid")
+}
+
+/// The CSI names the driver was asked to create, sorted.
+fn backend_names(env: &Env) -> Vec<String> {
+    let mut names: Vec<String> = env.backend_volumes().into_iter().map(|v| v.name).collect();
+    names.sort();
+    names
+}
+
+async fn gate_on_names_the_volume_and_records_the_volume_context(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    named_class(&env).await;
+    env.start_sidecar(&[GATE]).await;
+    let claim = env
+        .create_pvc(&env.ns, "data", "named", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    let want = format!("{}-data-{}", env.ns, uid_of(&claim));
+    excerpt(&env, "named", &driver_parameters(&env, &pv), &pv);
+    assert_eq!(
+        pv.metadata.name.as_deref(),
+        Some(want.as_str()),
+        "the PV name"
+    );
+    assert_eq!(
+        backend_names(&env),
+        std::slice::from_ref(&want),
+        "the CreateVolume name"
+    );
+    assert_eq!(
+        labels(&pv),
+        BTreeMap::from([("zone".to_owned(), "zone-1".to_owned())]),
+        "the listed entries with valid values; a key the answer lacks is skipped"
+    );
+    assert_eq!(
+        annotations(&pv).get("pool").map(String::as_str),
+        Some("pool-7")
+    );
+    assert_eq!(
+        env.wait_event(&env.ns, "data", "ProvisioningSucceeded")
+            .await,
+        format!("Successfully provisioned volume {want}")
+    );
+    assert_eq!(
+        env.wait_event(&env.ns, "data", "VolumeContextSkipped")
+            .await,
+        format!(
+            "volume context key \"tier\" is not put on the PV of claim \"{}/data\" as a label: its value \"Gold Tier\" is not a valid label value: it must be empty or consist of alphanumerics, \"-\", \"_\" or \".\", and start and end with an alphanumeric",
+            env.ns
+        )
+    );
+    env.assert_consistent().await;
+    delete_and_wait_clean(&env, "data").await;
+}
+
+async fn gate_off_names_volumes_as_the_go_image(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    named_class(&env).await;
+    env.start_sidecar(&[]).await;
+    let claim = env
+        .create_pvc(&env.ns, "data", "named", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    let want = format!("pvc-{}", uid_of(&claim));
+    assert_eq!(pv.metadata.name.as_deref(), Some(want.as_str()));
+    assert_eq!(backend_names(&env), [want]);
+    assert!(labels(&pv).is_empty(), "no labels: {:?}", labels(&pv));
+    assert!(!annotations(&pv).contains_key("pool"));
+    assert!(
+        env.events(&env.ns, "data")
+            .await
+            .iter()
+            .all(|(reason, _)| reason != "VolumeContextSkipped"),
+        "no warning"
+    );
+    env.assert_consistent().await;
+    delete_and_wait_clean(&env, "data").await;
+}
+
+/// The name is decided by the claim's first plan and journalled with the
+/// request before the first `CreateVolume`: a restart after the class's
+/// template changed keeps it, for the driver and for the PV.
+async fn a_templated_name_survives_a_restart_with_the_class_changed(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    named_class(&env).await;
+    env.set_faults(vec![Fault::error("CreateVolume", tonic::Code::Unavailable)]);
+    env.start_sidecar(&[GATE]).await;
+    let claim = env
+        .create_pvc(&env.ns, "data", "named", "5Mi", json!({}))
+        .await;
+    let uid = uid_of(&claim);
+    let want = format!("{}-data-{uid}", env.ns);
+    env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    let journal = env.journal_entries().await;
+    let (entry, request) = journal.get(&uid).expect("the claim's journal entry");
+    assert_eq!(entry.volume_name, want, "journalled");
+    assert_eq!(request.name, want);
+    env.kill_sidecar();
+
+    patch_class(
+        &env,
+        "named",
+        json!({"metadata": {"annotations": {
+            "csi-provisioner-rs.io/volume-name-template": "renamed-${pvc.uid}",
+        }}}),
+    )
+    .await;
+    env.clear_faults();
+    env.start_sidecar(&[GATE]).await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    assert_eq!(
+        pv.metadata.name.as_deref(),
+        Some(want.as_str()),
+        "the PV name"
+    );
+    assert_eq!(
+        backend_names(&env),
+        [want],
+        "one volume, of the journalled name"
+    );
+    env.assert_consistent().await;
+
+    // A new claim of the class takes the new template.
+    let other = env
+        .create_pvc(&env.ns, "other", "named", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "other").await;
+    assert_eq!(
+        pv.metadata.name,
+        Some(format!("renamed-{}", uid_of(&other)))
+    );
+    env.assert_consistent().await;
+    delete_all_and_wait_clean(&env, &["data", "other"]).await;
 }

@@ -479,3 +479,368 @@ fn copied_annotations_must_fit_on_a_pv() {
         })
     );
 }
+
+const UID: &str = "0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d";
+
+fn named(namespace: &'static str, name: &'static str) -> NamedClaim<'static> {
+    NamedClaim {
+        namespace,
+        name,
+        uid: UID,
+    }
+}
+
+fn name_template(template: &str) -> BTreeMap<String, String> {
+    map(&[(ANN_VOLUME_NAME_TEMPLATE, template)])
+}
+
+#[test]
+fn volume_name_templates() {
+    let claim = named("team-a", "data");
+    let malformed = |template: &str, problem| {
+        Err(ClaimMetadataError::MalformedNameTemplate {
+            template: template.into(),
+            problem,
+        })
+    };
+    let unknown = |template: &str, token: &str| {
+        Err(ClaimMetadataError::UnknownNameToken {
+            template: template.into(),
+            token: token.into(),
+        })
+    };
+    let without_uid = |template: &str| {
+        Err(ClaimMetadataError::NameTemplateWithoutUid {
+            template: template.into(),
+        })
+    };
+    const NOT_A_SUBDOMAIN: &str = "it must be a DNS subdomain: lowercase alphanumerics, \"-\" and \".\", each part between dots starting and ending with an alphanumeric";
+    let invalid = |name: &str| {
+        Err(ClaimMetadataError::InvalidVolumeName {
+            name: name.into(),
+            reason: NOT_A_SUBDOMAIN.into(),
+        })
+    };
+    let cases: &[(&str, Result<Option<String>, ClaimMetadataError>)] = &[
+        (
+            "${pvc.namespace}-${pvc.name}-${pvc.uid}",
+            Ok(Some(format!("team-a-data-{UID}"))),
+        ),
+        ("${pvc.uid}", Ok(Some(UID.into()))),
+        ("vol.${pvc.uid}", Ok(Some(format!("vol.{UID}")))),
+        (
+            "${pvc.name}.${pvc.namespace}.${pvc.uid}",
+            Ok(Some(format!("data.team-a.{UID}"))),
+        ),
+        // Twice is allowed; the uid is there.
+        ("${pvc.uid}-${pvc.uid}", Ok(Some(format!("{UID}-{UID}")))),
+        // No uid: two claims could share the name.
+        (
+            "${pvc.namespace}-${pvc.name}",
+            without_uid("${pvc.namespace}-${pvc.name}"),
+        ),
+        ("fixed", without_uid("fixed")),
+        ("", without_uid("")),
+        // Only the whole uid is a uid part.
+        ("${pvc.uid[:8]}", unknown("${pvc.uid[:8]}", "pvc.uid[:8]")),
+        (
+            "${pvc.shortuid}",
+            unknown("${pvc.shortuid}", "pvc.shortuid"),
+        ),
+        // Other tokens of parameter templates are not offered.
+        ("${pv.name}", unknown("${pv.name}", "pv.name")),
+        (
+            "${pvc.labels['team']}-${pvc.uid}",
+            unknown("${pvc.labels['team']}-${pvc.uid}", "pvc.labels['team']"),
+        ),
+        (
+            "${pvc.annotations['a']}-${pvc.uid}",
+            unknown("${pvc.annotations['a']}-${pvc.uid}", "pvc.annotations['a']"),
+        ),
+        ("${PVC.UID}", unknown("${PVC.UID}", "PVC.UID")),
+        // Malformed, read strictly as parameter templates.
+        ("${pvc.uid", malformed("${pvc.uid", Malformed::Unterminated)),
+        (
+            "${}${pvc.uid}",
+            malformed("${}${pvc.uid}", Malformed::EmptyBraces),
+        ),
+        ("$pvc.uid", malformed("$pvc.uid", Malformed::StrayDollar)),
+        (
+            "v$-${pvc.uid}",
+            malformed("v$-${pvc.uid}", Malformed::StrayDollar),
+        ),
+        // A result that is no PV name.
+        ("$$${pvc.uid}", invalid(&format!("${UID}"))),
+        ("Vol-${pvc.uid}", invalid(&format!("Vol-{UID}"))),
+        ("-${pvc.uid}", invalid(&format!("-{UID}"))),
+        ("${pvc.uid}.", invalid(&format!("{UID}."))),
+        ("a..${pvc.uid}", invalid(&format!("a..{UID}"))),
+        ("a_${pvc.uid}", invalid(&format!("a_{UID}"))),
+        ("a/${pvc.uid}", invalid(&format!("a/{UID}"))),
+    ];
+    for (template, want) in cases {
+        assert_eq!(
+            &templated_volume_name(Some(&name_template(template)), claim),
+            want,
+            "{template:?}"
+        );
+    }
+    // No template: the default name is the caller's.
+    assert_eq!(templated_volume_name(None, claim), Ok(None));
+    assert_eq!(
+        templated_volume_name(Some(&map(&[(ANN_COPY_CLAIM_LABELS, "a")])), claim),
+        Ok(None)
+    );
+}
+
+/// A name of 253 characters is a PV name; one more is refused, saying how
+/// long it is. Claim names may be that long, namespaces 63.
+#[test]
+fn volume_names_longer_than_a_pv_name_are_refused() {
+    let template = name_template("${pvc.name}-${pvc.uid}");
+    let fits: &'static str = "a".repeat(253 - 1 - UID.len()).leak();
+    assert_eq!(
+        templated_volume_name(Some(&template), named("ns", fits)),
+        Ok(Some(format!("{fits}-{UID}")))
+    );
+    let long: &'static str = "a".repeat(253 - UID.len()).leak();
+    assert_eq!(
+        templated_volume_name(Some(&template), named("ns", long)),
+        Err(ClaimMetadataError::InvalidVolumeName {
+            name: format!("{long}-{UID}"),
+            reason: "it has 254 characters, more than 253".into(),
+        })
+    );
+}
+
+#[test]
+fn volume_name_error_messages() {
+    let cases = [
+        (
+            ClaimMetadataError::MalformedNameTemplate {
+                template: "${pvc.uid".into(),
+                problem: Malformed::Unterminated,
+            },
+            r#"StorageClass annotation csi-provisioner-rs.io/volume-name-template is malformed ("${pvc.uid"): "${" without a closing "}""#,
+        ),
+        (
+            ClaimMetadataError::UnknownNameToken {
+                template: "${pvc.uid[:8]}".into(),
+                token: "pvc.uid[:8]".into(),
+            },
+            r#"StorageClass annotation csi-provisioner-rs.io/volume-name-template ("${pvc.uid[:8]}") has an unknown token "${pvc.uid[:8]}" (known: ${pvc.namespace}, ${pvc.name}, ${pvc.uid})"#,
+        ),
+        (
+            ClaimMetadataError::NameTemplateWithoutUid {
+                template: "${pvc.namespace}-${pvc.name}".into(),
+            },
+            r#"StorageClass annotation csi-provisioner-rs.io/volume-name-template ("${pvc.namespace}-${pvc.name}") must contain "${pvc.uid}", so that no two claims share a volume name"#,
+        ),
+        (
+            ClaimMetadataError::InvalidVolumeName {
+                name: "Data-1".into(),
+                reason: "it has 254 characters, more than 253".into(),
+            },
+            r#"the volume name "Data-1" made from StorageClass annotation csi-provisioner-rs.io/volume-name-template is not a valid PV name: it has 254 characters, more than 253"#,
+        ),
+    ];
+    for (error, want) in cases {
+        assert_eq!(error.to_string(), want);
+    }
+}
+
+fn keys(labels: &[&str], annotations: &[&str]) -> VolumeContextKeys {
+    let owned = |keys: &[&str]| keys.iter().map(|k| (*k).to_owned()).collect();
+    VolumeContextKeys {
+        labels: owned(labels),
+        annotations: owned(annotations),
+    }
+}
+
+/// The lists are read with the copy lists' rules and texts; sorted, once
+/// each.
+#[test]
+fn volume_context_lists() {
+    let class = |labels: &str, annotations: &str| {
+        map(&[
+            (ANN_VOLUME_CONTEXT_LABELS, labels),
+            (ANN_VOLUME_CONTEXT_ANNOTATIONS, annotations),
+        ])
+    };
+    assert_eq!(volume_context_keys(None), Ok(VolumeContextKeys::default()));
+    assert_eq!(
+        volume_context_keys(Some(&class(" zone, example.com/pool,zone,, ", "tier"))),
+        Ok(keys(&["example.com/pool", "zone"], &["tier"]))
+    );
+    let cases = [
+        (
+            class("cost center", ""),
+            ClaimMetadataError::InvalidKey {
+                annotation: ANN_VOLUME_CONTEXT_LABELS,
+                what: "label",
+                key: "cost center".into(),
+                reason: "the name must consist of alphanumerics, \"-\", \"_\" or \".\", and start and end with an alphanumeric",
+            },
+        ),
+        (
+            class("zone", "Example.com/x"),
+            ClaimMetadataError::InvalidKey {
+                annotation: ANN_VOLUME_CONTEXT_ANNOTATIONS,
+                what: "annotation",
+                key: "Example.com/x".into(),
+                reason: "the prefix before \"/\" must be a DNS subdomain: lowercase alphanumerics, \"-\" and \".\", at most 253 characters",
+            },
+        ),
+        (
+            class(
+                "topology.kubernetes.io/zone,pv.kubernetes.io/provisioned-by",
+                "",
+            ),
+            ClaimMetadataError::ReservedKey {
+                annotation: ANN_VOLUME_CONTEXT_LABELS,
+                key: "pv.kubernetes.io/provisioned-by".into(),
+            },
+        ),
+        (
+            class("", "x.csi.storage.k8s.io/pvc-name"),
+            ClaimMetadataError::ReservedKey {
+                annotation: ANN_VOLUME_CONTEXT_ANNOTATIONS,
+                key: "x.csi.storage.k8s.io/pvc-name".into(),
+            },
+        ),
+    ];
+    for (class, want) in cases {
+        assert_eq!(
+            volume_context_keys(Some(&class)),
+            Err(want.clone()),
+            "{class:?}"
+        );
+    }
+    // The same text as the copy list's.
+    assert_eq!(
+        ClaimMetadataError::ReservedKey {
+            annotation: ANN_VOLUME_CONTEXT_LABELS,
+            key: "volume.kubernetes.io/selected-node".into(),
+        }
+        .to_string(),
+        "StorageClass annotation csi-provisioner-rs.io/volume-context-labels lists \"volume.kubernetes.io/selected-node\", which belongs to Kubernetes' volume machinery and is never copied"
+    );
+}
+
+#[test]
+fn label_values() {
+    let bad_chars = Some(
+        "it must be empty or consist of alphanumerics, \"-\", \"_\" or \".\", and start and end with an alphanumeric",
+    );
+    let cases = [
+        ("", None),
+        ("a", None),
+        ("us-east-1a", None),
+        ("Gold_2.x", None),
+        ("x".repeat(63).leak() as &str, None),
+        (
+            "x".repeat(64).leak() as &str,
+            Some("it must be at most 63 characters"),
+        ),
+        ("-a", bad_chars),
+        ("a.", bad_chars),
+        ("a b", bad_chars),
+        ("a/b", bad_chars),
+        ("é", bad_chars),
+    ];
+    for (value, want) in cases {
+        assert_eq!(label_value_problem(value), want, "{value:?}");
+    }
+}
+
+#[test]
+fn volume_context_entries_for_the_pv() {
+    let context: std::collections::HashMap<String, String> = [
+        ("zone", "us-east-1a"),
+        ("tier", "Gold Tier"),
+        ("pool", "p1"),
+        ("example.com/detail", "a long story"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let (taken, skipped) = volume_context_metadata(
+        &keys(
+            &["absent", "tier", "zone"],
+            &["absent", "example.com/detail", "pool"],
+        ),
+        &context,
+        0,
+    );
+    assert_eq!(
+        taken,
+        CopiedMetadata {
+            labels: map(&[("zone", "us-east-1a")]),
+            annotations: map(&[("example.com/detail", "a long story"), ("pool", "p1")]),
+        },
+        "a key the context lacks is skipped quietly"
+    );
+    assert_eq!(
+        skipped,
+        [SkippedEntry {
+            key: "tier".into(),
+            what: "a label",
+            why: Skipped::InvalidLabelValue {
+                value: "Gold Tier".into(),
+                reason: "it must be empty or consist of alphanumerics, \"-\", \"_\" or \".\", and start and end with an alphanumeric",
+            },
+        }]
+    );
+    assert_eq!(
+        volume_context_metadata(&VolumeContextKeys::default(), &context, 0),
+        (CopiedMetadata::default(), vec![]),
+        "nothing listed, nothing taken"
+    );
+}
+
+/// Annotations from the context fit beside the claim's copies within
+/// [`MAX_COPIED_ANNOTATION_BYTES`], taken in key order; what does not fit
+/// is left off, labels are not affected.
+#[test]
+fn volume_context_annotations_share_the_room() {
+    let big = "v".repeat(1000);
+    let context: std::collections::HashMap<String, String> = [
+        ("a", big.as_str()),
+        ("b", big.as_str()),
+        ("c", "small"),
+        ("zone", "z1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let listed = keys(&["zone"], &["a", "b", "c"]);
+    // Room for "a" (1001 bytes) and "c" (6) but not "b".
+    let copied = MAX_COPIED_ANNOTATION_BYTES - 1001 - 6 - 500;
+    let (taken, skipped) = volume_context_metadata(&listed, &context, copied);
+    assert_eq!(
+        taken.annotations.keys().collect::<Vec<_>>(),
+        ["a", "c"],
+        "{skipped:?}"
+    );
+    assert_eq!(taken.labels, map(&[("zone", "z1")]));
+    assert_eq!(
+        skipped,
+        [SkippedEntry {
+            key: "b".into(),
+            what: "an annotation",
+            why: Skipped::NoRoom,
+        }]
+    );
+    // Exactly full is allowed.
+    let (taken, skipped) = volume_context_metadata(
+        &keys(&[], &["a"]),
+        &context,
+        MAX_COPIED_ANNOTATION_BYTES - 1001,
+    );
+    assert_eq!(taken.annotations.len(), 1);
+    assert!(skipped.is_empty());
+    assert_eq!(
+        Skipped::NoRoom.to_string(),
+        "the PV's annotations from the claim and the volume context would take more than 245760 bytes"
+    );
+}

@@ -5,6 +5,26 @@
 use crate::events::{EventNote, EventType};
 use crate::wellknown as wk;
 
+/// On the claim, once its PV is saved without a `volume_context` entry its
+/// class lists (gate `ClaimMetadataPropagation`); the success event names
+/// the PV.
+pub fn volume_context_skipped(
+    namespace: &str,
+    name: &str,
+    skipped: &crate::provision::claim_metadata::SkippedEntry,
+) -> EventNote {
+    EventNote {
+        event_type: EventType::Warning,
+        reason: wk::REASON_VOLUME_CONTEXT_SKIPPED,
+        message: format!(
+            "volume context key {key:?} is not put on the PV of claim \"{namespace}/{name}\" as {what}: {why}",
+            key = skipped.key,
+            what = skipped.what,
+            why = skipped.why,
+        ),
+    }
+}
+
 /// On the claim, when a provisioning attempt starts.
 pub fn provisioning_started(namespace: &str, name: &str) -> EventNote {
     EventNote {

@@ -37,6 +37,7 @@ pub fn inputs<'a>(
         data_source: None,
         data_source_granted: false,
         volume_attributes_class: None,
+        decided_volume_name: None,
     }
 }
 

@@ -143,7 +143,9 @@ pub use plan::{
     driver_parameters, migrated_class_plugin, plan_provision, selected_node_name,
     volume_attributes_class_name, volume_name,
 };
-pub use pv::{PvBuildError, build_pv, records_same_volume, retained_volume_pv};
+pub use pv::{
+    PvBuildError, build_pv, records_same_volume, retained_volume_pv, skipped_volume_context,
+};
 pub use secrets::{SecretError, SecretKind, SecretRef, resolve_secret_ref};
 pub use should_provision::{
     ProvisionDecision, SkipReason, annotated_provisioner, is_annotated_for_us, should_provision,

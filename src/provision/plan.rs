@@ -18,7 +18,8 @@ use csi_proto::v1::volume_capability::{
 use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability};
 
 use super::claim_metadata::{
-    CopiedMetadata, copied_claim_metadata, resolve_parameter_templates, sends_claim_limit,
+    CopiedMetadata, NamedClaim, VolumeContextKeys, copied_claim_metadata,
+    resolve_parameter_templates, sends_claim_limit, templated_volume_name, volume_context_keys,
 };
 use super::config::ProvisionerConfig;
 use super::content_source::{DataSourceObjects, SourceFinalizer, content_source, data_source_ref};
@@ -55,6 +56,35 @@ pub fn volume_name(
             available: compact.len(),
         })?;
     Ok(format!("{prefix}-{truncated}"))
+}
+
+/// The PV and CSI volume name a claim's first plan decides: the class's
+/// name template (gate `ClaimMetadataPropagation`), else [`volume_name`].
+pub fn decide_volume_name(
+    class: &StorageClass,
+    claim: &ClaimIdentity,
+    config: &ProvisionerConfig,
+) -> Result<String, ProvisionError> {
+    if claim.uid.is_empty() {
+        return Err(ProvisionError::MissingClaimUid);
+    }
+    if config.claim_metadata_propagation
+        && let Some(name) = templated_volume_name(
+            class.metadata.annotations.as_ref(),
+            NamedClaim {
+                namespace: &claim.namespace,
+                name: &claim.name,
+                uid: &claim.uid,
+            },
+        )?
+    {
+        return Ok(name);
+    }
+    volume_name(
+        &config.volume_name_prefix,
+        &claim.uid,
+        config.volume_name_uuid_length,
+    )
 }
 
 /// The node the scheduler selected for the claim (GA annotation, else the
@@ -121,6 +151,11 @@ pub struct ProvisionInputs<'a> {
     pub data_source_granted: bool,
     /// The class named by [`volume_attributes_class_name`]; `None` if missing.
     pub volume_attributes_class: Option<&'a VolumeAttributesClass>,
+    /// The name decided for the claim's volume by an earlier plan of its
+    /// operation (in flight, or read back from the journal): kept, so a
+    /// class whose name template changed meanwhile cannot rename a volume
+    /// that may exist. `None`: this plan decides ([`decide_volume_name`]).
+    pub decided_volume_name: Option<&'a str>,
 }
 
 /// Identity of the claim, for the PV's claimRef.
@@ -173,6 +208,10 @@ pub struct ProvisionPlan {
     /// class copies onto the PV (empty with the gate off); never
     /// overwriting the PV's own.
     pub copied_metadata: CopiedMetadata,
+    /// `ClaimMetadataPropagation`: the keys of the driver's `volume_context`
+    /// the class puts on the PV (empty with the gate off), checked here,
+    /// before the volume exists.
+    pub volume_context_keys: VolumeContextKeys,
     /// CSI migration: the class names this in-tree plugin, which our driver
     /// took over. The request was planned from the class translated to CSI,
     /// and the PV is written in the plugin's in-tree form.
@@ -233,11 +272,10 @@ pub fn plan_provision(
     if spec.selector.is_some() {
         return Err(ProvisionError::SelectorNotSupported);
     }
-    let name = volume_name(
-        &config.volume_name_prefix,
-        &claim_identity.uid,
-        config.volume_name_uuid_length,
-    )?;
+    let name = match inputs.decided_volume_name {
+        Some(decided) => decided.to_owned(),
+        None => decide_volume_name(inputs.class, &claim_identity, config)?,
+    };
     let empty = BTreeMap::new();
     let params = class.parameters.as_ref().unwrap_or(&empty);
     let fs_type = fs_type(params, &config.default_fstype)?;
@@ -361,10 +399,12 @@ pub fn plan_provision(
     let class_annotations = inputs.class.metadata.annotations.as_ref();
     let resolved_params;
     let mut copied_metadata = CopiedMetadata::default();
+    let mut context_keys = VolumeContextKeys::default();
     let params = if config.claim_metadata_propagation {
         resolved_params =
             resolve_parameter_templates(class_annotations, params, &template_context)?;
         copied_metadata = copied_claim_metadata(class_annotations, claim)?;
+        context_keys = volume_context_keys(class_annotations)?;
         &resolved_params
     } else {
         params
@@ -423,6 +463,7 @@ pub fn plan_provision(
         selected_node: selected_node.map(str::to_owned),
         has_data_source: source.is_some(),
         copied_metadata,
+        volume_context_keys: context_keys,
         migrated_from,
     })
 }

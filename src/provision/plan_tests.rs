@@ -1193,3 +1193,157 @@ fn migrated_classes_of_other_plugins() {
     assert_eq!(vsphere.fs_type, "xfs");
     assert_eq!(vsphere.migrated_from, Some(InTreePlugin::VsphereVolume));
 }
+
+/// `ClaimMetadataPropagation`: a class's name template names the PV and the
+/// CSI volume, and everything that says the name (`${pv.name}` templates,
+/// `--extra-create-metadata`); an operation's decided name wins over the
+/// class; gate off the template is not read.
+#[test]
+fn volume_name_templates_name_the_volume() {
+    use crate::provision::claim_metadata::{
+        ANN_PARAMETER_TEMPLATES, ANN_VOLUME_NAME_TEMPLATE, ClaimMetadataError,
+    };
+    let gate_on = ProvisionerConfig {
+        claim_metadata_propagation: true,
+        extra_create_metadata: true,
+        ..config()
+    };
+    let claim = claim();
+    let mut class = class_with(&[("volume", "${pv.name}")]);
+    class.metadata.annotations = Some(map(&[
+        (
+            ANN_VOLUME_NAME_TEMPLATE,
+            "${pvc.namespace}-${pvc.name}-${pvc.uid}",
+        ),
+        (ANN_PARAMETER_TEMPLATES, "volume"),
+    ]));
+    let templated = format!("ns-data-{CLAIM_UID}");
+    let on = plan(&claim, &class, &gate_on).expect("plan");
+    assert_eq!(on.volume_name, templated);
+    assert_eq!(on.request.name, templated);
+    assert_eq!(on.request.parameters.get("volume"), Some(&templated));
+    assert_eq!(
+        on.request.parameters.get(wk::PARAM_PV_NAME),
+        Some(&templated)
+    );
+
+    // Decided before (in flight, journalled): kept, whatever the class says.
+    let decided = plan_provision(
+        &ProvisionInputs {
+            decided_volume_name: Some("pvc-decided"),
+            ..inputs(&claim, &class)
+        },
+        &gate_on,
+    )
+    .expect("plan");
+    assert_eq!(decided.volume_name, "pvc-decided");
+    assert_eq!(decided.request.name, "pvc-decided");
+    assert_eq!(
+        decided.request.parameters.get("volume").map(String::as_str),
+        Some("pvc-decided")
+    );
+    let mut bad = class.clone();
+    bad.metadata.annotations = Some(map(&[(ANN_VOLUME_NAME_TEMPLATE, "no-uid")]));
+    assert_eq!(
+        plan_provision(
+            &ProvisionInputs {
+                decided_volume_name: Some("pvc-decided"),
+                ..inputs(&claim, &bad)
+            },
+            &gate_on,
+        )
+        .map(|plan| plan.volume_name),
+        Ok("pvc-decided".to_owned()),
+        "a decided name is not made again: the class's template is not read"
+    );
+    // A bad template fails the plan, naming the rule.
+    assert_eq!(
+        plan(&claim, &bad, &gate_on),
+        Err(ProvisionError::ClaimMetadata(
+            ClaimMetadataError::NameTemplateWithoutUid {
+                template: "no-uid".into()
+            }
+        ))
+    );
+
+    // Gate off: the Go image's name, the template not even read.
+    let off = ProvisionerConfig {
+        extra_create_metadata: true,
+        ..config()
+    };
+    assert_eq!(
+        plan(&claim, &class, &off).expect("plan").volume_name,
+        VOLUME
+    );
+    assert_eq!(plan(&claim, &bad, &off).expect("plan").volume_name, VOLUME);
+    // Gate on without a template: the default name, prefix and uuid length
+    // as the flags say.
+    let short = ProvisionerConfig {
+        volume_name_prefix: "vol".into(),
+        volume_name_uuid_length: Some(8),
+        ..gate_on.clone()
+    };
+    assert_eq!(
+        plan(&claim, &class_with(&[]), &short)
+            .expect("plan")
+            .volume_name,
+        "vol-0a1b2c3d"
+    );
+    // With a template the flags do not apply.
+    assert_eq!(
+        plan(&claim, &class, &short).expect("plan").volume_name,
+        templated
+    );
+}
+
+/// `ClaimMetadataPropagation`: the volume context lists are checked by the
+/// plan, before any `CreateVolume`; gate off they are not read.
+#[test]
+fn volume_context_lists_are_checked_before_the_volume_exists() {
+    use crate::provision::claim_metadata::{
+        ANN_VOLUME_CONTEXT_ANNOTATIONS, ANN_VOLUME_CONTEXT_LABELS, ClaimMetadataError,
+        VolumeContextKeys,
+    };
+    let gate_on = ProvisionerConfig {
+        claim_metadata_propagation: true,
+        ..config()
+    };
+    let claim = claim();
+    let mut class = class();
+    class.metadata.annotations = Some(map(&[
+        (ANN_VOLUME_CONTEXT_LABELS, "zone,example.com/pool"),
+        (ANN_VOLUME_CONTEXT_ANNOTATIONS, "detail"),
+    ]));
+    assert_eq!(
+        plan(&claim, &class, &gate_on)
+            .expect("plan")
+            .volume_context_keys,
+        VolumeContextKeys {
+            labels: vec!["example.com/pool".into(), "zone".into()],
+            annotations: vec!["detail".into()],
+        }
+    );
+    let mut bad = class.clone();
+    bad.metadata.annotations = Some(map(&[(
+        ANN_VOLUME_CONTEXT_ANNOTATIONS,
+        "volume.beta.kubernetes.io/storage-class",
+    )]));
+    assert_eq!(
+        plan(&claim, &bad, &gate_on),
+        Err(ProvisionError::ClaimMetadata(
+            ClaimMetadataError::ReservedKey {
+                annotation: ANN_VOLUME_CONTEXT_ANNOTATIONS,
+                key: "volume.beta.kubernetes.io/storage-class".into(),
+            }
+        ))
+    );
+    for class in [&class, &bad] {
+        assert_eq!(
+            plan(&claim, class, &config())
+                .expect("plan")
+                .volume_context_keys,
+            VolumeContextKeys::default(),
+            "gate off: not read"
+        );
+    }
+}

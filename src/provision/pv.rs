@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::claim_metadata::{CopiedMetadata, SkippedEntry, volume_context_metadata};
 use super::config::ProvisionerConfig;
 use super::plan::{ClaimIdentity, ProvisionPlan};
 use super::quantity::bytes_to_quantity;
@@ -222,17 +223,51 @@ pub fn build_pv(
             pv
         }
     };
-    copy_claim_metadata(&mut pv, plan);
+    // `ClaimMetadataPropagation`: the claim labels and annotations the class
+    // copies, then the volume context entries it lists, added last so that
+    // none replaces a key the PV already has (`pv.kubernetes.io/provisioned-by`,
+    // the deletion secret, zone labels of an in-tree PV, a claim's copy, ...).
+    add_missing(&mut pv, &plan.copied_metadata);
+    add_missing(&mut pv, &context_metadata(plan, volume).0);
     Ok(pv)
 }
 
-/// `ClaimMetadataPropagation`: the claim labels and annotations the class
-/// copies, added last so that none replaces a key the PV already has
-/// (`pv.kubernetes.io/provisioned-by`, the deletion secret, zone labels of
-/// an in-tree PV, ...). Nothing to copy leaves the metadata untouched (no
-/// empty `labels`), so the PV is the Go image's.
-fn copy_claim_metadata(pv: &mut PersistentVolume, plan: &ProvisionPlan) {
-    let copied = &plan.copied_metadata;
+/// `ClaimMetadataPropagation`: the volume context entries the class lists
+/// and the ones left off (see [`volume_context_metadata`]).
+fn context_metadata(
+    plan: &ProvisionPlan,
+    volume: &csi_proto::v1::Volume,
+) -> (CopiedMetadata, Vec<SkippedEntry>) {
+    let copied_bytes = plan
+        .copied_metadata
+        .annotations
+        .iter()
+        .map(|(key, value)| key.len() + value.len())
+        .sum();
+    volume_context_metadata(
+        &plan.volume_context_keys,
+        &volume.volume_context,
+        copied_bytes,
+    )
+}
+
+/// The listed volume context entries that [`build_pv`] left off the PV, for
+/// the claim's warnings; none when the response has no volume.
+pub fn skipped_volume_context(
+    plan: &ProvisionPlan,
+    response: &CreateVolumeResponse,
+) -> Vec<SkippedEntry> {
+    response
+        .volume
+        .as_ref()
+        .map(|volume| context_metadata(plan, volume).1)
+        .unwrap_or_default()
+}
+
+/// Adds the labels and annotations the PV does not have yet. Nothing to add
+/// leaves the metadata untouched (no empty `labels`), so the PV is the Go
+/// image's.
+fn add_missing(pv: &mut PersistentVolume, copied: &CopiedMetadata) {
     for (from, to) in [
         (&copied.labels, &mut pv.metadata.labels),
         (&copied.annotations, &mut pv.metadata.annotations),

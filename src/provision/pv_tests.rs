@@ -661,16 +661,21 @@ fn copied_claim_metadata_never_overwrites_the_pvs_own() {
         pv.metadata.annotations.as_ref().expect("annotations")[wk::ANN_PROVISIONED_BY],
         DRIVER
     );
-    // Everything else is the Go image's PV.
+    assert_eq!(
+        without_labels_and(&pv, "cost-center"),
+        go_pv,
+        "everything else is the Go image's PV"
+    );
+}
+
+/// `pv` without labels and without the annotation `annotation`.
+fn without_labels_and(pv: &PersistentVolume, annotation: &str) -> PersistentVolume {
     let mut without = pv.clone();
     without.metadata.labels = None;
+    if let Some(annotations) = without.metadata.annotations.as_mut() {
+        annotations.remove(annotation);
+    }
     without
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .remove("cost-center");
-    assert_eq!(without, go_pv);
 }
 
 #[test]
@@ -689,5 +694,76 @@ fn copied_claim_metadata_on_an_in_tree_pv() {
     assert_eq!(
         pv.metadata.labels.as_ref().and_then(|l| l.get("team")),
         Some(&"storage".to_owned())
+    );
+}
+
+/// `ClaimMetadataPropagation`: the volume context entries the class lists
+/// go on the PV after the PV's own keys and the claim's copies, never
+/// replacing one; an invalid label value is left off (and reported by
+/// `skipped_volume_context`) while the PV is still built.
+#[test]
+fn volume_context_entries_on_the_pv() {
+    use crate::provision::claim_metadata::{CopiedMetadata, VolumeContextKeys};
+    let plain = plan_for(&claim(), &config());
+    let answer = CreateVolumeResponse {
+        volume: Some(Volume {
+            volume_id: "vol-1".into(),
+            capacity_bytes: 2 << 30,
+            volume_context: HashMap::from(
+                [
+                    ("zone", "us-east-1a"),
+                    ("tier", "Gold Tier"),
+                    ("team", "from-driver"),
+                    ("pool", "p1"),
+                    (wk::ANN_PROVISIONED_BY, "driver-says"),
+                ]
+                .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            ),
+            ..Volume::default()
+        }),
+    };
+    let go_pv = build_pv(&plain, &answer, &config()).expect("pv");
+    assert_eq!(go_pv.metadata.labels, None, "nothing listed, nothing added");
+    assert!(skipped_volume_context(&plain, &answer).is_empty());
+
+    let mut plan = plain.clone();
+    plan.copied_metadata = CopiedMetadata {
+        labels: map(&[("team", "storage")]),
+        annotations: BTreeMap::new(),
+    };
+    plan.volume_context_keys = VolumeContextKeys {
+        labels: ["absent", "team", "tier", "zone"]
+            .map(String::from)
+            .to_vec(),
+        // A key the PV has (only listable by a plan made by hand: the
+        // plan refuses volume-machinery keys) is not replaced.
+        annotations: ["pool", wk::ANN_PROVISIONED_BY].map(String::from).to_vec(),
+    };
+    let pv = build_pv(&plan, &answer, &config()).expect("pv");
+    assert_eq!(
+        pv.metadata.labels,
+        Some(map(&[("team", "storage"), ("zone", "us-east-1a")])),
+        "the claim's copy stays; the invalid value is left off"
+    );
+    let annotations = pv.metadata.annotations.clone().expect("annotations");
+    assert_eq!(annotations["pool"], "p1");
+    assert_eq!(annotations[wk::ANN_PROVISIONED_BY], DRIVER);
+    // What each entry says is claim_metadata_tests.rs's.
+    let skipped = skipped_volume_context(&plan, &answer);
+    assert_eq!(
+        skipped
+            .iter()
+            .map(|entry| (entry.key.as_str(), entry.what))
+            .collect::<Vec<_>>(),
+        [("tier", "a label")]
+    );
+    assert!(
+        skipped_volume_context(&plan, &CreateVolumeResponse { volume: None }).is_empty(),
+        "no volume, nothing to report"
+    );
+    assert_eq!(
+        without_labels_and(&pv, "pool"),
+        go_pv,
+        "everything else is the Go image's PV"
     );
 }

@@ -42,7 +42,7 @@ use crate::provision::{
     CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
     ProvisionDecision, ProvisionPlan, SourceFinalizer, build_pv, classify_create_volume_error,
     cleanup_after_error, may_reschedule, records_same_volume, retained_volume_pv, should_provision,
-    volume_name,
+    skipped_volume_context, volume_name,
 };
 use crate::wellknown as wk;
 
@@ -184,23 +184,30 @@ async fn attempt(
     class_name: &str,
     started: std::time::Instant,
 ) -> Attempt {
-    // Already provisioned (the PV cache uses the real naming scheme).
-    let pv_name = match volume_name(
-        &ctx.config.volume_name_prefix,
-        &key.uid,
-        ctx.config.volume_name_uuid_length,
-    ) {
-        Ok(name) => name,
-        Err(e) => {
-            tracing::warn!(claim = %key, error = %e, "cannot name the volume");
-            note(ctx, claim, notes::provisioning_failed(&e.to_string())).await;
-            return Attempt::Uncounted(Next::Retry);
-        }
+    // Already provisioned: the PV of the name decided for the claim, the
+    // journalled one while an operation is in flight (a class's name
+    // template may have changed since), else the default one.
+    let decided_name = ctx
+        .operations
+        .get(&key.uid)
+        .map(|op| op.frozen.request.name);
+    let pv_name = match &decided_name {
+        Some(name) => name.clone(),
+        None => match volume_name(
+            &ctx.config.volume_name_prefix,
+            &key.uid,
+            ctx.config.volume_name_uuid_length,
+        ) {
+            Ok(name) => name,
+            Err(e) => {
+                tracing::warn!(claim = %key, error = %e, "cannot name the volume");
+                note(ctx, claim, notes::provisioning_failed(&e.to_string())).await;
+                return Attempt::Uncounted(Next::Retry);
+            }
+        },
     };
-    if let Some(pv) = ctx.caches.volumes.store().get(&ObjectRef::new(&pv_name))
-        && claim_uid_of(&pv) == Some(key.uid.as_str())
-    {
-        tracing::debug!(claim = %key, volume = %pv_name, "PV already exists");
+    if let Some(pv) = saved_pv(ctx, key, &pv_name, decided_name.is_some()) {
+        tracing::debug!(claim = %key, volume = %pv, "PV already exists");
         finish_operation(ctx, &key.namespace, &key.uid);
         return Attempt::Uncounted(Next::Done);
     }
@@ -213,7 +220,7 @@ async fn attempt(
         .and_then(|op| op.plan.clone().map(|plan| (plan, op)));
     let (plan, in_flight) = match planned {
         Some(planned) => planned,
-        None => match plan_and_record(ctx, key, claim, class).await {
+        None => match plan_and_record(ctx, key, claim, class, decided_name.as_deref()).await {
             Ok(planned) => planned,
             Err(attempt) => return attempt,
         },
@@ -290,6 +297,11 @@ async fn attempt(
                 .changed(&crate::projection::PersistentVolume::project(&pv));
             note(ctx, claim, notes::provisioning_succeeded(&plan.volume_name)).await;
             finish_operation(ctx, &key.namespace, &key.uid);
+            for skipped in skipped_volume_context(&plan, &response) {
+                let warning = notes::volume_context_skipped(&key.namespace, &key.name, &skipped);
+                tracing::warn!(claim = %key, volume = %plan.volume_name, "{}", warning.message);
+                note(ctx, claim, warning).await;
+            }
             // Another clone of the same source still in flight keeps the
             // source protected; its own success removes the finalizer.
             if let Some(finalizer) = plan
@@ -353,17 +365,39 @@ async fn attempt(
     }
 }
 
+/// The name of the claim's saved PV, if the cache has one: the PV named
+/// `name` that records the claim. With no name decided yet and the gate
+/// `ClaimMetadataPropagation` on, a class may have named the PV from a
+/// template (maybe one it no longer has): any PV of ours recording the
+/// claim counts.
+fn saved_pv(ctx: &Context, key: &ClaimKey, name: &str, decided: bool) -> Option<String> {
+    let volumes = ctx.caches.volumes.store();
+    let records_claim =
+        |pv: &crate::projection::PersistentVolume| claim_uid_of(pv) == Some(key.uid.as_str());
+    if volumes
+        .get(&ObjectRef::new(name))
+        .is_some_and(|pv| records_claim(&pv))
+    {
+        return Some(name.to_owned());
+    }
+    if decided || !ctx.config.claim_metadata_propagation {
+        return None;
+    }
+    volumes.find(|pv| records_claim(pv)).map(|pv| pv.name_any())
+}
+
 /// Plans from the inputs ([`inputs::plan`]) and records a new operation
 /// before any `CreateVolume`; an operation read back from the journal keeps
-/// its recorded request. The plan stays with the operation for this
-/// process's retries.
+/// its recorded request and name (`decided_name`). The plan stays with the
+/// operation for this process's retries.
 async fn plan_and_record(
     ctx: &Arc<Context>,
     key: &ClaimKey,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
+    decided_name: Option<&str>,
 ) -> Result<(Arc<ProvisionPlan>, InFlight), Attempt> {
-    let mut plan = match inputs::plan(ctx, claim, class).await {
+    let mut plan = match inputs::plan(ctx, claim, class, decided_name).await {
         Ok(plan) => plan,
         Err(PlanError::Refused(e)) => return Err(plan_failed(ctx, claim, &e).await),
         Err(PlanError::Source(e)) => {
@@ -381,6 +415,9 @@ async fn plan_and_record(
     // first attempt, so the plan takes the recorded one.
     if let Some(op) = ctx.operations.get(&key.uid) {
         plan.request = op.frozen.request.clone();
+        // The PV takes the journalled name too (the one the plan was given
+        // when the operation was in flight before the plan began).
+        plan.volume_name = op.frozen.request.name.clone();
         let plan = Arc::new(plan);
         return ctx
             .operations

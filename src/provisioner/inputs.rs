@@ -40,11 +40,14 @@ pub enum PlanError {
 }
 
 /// Gathers the inputs of `claim`'s plan (provisioned with `class`, on the
-/// node its selected-node annotation names) and plans.
+/// node its selected-node annotation names) and plans; `decided_volume_name`
+/// is the name an operation in flight already has (see
+/// [`ProvisionInputs::decided_volume_name`]).
 pub(super) async fn plan(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
+    decided_volume_name: Option<&str>,
 ) -> Result<ProvisionPlan, PlanError> {
     let source = data_source_ref(claim, &ctx.config)?;
     let fetched = fetch_source(ctx, source.as_ref())
@@ -73,6 +76,7 @@ pub(super) async fn plan(
         data_source: fetched.objects(),
         data_source_granted: data_source_granted(ctx, claim, source.as_ref()),
         volume_attributes_class: vac.as_deref(),
+        decided_volume_name,
     };
     Ok(plan_provision(&inputs, &ctx.config)?)
 }

@@ -186,7 +186,9 @@ async fn capacity(
         return Capacity::Unknown("the driver does not offer GetCapacity".to_owned());
     }
     let owned = claim_owned_by(claim, local.name());
-    let plan = match inputs::plan(ctx, &owned, class).await {
+    // Only the request's size, topology and parameters are read: the name
+    // an operation in flight may have decided does not matter here.
+    let plan = match inputs::plan(ctx, &owned, class, None).await {
         Ok(plan) => plan,
         Err(e) => return Capacity::Unknown(e.to_string()),
     };
