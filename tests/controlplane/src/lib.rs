@@ -363,6 +363,9 @@ pub struct Config {
     pub scheduler: bool,
     /// `--feature-gates` of kube-apiserver (e.g. an alpha API field).
     pub apiserver_feature_gates: Option<String>,
+    /// `--runtime-config` of kube-apiserver (e.g. an API it serves by
+    /// default turned off, as on an older cluster).
+    pub apiserver_runtime_config: Option<String>,
     /// `--kube-api-qps` of kube-controller-manager; `None`: its default
     /// (20), which paces binding and the storage-provisioner annotation.
     pub controller_manager_qps: Option<u32>,
@@ -375,6 +378,7 @@ impl Config {
             controllers: Some("*".to_owned()),
             scheduler: false,
             apiserver_feature_gates: None,
+            apiserver_runtime_config: None,
             controller_manager_qps: None,
         }
     }
@@ -390,6 +394,7 @@ impl Config {
             controllers: Some(list),
             scheduler: false,
             apiserver_feature_gates: None,
+            apiserver_runtime_config: None,
             controller_manager_qps: None,
         }
     }
@@ -409,6 +414,12 @@ impl Config {
     /// kube-apiserver with `--feature-gates=<gates>`.
     pub fn with_apiserver_feature_gates(mut self, gates: &str) -> Config {
         self.apiserver_feature_gates = Some(gates.to_owned());
+        self
+    }
+
+    /// kube-apiserver with `--runtime-config=<config>`.
+    pub fn with_apiserver_runtime_config(mut self, config: &str) -> Config {
+        self.apiserver_runtime_config = Some(config.to_owned());
         self
     }
 
@@ -702,6 +713,9 @@ impl ControlPlane {
             .arg("--audit-log-maxsize=0");
         if let Some(gates) = &self.config.apiserver_feature_gates {
             cmd.arg(format!("--feature-gates={gates}"));
+        }
+        if let Some(config) = &self.config.apiserver_runtime_config {
+            cmd.arg(format!("--runtime-config={config}"));
         }
         let child = GuardedChild::spawn("kube-apiserver", cmd, &self.log_path("kube-apiserver"))?;
         self.processes().apiserver = Some(child);
