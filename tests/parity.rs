@@ -36,7 +36,7 @@ e2e_real!(ClusterConfig::standard();
     capacity_objects_of_the_go_image_are_taken_over,
 );
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Image {
     Go,
     Rust,
@@ -1487,4 +1487,300 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
     .await;
     env.delete_pvc(&env.ns, "data").await;
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+e2e_real!(ClusterConfig::standard();
+    the_driver_socket_absent_at_start,
+    the_driver_gone_while_running,
+);
+
+/// Stops the test's driver and removes its socket, as when its container
+/// is gone.
+async fn remove_driver(env: &mut Env) {
+    env.stop_driver().await;
+    match std::fs::remove_file(&env.driver.endpoint) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("remove the driver's socket: {e}"),
+    }
+}
+
+/// The Go image's exit on a lost driver connection writes
+/// `/dev/termination-log` (csi-lib-utils `connection.ExitOnConnectionLoss`),
+/// which on a test machine run as root is the host's: the image runs in a
+/// mount namespace of its own whose `/dev` is this folder of the test's
+/// (with the host's `/dev/shm`). A script that does so, and the folder.
+fn go_in_own_dev(env: &Env, go_bin: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dev = env.dir.path().join("go-dev");
+    std::fs::create_dir_all(&dev).expect("go-dev");
+    let script = env.dir.path().join("go-in-own-dev.sh");
+    std::fs::write(
+        &script,
+        format!(
+            // `/dev/shm` stays: the control plane's files are there.
+            "#!/bin/sh\nmkdir -p '{0}/shm' && exec unshare --mount --propagation private sh -c 'mount --bind /dev/shm \"$0/shm\" && mount --rbind \"$0\" /dev && exec \"$@\"' '{0}' '{1}' \"$@\"\n",
+            dev.display(),
+            go_bin.display()
+        ),
+    )
+    .expect("write the script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    (script, dev)
+}
+
+/// An image started by [`Running::start`]: the Go image as a [`Sidecar`],
+/// ours as `env`'s sidecar.
+enum Running {
+    Go(Sidecar),
+    Rust,
+}
+
+impl Running {
+    async fn start(
+        env: &mut Env,
+        image: Image,
+        (go_bin, go_config): (&Path, &Path),
+        flags: &[&str],
+    ) -> Running {
+        match image {
+            Image::Go => Running::Go(start_go(env, go_config, go_bin, flags)),
+            Image::Rust => {
+                env.start_sidecar(flags).await;
+                Running::Rust
+            }
+        }
+    }
+
+    fn log(&self, env: &Env) -> String {
+        match self {
+            Running::Go(go) => go.log(),
+            Running::Rust => env.logs(),
+        }
+    }
+
+    /// The exit code once it ended; None while it runs.
+    fn exited(&mut self, env: &mut Env) -> Option<i32> {
+        match self {
+            Running::Go(go) => go.wait_exit(Duration::ZERO),
+            Running::Rust => env
+                .sidecar
+                .as_mut()
+                .and_then(|child| child.try_wait())
+                .map(|status| status.code().unwrap_or(-1)),
+        }
+    }
+
+    /// Its exit code, waiting up to `timeout`.
+    async fn exit_within(&mut self, env: &mut Env, timeout: Duration) -> i32 {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(code) = self.exited(env) {
+                return code;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "still running after {timeout:?}\n{}",
+                tail(&self.log(env), 40)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn kill(&mut self, env: &mut Env) {
+        match self {
+            Running::Go(go) => go.kill(),
+            Running::Rust => env.kill_sidecar(),
+        }
+    }
+}
+
+/// What each image logs while it waits for the socket: the Go image's
+/// `connection.Connect` (csi-lib-utils, at `--v=5`), ours
+/// `src/csi/connection.rs`.
+fn waiting_line(image: Image) -> &'static str {
+    match image {
+        Image::Go => "\"Connecting\" address=\"unix://",
+        Image::Rust => "still connecting to the CSI driver",
+    }
+}
+
+/// Started without the driver's socket. Each image waits for it and, when
+/// the driver comes a moment later, provisions. Absent for longer: the Go
+/// image gives up after the 30 s of csi-lib-utils `connection.Connect`
+/// (`WithTimeout(30s)`, whatever `--timeout` says) and exits 1 with
+/// "context deadline exceeded" (`cmd/csi-provisioner/csi-provisioner.go`,
+/// after `ctrl.Connect`); ours waits on (docs/design.md, "Deliberate
+/// differences") and provisions once the driver is there.
+async fn the_driver_socket_absent_at_start(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let Some((go_bin, go_config)) = go_image(&env).await else {
+        return;
+    };
+    let go_image = (go_bin.as_path(), go_config.as_path());
+    env.storage_class("plain", "Immediate", "Delete", json!({}))
+        .await;
+    for image in [Image::Go, Image::Rust] {
+        remove_driver(&mut env).await;
+        let mut running = Running::start(&mut env, image, go_image, &["--v=5"]).await;
+        env.wait_for(
+            &format!("{image:?} waiting for the socket"),
+            Duration::from_secs(20),
+            || async {
+                running
+                    .log(&env)
+                    .contains(waiting_line(image))
+                    .then_some(())
+            },
+        )
+        .await;
+        env.start_driver();
+        let claim = format!("late-{}", image.short());
+        env.create_pvc(&env.ns, &claim, "plain", "5Mi", json!({}))
+            .await;
+        bound(&env, &env.ns, &claim, &|env: &Env| running.log(env)).await;
+        assert_eq!(running.exited(&mut env), None, "{image:?}");
+        running.kill(&mut env);
+        env.delete_pvc(&env.ns, &claim).await;
+    }
+
+    // Both at once, the socket absent for longer than the Go image waits
+    // (each image provisions every claim of the driver: only one of them
+    // may be running once the driver is back).
+    remove_driver(&mut env).await;
+    let started = std::time::Instant::now();
+    let mut go = Running::start(&mut env, Image::Go, go_image, &["--v=5"]).await;
+    let mut ours = Running::start(&mut env, Image::Rust, go_image, &["--v=5"]).await;
+    let code = go.exit_within(&mut env, Duration::from_secs(60)).await;
+    let waited = started.elapsed();
+    let go_log = go.log(&env);
+    assert_eq!(code, 1, "{go_log}");
+    assert!(waited >= Duration::from_secs(30), "{waited:?}\n{go_log}");
+    assert!(
+        go_log
+            .lines()
+            .last()
+            .is_some_and(|l| l.ends_with("context deadline exceeded")),
+        "{go_log}"
+    );
+    assert!(
+        go_log.contains("\"Still connecting\" address=\"unix://"),
+        "{go_log}"
+    );
+    assert_eq!(
+        ours.exited(&mut env),
+        None,
+        "ours waits on\n{}",
+        ours.log(&env)
+    );
+    env.start_driver();
+    env.create_pvc(&env.ns, "later", "plain", "5Mi", json!({}))
+        .await;
+    bound(&env, &env.ns, "later", &|env: &Env| ours.log(env)).await;
+    assert_eq!(ours.exited(&mut env), None, "{}", ours.log(&env));
+}
+
+/// Both started with the driver there; the driver then stopped and its
+/// socket removed for three times `--timeout`, then started again, and a
+/// claim created. The Go image notices nothing until it calls the driver:
+/// gRPC (pick-first) dials again only for a call, and csi-lib-utils's
+/// dialer, asked to dial after having connected, runs the provisioner's
+/// `connection.OnConnectionLoss(connection.ExitOnConnectionLoss())`
+/// (`pkg/controller/controller.go`, `Connect`): "Lost connection to CSI
+/// driver, exiting", exit 1, even though the driver is back; the claim is
+/// provisioned by the Go image restarted (as the kubelet would). Ours
+/// re-dials: `/readyz` fails while the driver is gone and the same process
+/// provisions the claim (docs/design.md, "Deliberate differences").
+async fn the_driver_gone_while_running(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let Some((go_bin, go_config)) = go_image(&env).await else {
+        return;
+    };
+    let (contained_go, dev) = go_in_own_dev(&env, &go_bin);
+    let go_image = (contained_go.as_path(), go_config.as_path());
+    env.storage_class("plain", "Immediate", "Delete", json!({}))
+        .await;
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    for image in [Image::Go, Image::Rust] {
+        let port = support::free_port();
+        let http = format!("--http-endpoint=127.0.0.1:{port}");
+        let flags = ["--v=5", "--timeout=2s", http.as_str()];
+        let mut running = Running::start(&mut env, image, go_image, &flags).await;
+        let short = image.short();
+        let before = format!("before-{short}");
+        env.create_pvc(&env.ns, &before, "plain", "5Mi", json!({}))
+            .await;
+        bound(&env, &env.ns, &before, &|env: &Env| running.log(env)).await;
+
+        remove_driver(&mut env).await;
+        let gone = std::time::Instant::now();
+        env.wait_for(
+            &format!("{image:?}: the driver gone for 3 × --timeout"),
+            Duration::from_secs(20),
+            || async {
+                let ready = support::http_get(port, "/readyz").await.0 == 200;
+                // The Go image serves no /readyz.
+                let ready = ready && image == Image::Rust;
+                (gone.elapsed() >= 3 * TIMEOUT && !ready).then_some(())
+            },
+        )
+        .await;
+        assert_eq!(
+            running.exited(&mut env),
+            None,
+            "{image:?}: no call, no exit\n{}",
+            running.log(&env)
+        );
+        env.start_driver();
+        let after = format!("after-{short}");
+        env.create_pvc(&env.ns, &after, "plain", "5Mi", json!({}))
+            .await;
+        match image {
+            Image::Go => {
+                let code = running.exit_within(&mut env, Duration::from_secs(30)).await;
+                let log = running.log(&env);
+                assert_eq!(code, 1, "{log}");
+                assert!(
+                    log.lines()
+                        .last()
+                        .is_some_and(|l| l.contains("\"Lost connection to CSI driver, exiting\"")),
+                    "{log}"
+                );
+                assert_eq!(
+                    std::fs::read_to_string(dev.join("termination-log"))
+                        .ok()
+                        .as_deref(),
+                    Some("Lost connection to CSI driver, exiting"),
+                );
+                assert!(
+                    env.pvc(&env.ns, &after)
+                        .await
+                        .and_then(|c| c.spec?.volume_name)
+                        .is_none(),
+                    "{log}"
+                );
+                // Restarted, as the kubelet would: it provisions.
+                running = Running::start(&mut env, image, go_image, &flags).await;
+                bound(&env, &env.ns, &after, &|env: &Env| running.log(env)).await;
+            }
+            Image::Rust => {
+                bound(&env, &env.ns, &after, &|env: &Env| running.log(env)).await;
+                env.wait_for("/readyz again", Duration::from_secs(30), || async {
+                    (support::http_get(port, "/readyz").await.0 == 200).then_some(())
+                })
+                .await;
+                assert_eq!(running.exited(&mut env), None, "{}", running.log(&env));
+            }
+        }
+        for claim in [&before, &after] {
+            env.delete_pvc(&env.ns, claim).await;
+        }
+        env.wait_for(
+            "the run's volumes gone",
+            Duration::from_secs(30),
+            || async { env.backend_volumes().is_empty().then_some(()) },
+        )
+        .await;
+        running.kill(&mut env);
+    }
 }
