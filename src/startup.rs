@@ -155,12 +155,13 @@ pub async fn run(
         let explicit = options
             .gates()
             .explicitly_set(Feature::VolumeAttributesClass);
-        let (enabled, why_not) = volume_attributes_class_gate(&probe, explicit);
-        if let Some(why_not) = why_not {
-            tracing::warn!(gate = "VolumeAttributesClass", "{why_not}");
+        let (gate, why) = volume_attributes_class_gate(&probe, explicit);
+        if let Some(why) = why {
+            tracing::warn!(gate = "VolumeAttributesClass", "{why}");
         }
-        config.volume_attributes_class_enabled = enabled;
-        crate::metrics::set_capability("volume_attributes_class", enabled);
+        config.volume_attributes_class_enabled = gate != VacGate::Off;
+        config.volume_attributes_classes_watched = gate == VacGate::Watched;
+        crate::metrics::set_capability("volume_attributes_class", gate != VacGate::Off);
     }
     if config.cross_namespace_data_source {
         config.reference_grants_readable = match probe_list::<ReferenceGrant>(&client).await {
@@ -570,38 +571,54 @@ where
     }
 }
 
+/// What becomes of the VolumeAttributesClass gate at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VacGate {
+    /// On, the classes watched.
+    Watched,
+    /// On (set on the command line), but the classes can be neither
+    /// watched nor read: a claim naming one reads it from the API server
+    /// at each attempt and fails with the API server's answer, as in the Go
+    /// image, which never watches them (upstream
+    /// `pkg/controller/controller.go`, `prepareProvision`: a `Get` per
+    /// claim); other claims are provisioned.
+    ReadPerClaim,
+    /// Off: claims are provisioned without their class's parameters.
+    Off,
+}
+
 /// Upstream 6.0 turns the VolumeAttributesClass gate off by itself when
-/// the v1 kind is not served or cannot be read; a cache of it would
-/// otherwise never fill and nothing would be provisioned. Returns whether
-/// the gate stays on, and the line to log when it does not (or when it
-/// cannot be told).
-fn volume_attributes_class_gate(probe: &ListProbe, explicit: bool) -> (bool, Option<String>) {
+/// the v1 kind is not served; we also when it cannot be read (a cache of
+/// it would otherwise never fill and nothing would be provisioned).
+/// Returns what becomes of the gate, and the line to log when it is not
+/// simply watched (or when that cannot be told).
+fn volume_attributes_class_gate(probe: &ListProbe, explicit: bool) -> (VacGate, Option<String>) {
     // As upstream (#1425): a gate the user set is never turned off.
     if explicit {
         return match probe {
-            ListProbe::Served | ListProbe::Unknown(_) => (true, None),
+            ListProbe::Served | ListProbe::Unknown(_) => (VacGate::Watched, None),
             ListProbe::NotServed => (
-                true,
-                Some("kept on because --feature-gates sets it, although the API server does not serve storage.k8s.io/v1 VolumeAttributesClass: its watch cannot fill, so /readyz stays false and provisioning waits for it, as the Go image does; remove the gate to provision without VolumeAttributesClasses".to_owned()),
+                VacGate::ReadPerClaim,
+                Some("kept on because --feature-gates sets it, although the API server does not serve storage.k8s.io/v1 VolumeAttributesClass: a claim naming one fails with the API server's answer, as in the Go image; other claims are provisioned; remove the gate to provision claims without their VolumeAttributesClass".to_owned()),
             ),
             ListProbe::Forbidden(message) => (
-                true,
-                Some(format!("kept on because --feature-gates sets it, although RBAC does not allow list/watch of volumeattributesclasses ({message}): its watch cannot fill, so /readyz stays false and provisioning waits for it, as the Go image does; grant the rule of deploy/kubernetes/base/rbac.yaml")),
+                VacGate::ReadPerClaim,
+                Some(format!("kept on because --feature-gates sets it, although RBAC does not allow list/watch of volumeattributesclasses ({message}): a claim naming one is read at each attempt and fails while RBAC refuses it, as in the Go image; other claims are provisioned; grant the rule of deploy/kubernetes/base/rbac.yaml")),
             ),
         };
     }
     match probe {
-        ListProbe::Served => (true, None),
+        ListProbe::Served => (VacGate::Watched, None),
         ListProbe::NotServed => (
-            false,
+            VacGate::Off,
             Some("turned off: the API server does not serve storage.k8s.io/v1 VolumeAttributesClass (Kubernetes 1.33 or older); claims naming a VolumeAttributesClass are provisioned without its parameters".to_owned()),
         ),
         ListProbe::Forbidden(message) => (
-            false,
+            VacGate::Off,
             Some(format!("turned off: RBAC does not allow list/watch of volumeattributesclasses ({message}); grant the rule of deploy/kubernetes/base/rbac.yaml to pass VolumeAttributesClass parameters to CreateVolume")),
         ),
         ListProbe::Unknown(error) => (
-            true,
+            VacGate::Watched,
             Some(format!("cannot tell whether VolumeAttributesClasses can be read ({error}); keeping the gate on")),
         ),
     }
@@ -924,30 +941,43 @@ mod vac_tests {
     #[test]
     fn the_gate_follows_what_the_cluster_allows() {
         use ListProbe as P;
+        use VacGate as G;
+        // (probe, not set explicitly, set explicitly, what the line says)
         let cases = [
-            (P::Served, true, None),
+            (P::Served, G::Watched, G::Watched, None),
             (
                 P::NotServed,
-                false,
+                G::Off,
+                G::ReadPerClaim,
                 Some("does not serve storage.k8s.io/v1"),
             ),
             (
                 P::Forbidden("forbidden: user x".into()),
-                false,
+                G::Off,
+                G::ReadPerClaim,
                 Some("RBAC does not allow"),
             ),
             (
                 P::Unknown("connection reset".into()),
-                true,
+                G::Watched,
+                G::Watched,
                 Some("keeping the gate on"),
             ),
         ];
-        for (probe, enabled, message) in cases {
+        for (probe, implicit, explicit, message) in cases {
             // Set on the command line: never turned off (upstream #1425).
-            let (kept, _) = volume_attributes_class_gate(&probe, true);
-            assert!(kept, "{probe:?}: an explicit gate stays on");
-            let (on, why) = volume_attributes_class_gate(&probe, false);
-            assert_eq!(on, enabled, "{probe:?}");
+            let (kept, why) = volume_attributes_class_gate(&probe, true);
+            assert_eq!(kept, explicit, "{probe:?}: set explicitly");
+            if explicit == G::ReadPerClaim {
+                assert!(
+                    why.as_deref().is_some_and(
+                        |w| w.contains("kept on") && w.contains("other claims are provisioned")
+                    ),
+                    "{probe:?}: {why:?}"
+                );
+            }
+            let (gate, why) = volume_attributes_class_gate(&probe, false);
+            assert_eq!(gate, implicit, "{probe:?}");
             match message {
                 None => assert!(why.is_none(), "{probe:?}: {why:?}"),
                 Some(m) => assert!(

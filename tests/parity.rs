@@ -1489,6 +1489,183 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
+/// `--runtime-config` of an API server without the v1
+/// VolumeAttributesClass API (a cluster older than 1.34, or one that turned
+/// it off): a control plane of its own, started for the test that needs it.
+const WITHOUT_VAC_API: &str = "storage.k8s.io/v1/volumeattributesclasses=false";
+
+e2e_real!(ClusterConfig::standard().with_apiserver_runtime_config(WITHOUT_VAC_API);
+    a_volume_attributes_class_gate_set_without_the_v1_api,
+);
+
+/// What one image did with the gate set on the command line on an API
+/// server without the v1 VolumeAttributesClass API, normalized.
+#[derive(Debug, Default, PartialEq)]
+struct GateOutcome {
+    /// The PV of `plain` (none: not provisioned within 30 s).
+    plain: Option<Value>,
+    /// The distinct events about `gold`, `reason: message`, but the short
+    /// `Provisioning` note (README: superseded by the outcome).
+    gold_events: BTreeSet<String>,
+    /// Whether `gold` got a PV.
+    gold_bound: bool,
+}
+
+/// The claims of [`a_volume_attributes_class_gate_set_without_the_v1_api`]:
+/// one plain, one naming a VolumeAttributesClass (none can exist there).
+fn gate_claims(env: &Env) -> [(&'static str, Value); 2] {
+    [
+        ("plain", json!({})),
+        (
+            "gold",
+            json!({"spec": {"volumeAttributesClassName": env.class("gold")}}),
+        ),
+    ]
+}
+
+/// `--feature-gates=VolumeAttributesClass=true` where the API server does
+/// not serve the v1 kind. Neither image turns the gate off (upstream
+/// #1425). The Go image never watches the classes: it reads a claim's
+/// class when it provisions it (`pkg/controller/controller.go`,
+/// `prepareProvision`), so the plain claim is provisioned and the other is
+/// refused with the API server's answer, again at each retry. Ours the
+/// same (before, its class cache could not fill and nothing was
+/// provisioned).
+async fn a_volume_attributes_class_gate_set_without_the_v1_api(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let Some((go_bin, go_config)) = go_image(&env).await else {
+        return;
+    };
+    // A driver that offers MODIFY_VOLUME, so that both images get past the
+    // capability check to the class itself.
+    let Some(driver) = Driver::upstream(&mut env, &["--enable-controller-modify-volume"]).await
+    else {
+        return;
+    };
+    env.storage_class("plain", "Immediate", "Delete", json!({}))
+        .await;
+    let flags = ["--feature-gates=VolumeAttributesClass=true", "--v=5"];
+    let mut outcomes = BTreeMap::new();
+    for image in [Image::Go, Image::Rust] {
+        let ns = format!("{}-{}", env.ns, image.short());
+        env.create_namespace(&ns).await;
+        let mut running = Running::start(
+            &mut env,
+            image,
+            (go_bin.as_path(), go_config.as_path()),
+            &flags,
+        )
+        .await;
+        for (name, extra) in gate_claims(&env) {
+            env.create_pvc(&ns, name, "plain", "5Mi", extra).await;
+        }
+        // `plain` bound and `gold` refused, or 30 s: what each image does
+        // is what is compared.
+        let mut outcome = GateOutcome::default();
+        let started = std::time::Instant::now();
+        let mut plain = None;
+        while (plain.is_none() || outcome.gold_events.len() < 2)
+            && started.elapsed() < Duration::from_secs(30)
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            plain = env
+                .pvc(&ns, "plain")
+                .await
+                .and_then(|c| c.spec?.volume_name);
+            outcome.gold_events = env
+                .events(&ns, "gold")
+                .await
+                .into_iter()
+                .filter(|(reason, _)| reason != "Provisioning")
+                .map(|(reason, message)| format!("{reason}: {message}"))
+                .collect();
+        }
+        if let Some(name) = plain {
+            let pv = env.pv(&name).await.expect("plain's PV");
+            let mut replacements = vec![(ns.clone(), "NS".to_owned()), (name, "PV".to_owned())];
+            if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+                replacements.push((csi.volume_handle.clone(), "ID".to_owned()));
+                if let Some(identity) = csi
+                    .volume_attributes
+                    .as_ref()
+                    .and_then(|a| a.get("storage.kubernetes.io/csiProvisionerIdentity"))
+                {
+                    replacements.push((identity.clone(), "IDENTITY".to_owned()));
+                }
+            }
+            let mut pv = serde_json::to_value(pv).expect("json");
+            strip_meta(&mut pv);
+            normalize(&mut pv, &replacements);
+            outcome.plain = Some(pv);
+        }
+        outcome.gold_bound = env
+            .pvc(&ns, "gold")
+            .await
+            .and_then(|c| c.spec?.volume_name)
+            .is_some();
+        // Still running: neither exits nor waits for ever.
+        assert_eq!(
+            running.exited(&mut env),
+            None,
+            "{image:?}\n{}",
+            running.log(&env)
+        );
+        if image == Image::Rust {
+            let log = running.log(&env);
+            let kept = log
+                .lines()
+                .filter(|l| l.contains("kept on because --feature-gates sets it"))
+                .count();
+            assert_eq!(kept, 1, "said once at start\n{log}");
+        }
+        outcomes.insert(image, (outcome, running.log(&env)));
+        // The next image must not see this run's claims.
+        for (name, _) in gate_claims(&env) {
+            env.delete_pvc(&ns, name).await;
+        }
+        env.wait_for("the run's volume gone", Duration::from_secs(30), || async {
+            driver.volumes(&env).is_empty().then_some(())
+        })
+        .await;
+        running.kill(&mut env);
+    }
+    let (go, go_log) = &outcomes[&Image::Go];
+    let (ours, our_log) = &outcomes[&Image::Rust];
+    // What the Go image does, so that this test fails when it changes.
+    let plain = go
+        .plain
+        .as_ref()
+        .unwrap_or_else(|| panic!("the Go image provisions a claim without a class\n{go_log}"));
+    assert_eq!(plain["spec"].get("volumeAttributesClassName"), None);
+    assert!(!go.gold_bound, "{go_log}");
+    assert!(
+        go.gold_events
+            .contains("ProvisioningFailed: the server could not find the requested resource"),
+        "{:#?}\n{go_log}",
+        go.gold_events
+    );
+    let mut out = Vec::new();
+    differences(
+        "",
+        &json!({"plain": go.plain, "gold_bound": go.gold_bound}),
+        &json!({"plain": ours.plain, "gold_bound": ours.gold_bound}),
+        &mut out,
+    );
+    set_differences(
+        "gold events",
+        &BTreeMap::from([("gold".to_owned(), go.gold_events.clone())]),
+        &BTreeMap::from([("gold".to_owned(), ours.gold_events.clone())]),
+        &mut out,
+    );
+    assert!(
+        out.is_empty(),
+        "differences from the Go sidecar (path: Go | ours):\n{}\n--- Go log (tail) ---\n{}\n--- our log (tail) ---\n{}",
+        out.join("\n"),
+        tail(go_log, 40),
+        tail(our_log, 40),
+    );
+}
+
 e2e_real!(ClusterConfig::standard();
     the_driver_socket_absent_at_start,
     the_driver_gone_while_running,

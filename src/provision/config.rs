@@ -71,6 +71,13 @@ pub struct ProvisionerConfig {
     pub honor_pv_reclaim_policy: bool,
     /// `VolumeAttributesClass` gate.
     pub volume_attributes_class_enabled: bool,
+    /// VolumeAttributesClasses are watched (with the gate on). Not when the
+    /// gate was set on the command line on an API server that does not
+    /// serve or let us read them (probed at start): a claim's class is
+    /// then read from the API server at each attempt, as the Go image
+    /// always does, so that only claims naming one fail, with the API
+    /// server's answer, and nothing waits for a cache that cannot fill.
+    pub volume_attributes_classes_watched: bool,
     /// `CrossNamespaceVolumeDataSource` gate.
     pub cross_namespace_data_source: bool,
     /// `ClaimMetadataPropagation` gate: classes may template parameters
@@ -118,6 +125,7 @@ impl ProvisionerConfig {
             prevent_volume_mode_conversion: true,
             honor_pv_reclaim_policy: true,
             volume_attributes_class_enabled: true,
+            volume_attributes_classes_watched: true,
             cross_namespace_data_source: false,
             claim_metadata_propagation: false,
             reference_grants_readable: false,

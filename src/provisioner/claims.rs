@@ -410,6 +410,13 @@ async fn plan_and_record(
             note(ctx, claim, notes::provisioning_failed(&message)).await;
             return Err(Attempt::Uncounted(Next::Retry));
         }
+        // The Go image's words: the API server's, as they are.
+        Err(PlanError::AttributesClass(e)) => {
+            tracing::warn!(claim = %key, error = %e, "cannot read the VolumeAttributesClass");
+            let message = notes::kube_error_text(&e);
+            note(ctx, claim, notes::provisioning_failed(&message)).await;
+            return Err(Attempt::Uncounted(Next::Retry));
+        }
     };
     // Read back from the journal: a retry sends exactly the request of the
     // first attempt, so the plan takes the recorded one.

@@ -17,7 +17,9 @@ use kube::runtime::reflector::ObjectRef;
 use super::Context;
 use crate::api::reference_grant::ReferenceGrant;
 use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
-use crate::projection::{CSINode, Node, PersistentVolume, PersistentVolumeClaim, StorageClass};
+use crate::projection::{
+    CSINode, Node, PersistentVolume, PersistentVolumeClaim, StorageClass, VolumeAttributesClass,
+};
 use crate::provision::reference_grant::{CrossNamespaceSource, is_granted};
 use crate::provision::{
     DataSourceKind, DataSourceObjects, DataSourceRef, ProvisionError, ProvisionInputs,
@@ -37,6 +39,10 @@ pub enum PlanError {
     /// The selected Node could not be read from the API server.
     #[error(transparent)]
     SelectedNode(kube::Error),
+    /// The claim's VolumeAttributesClass could not be read from the API
+    /// server (read there only when the classes are not watched).
+    #[error(transparent)]
+    AttributesClass(kube::Error),
 }
 
 /// Gathers the inputs of `claim`'s plan (provisioned with `class`, on the
@@ -60,12 +66,9 @@ pub(super) async fn plan(
         .map_err(PlanError::SelectedNode)?;
     let nodes = topology.nodes();
     let csi_nodes = topology.csi_nodes();
-    let vac = volume_attributes_class_name(claim, &ctx.config).and_then(|n| {
-        ctx.caches
-            .attributes_classes
-            .store()
-            .get(&ObjectRef::new(n))
-    });
+    let vac = attributes_class(ctx, claim)
+        .await
+        .map_err(PlanError::AttributesClass)?;
     let inputs = ProvisionInputs {
         claim,
         class,
@@ -79,6 +82,34 @@ pub(super) async fn plan(
         decided_volume_name,
     };
     Ok(plan_provision(&inputs, &ctx.config)?)
+}
+
+/// The claim's VolumeAttributesClass: the cache's, or, when the classes
+/// are not watched (`ProvisionerConfig::volume_attributes_classes_watched`),
+/// the API server's, read as the Go image does at each attempt, and only
+/// once the driver can take one (the capability is refused first, as
+/// there).
+async fn attributes_class(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+) -> Result<Option<Arc<VolumeAttributesClass>>, kube::Error> {
+    let Some(name) = volume_attributes_class_name(claim, &ctx.config) else {
+        return Ok(None);
+    };
+    if ctx.config.volume_attributes_classes_watched {
+        return Ok(ctx
+            .caches
+            .attributes_classes
+            .store()
+            .get(&ObjectRef::new(name)));
+    }
+    if !ctx.config.capabilities.modify_volume {
+        return Ok(None);
+    }
+    Api::<VolumeAttributesClass>::all(ctx.client.clone())
+        .get(name)
+        .await
+        .map(|class| Some(Arc::new(class)))
 }
 
 /// Whether a ReferenceGrant allows the claim's data source in another

@@ -321,7 +321,7 @@ pub async fn new(
     if config.topology_enabled && local_topology.is_none() {
         kinds.extend([Kind::Nodes, Kind::CsiNodes]);
     }
-    if config.volume_attributes_class_enabled {
+    if config.volume_attributes_class_enabled && config.volume_attributes_classes_watched {
         kinds.push(Kind::AttributesClasses);
     }
     if config.cross_namespace_data_source && config.reference_grants_readable {
