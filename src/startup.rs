@@ -588,8 +588,10 @@ enum VacGate {
 }
 
 /// Upstream 6.0 turns the VolumeAttributesClass gate off by itself when
-/// the v1 kind is not served; we also when it cannot be read (a cache of
-/// it would otherwise never fill and nothing would be provisioned).
+/// the v1 kind is not served, and only then. When the classes cannot be
+/// watched (not served with the gate set, or RBAC refusing the list), they
+/// are read per claim as the Go image always reads them: a cache of them
+/// would never fill and nothing would be provisioned.
 /// Returns what becomes of the gate, and the line to log when it is not
 /// simply watched (or when that cannot be told).
 fn volume_attributes_class_gate(probe: &ListProbe, explicit: bool) -> (VacGate, Option<String>) {
@@ -613,9 +615,14 @@ fn volume_attributes_class_gate(probe: &ListProbe, explicit: bool) -> (VacGate, 
             VacGate::Off,
             Some("turned off: the API server does not serve storage.k8s.io/v1 VolumeAttributesClass (Kubernetes 1.33 or older); claims naming a VolumeAttributesClass are provisioned without its parameters".to_owned()),
         ),
+        // The Go image decides by discovery alone (upstream
+        // cmd/csi-provisioner/csi-provisioner.go): RBAC does not turn its
+        // gate off, and its per-claim read of the class then fails (its
+        // stock rules grant none). Off here would provision such a claim
+        // without the class it names, silently.
         ListProbe::Forbidden(message) => (
-            VacGate::Off,
-            Some(format!("turned off: RBAC does not allow list/watch of volumeattributesclasses ({message}); grant the rule of deploy/kubernetes/base/rbac.yaml to pass VolumeAttributesClass parameters to CreateVolume")),
+            VacGate::ReadPerClaim,
+            Some(format!("kept on, as the Go image keeps it, although RBAC does not allow list/watch of volumeattributesclasses ({message}): a claim naming one is read at each attempt and fails while RBAC refuses it; other claims are provisioned; grant the rule of deploy/kubernetes/base/rbac.yaml")),
         ),
         ListProbe::Unknown(error) => (
             VacGate::Watched,
@@ -953,7 +960,7 @@ mod vac_tests {
             ),
             (
                 P::Forbidden("forbidden: user x".into()),
-                G::Off,
+                G::ReadPerClaim,
                 G::ReadPerClaim,
                 Some("RBAC does not allow"),
             ),

@@ -15,7 +15,7 @@ use support::{Backend, ClusterConfig, Env, free_port, http_get};
 
 e2e_real!(ClusterConfig::standard();
     stock_upstream_rbac_and_flags_provision_and_delete,
-    rbac_without_volume_attributes_classes_turns_the_gate_off_once,
+    rbac_without_volume_attributes_classes_keeps_the_gate_on_as_the_go_image,
     a_volume_attributes_class_gate_set_on_the_command_line_is_kept_on,
 );
 
@@ -29,7 +29,7 @@ const STOCK_RULES_LACK_JOURNAL_AND_VAC: &str =
 const STOCK_RULES_REFUSE: &[(&str, &str, u16)] = &[VAC_PROBE_REFUSED, ("list", "configmaps", 403)];
 
 /// The opt-out for deploy/'s rules without VolumeAttributesClasses: the
-/// probe at start is refused, once, and the gate goes off.
+/// probe at start is refused, once, and the classes are read per claim.
 const RULES_LACK_VAC: &str = "deploy/'s rules without volumeattributesclasses";
 const VAC_PROBE_REFUSED: (&str, &str, u16) = ("list", "volumeattributesclasses", 403);
 
@@ -135,9 +135,11 @@ async fn stock_upstream_rbac_and_flags_provision_and_delete(backend: Backend) {
         metrics.contains("csi_provisioner_capability_enabled{capability=\"journal\"} 0"),
         "{metrics}"
     );
+    // Kept on, as the Go image keeps it: a claim naming a class would be
+    // refused, not provisioned without it.
     assert!(
         metrics.contains(
-            "csi_provisioner_capability_enabled{capability=\"volume_attributes_class\"} 0"
+            "csi_provisioner_capability_enabled{capability=\"volume_attributes_class\"} 1"
         ),
         "{metrics}"
     );
@@ -162,9 +164,6 @@ async fn stock_upstream_rbac_and_flags_provision_and_delete(backend: Backend) {
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 
-/// The API server serves storage.k8s.io/v1 VolumeAttributesClass, but RBAC
-/// forbids reading it: upstream turns the gate off; so do we, and the
-/// claim is provisioned (before, the cache waited for ever).
 /// A user bound to deploy/'s rules minus volumeattributesclasses; its
 /// kubeconfig.
 async fn user_without_volume_attributes_classes(env: &mut Env) -> std::path::PathBuf {
@@ -192,30 +191,15 @@ async fn user_without_volume_attributes_classes(env: &mut Env) -> std::path::Pat
     plane.kubeconfig_for(&user, None).expect("kubeconfig")
 }
 
-async fn rbac_without_volume_attributes_classes_turns_the_gate_off_once(backend: Backend) {
-    let mut env = Env::new(backend).await;
-    let kubeconfig = user_without_volume_attributes_classes(&mut env).await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}))
+/// The gate not set: RBAC refusing the classes does not turn it off, as
+/// in the Go image, which decides by discovery alone (upstream
+/// `cmd/csi-provisioner/csi-provisioner.go`): a claim naming a class is
+/// refused rather than provisioned without it.
+async fn rbac_without_volume_attributes_classes_keeps_the_gate_on_as_the_go_image(
+    backend: Backend,
+) {
+    gate_kept_on_with_rbac_refusing_the_classes(backend, &[], "kept on, as the Go image keeps it")
         .await;
-    let port = free_port();
-    let http = format!("--http-endpoint=127.0.0.1:{port}");
-    env.start_sidecar_as(&kubeconfig, &[&http], &[]);
-    env.provision(&env.ns, "data", "fast").await;
-    assert_eq!(
-        lines_with(
-            &env,
-            "RBAC does not allow list/watch of volumeattributesclasses"
-        ),
-        1,
-        "{}",
-        env.logs()
-    );
-    assert_eq!(
-        lines_with(&env, "running WITHOUT the write-ahead journal"),
-        0,
-        "the journal is allowed here"
-    );
-    assert_eq!(http_get(port, "/readyz").await.0, 200);
 }
 
 /// As upstream (#1425): a `VolumeAttributesClass` gate set on the command
@@ -228,17 +212,28 @@ async fn rbac_without_volume_attributes_classes_turns_the_gate_off_once(backend:
 /// `tests/parity.rs`, `a_volume_attributes_class_gate_set_without_the_v1_api`
 /// compares the same with the Go image where the API is not served.
 async fn a_volume_attributes_class_gate_set_on_the_command_line_is_kept_on(backend: Backend) {
+    gate_kept_on_with_rbac_refusing_the_classes(
+        backend,
+        &["--feature-gates=VolumeAttributesClass=true"],
+        "kept on because --feature-gates sets it",
+    )
+    .await;
+}
+
+/// With RBAC refusing the class list, the classes are not watched but read
+/// per claim: a claim without one is provisioned, one naming a class is
+/// refused, `/readyz` is 200 and the capability metric says on; `line`
+/// says why, once.
+async fn gate_kept_on_with_rbac_refusing_the_classes(backend: Backend, flags: &[&str], line: &str) {
     let mut env = Env::new(backend).await;
     let kubeconfig = user_without_volume_attributes_classes(&mut env).await;
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
     let port = free_port();
     let http = format!("--http-endpoint=127.0.0.1:{port}");
-    env.start_sidecar_as(
-        &kubeconfig,
-        &[&http, "--feature-gates=VolumeAttributesClass=true"],
-        &[],
-    );
+    let mut args = vec![http.as_str()];
+    args.extend_from_slice(flags);
+    env.start_sidecar_as(&kubeconfig, &args, &[]);
     env.provision(&env.ns, "data", "fast").await;
     env.create_pvc(
         &env.ns,
@@ -253,12 +248,7 @@ async fn a_volume_attributes_class_gate_set_on_the_command_line_is_kept_on(backe
         refused.contains("MODIFY_VOLUME capability is not reported"),
         "{refused}"
     );
-    assert_eq!(
-        lines_with(&env, "kept on because --feature-gates sets it"),
-        1,
-        "{}",
-        env.logs()
-    );
+    assert_eq!(lines_with(&env, line), 1, "{}", env.logs());
     assert_eq!(
         http_get(port, "/readyz").await.0,
         200,

@@ -1163,7 +1163,8 @@ async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf)> {
     let (mut cluster_rules, namespace_rules) = support::upstream_stock_rules();
     if let Some(rules) = cluster_rules.as_array_mut() {
         rules.push(json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}));
-        // As deploy/ grants ours (without it both turn the gate off).
+        // As deploy/ grants ours (without it both read each claim's class
+        // and are refused).
         rules.push(json!({"apiGroups": ["storage.k8s.io"],
             "resources": ["volumeattributesclasses"], "verbs": ["get", "list", "watch"]}));
     }
