@@ -37,6 +37,7 @@ use crate::api::snapshot::VolumeSnapshot;
 use crate::csi::{CsiError, grpc_error_text};
 use crate::events::EventNote;
 use crate::projection::{PersistentVolumeClaim, Projection, StorageClass};
+use crate::provision::claim_metadata::ANN_VOLUME_NAME_TEMPLATE;
 use crate::provision::events as notes;
 use crate::provision::{
     CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
@@ -206,7 +207,7 @@ async fn attempt(
             }
         },
     };
-    if let Some(pv) = saved_pv(ctx, key, &pv_name, decided_name.is_some()) {
+    if let Some(pv) = saved_pv(ctx, key, class, &pv_name, decided_name.is_some()) {
         tracing::debug!(claim = %key, volume = %pv, "PV already exists");
         finish_operation(ctx, &key.namespace, &key.uid);
         return Attempt::Uncounted(Next::Done);
@@ -366,11 +367,19 @@ async fn attempt(
 }
 
 /// The name of the claim's saved PV, if the cache has one: the PV named
-/// `name` that records the claim. With no name decided yet and the gate
-/// `ClaimMetadataPropagation` on, a class may have named the PV from a
-/// template (maybe one it no longer has): any PV of ours recording the
-/// claim counts.
-fn saved_pv(ctx: &Context, key: &ClaimKey, name: &str, decided: bool) -> Option<String> {
+/// `name` that records the claim. With no name decided yet, the gate
+/// `ClaimMetadataPropagation` on and a class with a name template, the PV
+/// may have been named from the template as it was (it may have changed
+/// since): any PV of ours recording the claim counts. Only then is the
+/// cache scanned, so that every new claim of other classes costs one
+/// lookup, not a pass over every PV.
+fn saved_pv(
+    ctx: &Context,
+    key: &ClaimKey,
+    class: &StorageClass,
+    name: &str,
+    decided: bool,
+) -> Option<String> {
     let volumes = ctx.caches.volumes.store();
     let records_claim =
         |pv: &crate::projection::PersistentVolume| claim_uid_of(pv) == Some(key.uid.as_str());
@@ -380,7 +389,12 @@ fn saved_pv(ctx: &Context, key: &ClaimKey, name: &str, decided: bool) -> Option<
     {
         return Some(name.to_owned());
     }
-    if decided || !ctx.config.claim_metadata_propagation {
+    let templated = class
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ANN_VOLUME_NAME_TEMPLATE));
+    if decided || !ctx.config.claim_metadata_propagation || !templated {
         return None;
     }
     volumes.find(|pv| records_claim(pv)).map(|pv| pv.name_any())
