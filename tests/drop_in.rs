@@ -194,7 +194,9 @@ async fn user_without_volume_attributes_classes(env: &mut Env) -> std::path::Pat
 /// The gate not set: RBAC refusing the classes does not turn it off, as
 /// in the Go image, which decides by discovery alone (upstream
 /// `cmd/csi-provisioner/csi-provisioner.go`): a claim naming a class is
-/// refused rather than provisioned without it.
+/// refused rather than provisioned without it. `tests/parity.rs`,
+/// `the_volume_attributes_class_gate_with_rbac_refusing_the_classes`
+/// compares the same with the Go image, both on the stock rules.
 async fn rbac_without_volume_attributes_classes_keeps_the_gate_on_as_the_go_image(
     backend: Backend,
 ) {

@@ -302,16 +302,19 @@ fn provisioning_metrics(text: &str) -> BTreeMap<String, String> {
 /// with placeholders, in every string of `value`.
 fn normalize(value: &mut Value, replacements: &[(String, String)]) {
     match value {
-        Value::String(s) => {
-            for (from, to) in replacements {
-                if !from.is_empty() && s.contains(from.as_str()) {
-                    *s = s.replace(from.as_str(), to);
-                }
-            }
-        }
+        Value::String(s) => normalize_str(s, replacements),
         Value::Array(items) => items.iter_mut().for_each(|v| normalize(v, replacements)),
         Value::Object(map) => map.values_mut().for_each(|v| normalize(v, replacements)),
         _ => {}
+    }
+}
+
+/// [`normalize`] of one string.
+fn normalize_str(s: &mut String, replacements: &[(String, String)]) {
+    for (from, to) in replacements {
+        if !from.is_empty() && s.contains(from.as_str()) {
+            *s = s.replace(from.as_str(), to);
+        }
     }
 }
 
@@ -1157,21 +1160,43 @@ fn set_differences(
 /// None off the real cluster, and, said once, without the binary where
 /// skipping is allowed (else the test fails).
 async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf)> {
-    let plane = env.plane()?;
+    env.plane()?;
     let go_bin = env.upstream_binary("csi-provisioner")?;
-    let go_user = format!("go-{}", env.id);
-    let (mut cluster_rules, namespace_rules) = support::upstream_stock_rules();
-    if let Some(rules) = cluster_rules.as_array_mut() {
-        rules.push(json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}));
+    let extra = [
+        json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}),
         // As deploy/ grants ours (without it both read each claim's class
         // and are refused).
-        rules.push(json!({"apiGroups": ["storage.k8s.io"],
-            "resources": ["volumeattributesclasses"], "verbs": ["get", "list", "watch"]}));
-    }
-    env.grant_rules(&go_user, cluster_rules, namespace_rules)
-        .await;
-    let kubeconfig = plane.kubeconfig_for(&go_user, None).expect("kubeconfig");
+        json!({"apiGroups": ["storage.k8s.io"],
+            "resources": ["volumeattributesclasses"], "verbs": ["get", "list", "watch"]}),
+    ];
+    let (_, kubeconfig) = stock_rules_user(env, "go", &extra, &[]).await;
     Some((go_bin, kubeconfig))
+}
+
+/// The user `<prefix>-<test id>`, bound to the upstream stock rules
+/// ([`support::upstream_stock_rules`]) plus `cluster` and `namespace`
+/// rules; its name and kubeconfig. Real cluster only.
+async fn stock_rules_user(
+    env: &Env,
+    prefix: &str,
+    cluster: &[Value],
+    namespace: &[Value],
+) -> (String, PathBuf) {
+    let plane = env.plane().expect("real cluster");
+    let user = format!("{prefix}-{}", env.id);
+    let (mut cluster_rules, mut namespace_rules) = support::upstream_stock_rules();
+    for (rules, extra) in [
+        (&mut cluster_rules, cluster),
+        (&mut namespace_rules, namespace),
+    ] {
+        rules
+            .as_array_mut()
+            .expect("a list of rules")
+            .extend_from_slice(extra);
+    }
+    env.grant_rules(&user, cluster_rules, namespace_rules).await;
+    let kubeconfig = plane.kubeconfig_for(&user, None).expect("kubeconfig");
+    (user, kubeconfig)
 }
 
 async fn the_same_claims_give_the_same_objects_as_the_go_sidecar(backend: Backend) {
@@ -1499,8 +1524,12 @@ e2e_real!(ClusterConfig::standard().with_apiserver_runtime_config(WITHOUT_VAC_AP
     a_volume_attributes_class_gate_set_without_the_v1_api,
 );
 
-/// What one image did with the gate set on the command line on an API
-/// server without the v1 VolumeAttributesClass API, normalized.
+e2e_real!(ClusterConfig::standard();
+    the_volume_attributes_class_gate_with_rbac_refusing_the_classes,
+);
+
+/// What one image did with the VolumeAttributesClass gate in a case of
+/// [`compare_the_gate`], normalized.
 #[derive(Debug, Default, PartialEq)]
 struct GateOutcome {
     /// The PV of `plain` (none: not provisioned within 30 s).
@@ -1512,8 +1541,8 @@ struct GateOutcome {
     gold_bound: bool,
 }
 
-/// The claims of [`a_volume_attributes_class_gate_set_without_the_v1_api`]:
-/// one plain, one naming a VolumeAttributesClass (none can exist there).
+/// The claims of [`compare_the_gate`]: one plain, one naming the
+/// VolumeAttributesClass `gold` (an object only where the API serves it).
 fn gate_claims(env: &Env) -> [(&'static str, Value); 2] {
     [
         ("plain", json!({})),
@@ -1524,40 +1553,48 @@ fn gate_claims(env: &Env) -> [(&'static str, Value); 2] {
     ]
 }
 
-/// `--feature-gates=VolumeAttributesClass=true` where the API server does
-/// not serve the v1 kind. Neither image turns the gate off (upstream
-/// #1425). The Go image never watches the classes: it reads a claim's
-/// class when it provisions it (`pkg/controller/controller.go`,
-/// `prepareProvision`), so the plain claim is provisioned and the other is
-/// refused with the API server's answer, again at each retry. Ours the
-/// same (before, its class cache could not fill and nothing was
-/// provisioned).
-async fn a_volume_attributes_class_gate_set_without_the_v1_api(backend: Backend) {
-    let mut env = Env::new(backend).await;
-    let Some((go_bin, go_config)) = go_image(&env).await else {
-        return;
-    };
-    // A driver that offers MODIFY_VOLUME, so that both images get past the
-    // capability check to the class itself.
-    let Some(driver) = Driver::upstream(&mut env, &["--enable-controller-modify-volume"]).await
-    else {
-        return;
-    };
+/// A case of [`compare_the_gate`]: how each image runs, and what the Go
+/// image is known to do there.
+struct GateCase<'a> {
+    /// The flags of both images.
+    flags: &'a [&'a str],
+    /// The Go image's binary and kubeconfig.
+    go_image: (PathBuf, PathBuf),
+    /// Our kubeconfig; None: the harness's (deploy/'s rules for `flags`).
+    our_config: Option<PathBuf>,
+    /// What ours logs of the gate, once, at start.
+    our_line: &'static str,
+    /// What the Go image's `ProvisioningFailed` about `gold` says, each.
+    go_refusal: &'static [&'static str],
+    /// Run-specific strings of the events (a user's name in a 403) and
+    /// their placeholders.
+    replacements: Vec<(String, String)>,
+}
+
+/// Runs the Go image, then ours, as `case` says, against `driver` (which
+/// must offer MODIFY_VOLUME, so that both get past the capability check to
+/// the class itself), each on [`gate_claims`] in a namespace of its own;
+/// fails unless the Go image provisions `plain`, leaves `gold` unbound
+/// with a `ProvisioningFailed` saying `case.go_refusal` and keeps running,
+/// and ours does the same: the same PV of `plain` and the same events of
+/// `gold`, up to names.
+async fn compare_the_gate(env: &mut Env, driver: &Driver, case: GateCase<'_>) {
     env.storage_class("plain", "Immediate", "Delete", json!({}))
         .await;
-    let flags = ["--feature-gates=VolumeAttributesClass=true", "--v=5"];
+    let (go_bin, go_config) = &case.go_image;
     let mut outcomes = BTreeMap::new();
     for image in [Image::Go, Image::Rust] {
         let ns = format!("{}-{}", env.ns, image.short());
         env.create_namespace(&ns).await;
-        let mut running = Running::start(
-            &mut env,
+        let mut running = Running::start_as(
+            env,
             image,
             (go_bin.as_path(), go_config.as_path()),
-            &flags,
+            case.our_config.as_deref(),
+            case.flags,
         )
         .await;
-        for (name, extra) in gate_claims(&env) {
+        for (name, extra) in gate_claims(env) {
             env.create_pvc(&ns, name, "plain", "5Mi", extra).await;
         }
         // `plain` bound and `gold` refused, or 30 s: what each image does
@@ -1578,7 +1615,11 @@ async fn a_volume_attributes_class_gate_set_without_the_v1_api(backend: Backend)
                 .await
                 .into_iter()
                 .filter(|(reason, _)| reason != "Provisioning")
-                .map(|(reason, message)| format!("{reason}: {message}"))
+                .map(|(reason, message)| {
+                    let mut event = format!("{reason}: {message}");
+                    normalize_str(&mut event, &case.replacements);
+                    event
+                })
                 .collect();
         }
         if let Some(name) = plain {
@@ -1605,30 +1646,22 @@ async fn a_volume_attributes_class_gate_set_without_the_v1_api(backend: Backend)
             .and_then(|c| c.spec?.volume_name)
             .is_some();
         // Still running: neither exits nor waits for ever.
-        assert_eq!(
-            running.exited(&mut env),
-            None,
-            "{image:?}\n{}",
-            running.log(&env)
-        );
+        assert_eq!(running.exited(env), None, "{image:?}\n{}", running.log(env));
         if image == Image::Rust {
-            let log = running.log(&env);
-            let kept = log
-                .lines()
-                .filter(|l| l.contains("kept on because --feature-gates sets it"))
-                .count();
-            assert_eq!(kept, 1, "said once at start\n{log}");
+            let log = running.log(env);
+            let said = log.lines().filter(|l| l.contains(case.our_line)).count();
+            assert_eq!(said, 1, "{:?} said once at start\n{log}", case.our_line);
         }
-        outcomes.insert(image, (outcome, running.log(&env)));
+        outcomes.insert(image, (outcome, running.log(env)));
         // The next image must not see this run's claims.
-        for (name, _) in gate_claims(&env) {
+        for (name, _) in gate_claims(env) {
             env.delete_pvc(&ns, name).await;
         }
         env.wait_for("the run's volume gone", Duration::from_secs(30), || async {
-            driver.volumes(&env).is_empty().then_some(())
+            driver.volumes(env).is_empty().then_some(())
         })
         .await;
-        running.kill(&mut env);
+        running.kill(env);
     }
     let (go, go_log) = &outcomes[&Image::Go];
     let (ours, our_log) = &outcomes[&Image::Rust];
@@ -1640,9 +1673,12 @@ async fn a_volume_attributes_class_gate_set_without_the_v1_api(backend: Backend)
     assert_eq!(plain["spec"].get("volumeAttributesClassName"), None);
     assert!(!go.gold_bound, "{go_log}");
     assert!(
-        go.gold_events
-            .contains("ProvisioningFailed: the server could not find the requested resource"),
-        "{:#?}\n{go_log}",
+        go.gold_events.iter().any(|event| {
+            event.starts_with("ProvisioningFailed: ")
+                && case.go_refusal.iter().all(|part| event.contains(part))
+        }),
+        "the Go image's ProvisioningFailed about gold says {:?}: {:#?}\n{go_log}",
+        case.go_refusal,
         go.gold_events
     );
     let mut out = Vec::new();
@@ -1665,6 +1701,99 @@ async fn a_volume_attributes_class_gate_set_without_the_v1_api(backend: Backend)
         tail(go_log, 40),
         tail(our_log, 40),
     );
+}
+
+/// `--feature-gates=VolumeAttributesClass=true` where the API server does
+/// not serve the v1 kind. Neither image turns the gate off (upstream
+/// #1425). The Go image never watches the classes: it reads a claim's
+/// class when it provisions it (`pkg/controller/controller.go`,
+/// `prepareProvision`), so the plain claim is provisioned and the other is
+/// refused with the API server's answer, again at each retry. Ours the
+/// same (before, its class cache could not fill and nothing was
+/// provisioned).
+async fn a_volume_attributes_class_gate_set_without_the_v1_api(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let Some(go_image) = go_image(&env).await else {
+        return;
+    };
+    let Some(driver) = Driver::upstream(&mut env, &["--enable-controller-modify-volume"]).await
+    else {
+        return;
+    };
+    let case = GateCase {
+        flags: &["--feature-gates=VolumeAttributesClass=true", "--v=5"],
+        go_image,
+        our_config: None,
+        our_line: "kept on because --feature-gates sets it",
+        go_refusal: &["the server could not find the requested resource"],
+        replacements: Vec::new(),
+    };
+    compare_the_gate(&mut env, &driver, case).await;
+}
+
+/// Why ours is refused in
+/// [`the_volume_attributes_class_gate_with_rbac_refusing_the_classes`]
+/// (see [`support::Env::expect_refusals`]).
+const STOCK_RULES_LACK_VAC: &str = "the stock upstream rules grant no volumeattributesclasses";
+/// What is refused there: the probe's list at start, and the read of
+/// `gold`'s class at each attempt.
+const VAC_REFUSED: &[(&str, &str, u16)] = &[
+    ("list", "volumeattributesclasses", 403),
+    ("get", "volumeattributesclasses", 403),
+];
+
+/// The gate not set, the v1 API served and a class `gold` of this driver
+/// there, but RBAC granting no volumeattributesclasses: the upstream stock
+/// rules (`tests/fixtures/upstream-v6.3-rbac.yaml`). The Go image turns
+/// the gate off by discovery alone (upstream
+/// `cmd/csi-provisioner/csi-provisioner.go`), so here it stays on, and its
+/// read of a claim's class is refused: the plain claim is provisioned, the
+/// other gets `ProvisioningFailed` with the 403, again at each retry. Ours
+/// the same (`src/startup.rs`, `volume_attributes_class_gate`); before, it
+/// turned the gate off and provisioned `gold` without its class.
+async fn the_volume_attributes_class_gate_with_rbac_refusing_the_classes(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    let Some(go_bin) = env.upstream_binary("csi-provisioner") else {
+        return;
+    };
+    let Some(driver) = Driver::upstream(&mut env, &["--enable-controller-modify-volume"]).await
+    else {
+        return;
+    };
+    // Served and of this driver: RBAC is the only reason to refuse it.
+    env.create(
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttributesClass",
+        "metadata": {"name": env.class("gold")}, "driverName": env.driver_name,
+        "parameters": {"iops": "100"}}),
+    )
+    .await;
+    let (go_user, go_config) = stock_rules_user(&env, "go", &[], &[]).await;
+    // deploy/'s rule for the journal's ConfigMaps too: without it ours runs
+    // without the journal (tests/drop_in.rs), which is not the point here.
+    let (_, deploy_namespace_rules) = support::deploy_rules(&[]);
+    let journal: Vec<Value> = deploy_namespace_rules
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|rule| rule["resources"] == json!(["configmaps"]))
+        .cloned()
+        .collect();
+    assert_eq!(journal.len(), 1, "deploy/'s ConfigMap rule: {journal:?}");
+    let (our_user, our_config) = stock_rules_user(&env, "rs", &[], &journal).await;
+    env.expect_refusals(STOCK_RULES_LACK_VAC, VAC_REFUSED);
+    let case = GateCase {
+        flags: &["--v=5"],
+        go_image: (go_bin, go_config),
+        our_config: Some(our_config),
+        our_line: "kept on, as the Go image keeps it",
+        go_refusal: &["forbidden", "volumeattributesclasses"],
+        // The 403 names the user: `User "go-…" cannot get resource`.
+        replacements: [go_user, our_user]
+            .into_iter()
+            .map(|user| (format!("\"{user}\""), "\"USER\"".to_owned()))
+            .collect(),
+    };
+    compare_the_gate(&mut env, &driver, case).await;
 }
 
 e2e_real!(ClusterConfig::standard();
@@ -1718,13 +1847,29 @@ impl Running {
     async fn start(
         env: &mut Env,
         image: Image,
-        (go_bin, go_config): (&Path, &Path),
+        go_image: (&Path, &Path),
         flags: &[&str],
     ) -> Running {
-        match image {
-            Image::Go => Running::Go(start_go(env, go_config, go_bin, flags)),
-            Image::Rust => {
+        Running::start_as(env, image, go_image, None, flags).await
+    }
+
+    /// As [`Running::start`], ours with `our_config` (None: the
+    /// harness's, of deploy/'s rules for `flags`).
+    async fn start_as(
+        env: &mut Env,
+        image: Image,
+        (go_bin, go_config): (&Path, &Path),
+        our_config: Option<&Path>,
+        flags: &[&str],
+    ) -> Running {
+        match (image, our_config) {
+            (Image::Go, _) => Running::Go(start_go(env, go_config, go_bin, flags)),
+            (Image::Rust, None) => {
                 env.start_sidecar(flags).await;
+                Running::Rust
+            }
+            (Image::Rust, Some(config)) => {
+                env.start_sidecar_as(config, flags, &[]);
                 Running::Rust
             }
         }

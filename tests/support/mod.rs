@@ -751,16 +751,8 @@ impl Env {
     /// test id; the Role in the test's namespace). Idempotent: a later call
     /// replaces the rules, so a restart with other gates gets exactly theirs.
     pub async fn grant_deploy_rbac(&self, user: &str, components: &[&str]) {
-        let objects = render::base_with_components(components).expect("render deploy/");
-        let rules_of = |kind: &str| -> Value {
-            objects
-                .iter()
-                .find(|o| o["kind"] == kind)
-                .map(|o| o["rules"].clone())
-                .unwrap_or_else(|| panic!("deploy/ has no {kind}"))
-        };
-        self.grant_rules(user, rules_of("ClusterRole"), rules_of("Role"))
-            .await;
+        let (cluster_rules, namespace_rules) = deploy_rules(components);
+        self.grant_rules(user, cluster_rules, namespace_rules).await;
     }
 
     /// Binds `user` to a ClusterRole with `cluster_rules` and a Role in the
@@ -1690,6 +1682,20 @@ pub async fn http_get(port: u16, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// The RBAC rules of `deploy/` with `components`: (ClusterRole rules,
+/// Role rules).
+pub fn deploy_rules(components: &[&str]) -> (Value, Value) {
+    let objects = render::base_with_components(components).expect("render deploy/");
+    let rules_of = |kind: &str| -> Value {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind)
+            .map(|o| o["rules"].clone())
+            .unwrap_or_else(|| panic!("deploy/ has no {kind}"))
+    };
+    (rules_of("ClusterRole"), rules_of("Role"))
 }
 
 /// The upstream project's stock RBAC rules (deploy/kubernetes/rbac.yaml of
