@@ -21,6 +21,11 @@ ARG DEBIAN_RELEASE=bookworm
 ARG DISTROLESS_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 
 FROM docker.io/library/rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS build
+# jemalloc, the allocator (src/memory.rs), is built from C sources with
+# make, which the slim image lacks.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends make \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # The whole workspace: Cargo needs every member's manifest to load it. No
 # system protoc is needed (proto/ is compiled by the pure-Rust protox).

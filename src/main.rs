@@ -5,7 +5,6 @@ use csi_provisioner::startup;
 use futures_util::FutureExt;
 
 fn main() -> ExitCode {
-    csi_provisioner::memory::limit_arenas();
     let options = match Options::parse_from_args(std::env::args_os()) {
         Ok(options) => options,
         // Help and --help exit 0, parse errors 2, as clap prints them.
