@@ -186,7 +186,7 @@ pub struct Options {
     #[arg(long, default_value = "/metrics", value_name = "PATH")]
     pub metrics_path: String,
 
-    /// Accepted for compatibility: there is no Go profiler in this build. When set, /debug/pprof/ on --http-endpoint answers 501 with a note on how to profile the process instead.
+    /// Enable pprof profiling on the TCP network address specified by --http-endpoint. The HTTP path is /debug/pprof/: profile (CPU, ?seconds=N, default 30) and heap (sampled in-use memory), in pprof's format for `go tool pprof`.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
     pub enable_pprof: bool,
 
@@ -336,10 +336,6 @@ pub const WITHOUT_EFFECT: &[(&str, &str)] = &[
     (
         "automaxprocs",
         "Go runtime tuning; the Rust runtime sizes its worker threads from the CPUs available",
-    ),
-    (
-        "enable-pprof",
-        "there is no Go profiler in this build; /debug/pprof/ on --http-endpoint answers 501 (profile the process with perf or similar instead)",
     ),
     (
         "log-flush-frequency",
@@ -994,7 +990,6 @@ mod tests {
             .collect();
         for flag in [
             "automaxprocs",
-            "enable-pprof",
             "log-flush-frequency",
             "log-text-info-buffer-size",
             "log-json-info-buffer-size",
@@ -1006,6 +1001,8 @@ mod tests {
             );
         }
         assert!(!without_effect.contains(&"log-json-split-stream"));
+        // It serves profiles (src/pprof.rs).
+        assert!(!without_effect.contains(&"enable-pprof"));
     }
 
     #[test]

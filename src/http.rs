@@ -2,9 +2,11 @@
 //! `--metrics-address` for metrics only): Prometheus metrics at
 //! `--metrics-path`, `/healthz/leader-election` (as csi-lib-utils), and
 //! `/healthz` / `/readyz`, which pass when the driver answers `Probe`
-//! (`/readyz` also only once the watch caches are filled).
+//! (`/readyz` also only once the watch caches are filled), and with
+//! `--enable-pprof` Go's CPU and heap profiles under `/debug/pprof/`
+//! (`src/pprof.rs`).
 //!
-//! Plain hyper rather than axum: four fixed routes need no router, and
+//! Plain hyper rather than axum: a few fixed routes need no router, and
 //! hyper's server is already compiled for the test server.
 
 use std::convert::Infallible;
@@ -63,17 +65,10 @@ pub struct Routes {
     /// does not, so a pod that cannot list (RBAC) is reported not ready
     /// instead of being restarted in a loop.
     pub ready: Option<ReadyFn>,
-    /// `--enable-pprof`: `/debug/pprof/` explains that there is no Go
-    /// profiler instead of a bare 404, so whoever follows a Go runbook
-    /// learns what to do instead.
+    /// `--enable-pprof`: CPU and heap profiles under `/debug/pprof/`
+    /// (`src/pprof.rs`); 404 there without it.
     pub pprof: bool,
 }
-
-/// What `/debug/pprof/…` answers with `--enable-pprof`.
-pub const PPROF_NOTE: &str = "pprof is not available: this csi-provisioner is a Rust build and \
-has no Go runtime to profile. Profile the process from outside instead (for example \
-`perf record -g -p <pid>` on the node, or `perf top`), and see /metrics for process_* \
-figures (CPU, memory, file descriptors).\n";
 
 /// A Go listen address: `:8080` means every interface.
 pub fn listen_address(address: &str) -> String {
@@ -174,7 +169,21 @@ async fn handle(routes: &Routes, req: Request<Incoming>) -> Response<Full<Bytes>
         return response;
     }
     if routes.pprof && (path == "/debug/pprof" || path.starts_with("/debug/pprof/")) {
-        return text(StatusCode::NOT_IMPLEMENTED, PPROF_NOTE.to_owned());
+        let reply = crate::pprof::serve(path, req.uri().query()).await;
+        let mut response = Response::new(Full::new(reply.body));
+        *response.status_mut() = reply.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(reply.content_type),
+        );
+        if let Some(disposition) = reply.attachment {
+            headers.insert(
+                http::header::CONTENT_DISPOSITION,
+                http::HeaderValue::from_static(disposition),
+            );
+        }
+        return response;
     }
     let Some((health, probe)) = &routes.health else {
         return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
@@ -308,9 +317,13 @@ mod tests {
         assert_eq!(status, 500);
         assert!(body.contains("not ready"), "{body}");
         assert_eq!(get(addr, "/metrics").await.0, 404);
-        let (status, body) = get(addr, "/debug/pprof/profile?seconds=30").await;
-        assert_eq!(status, 501);
-        assert!(body.contains("no Go runtime"), "{body}");
+        let (status, body) = get(addr, "/debug/pprof/").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("href='profile'"), "{body}");
+        let (status, body) = get(addr, "/debug/pprof/profile?seconds=soon").await;
+        assert_eq!(status, 400);
+        assert!(body.contains("invalid seconds \"soon\""), "{body}");
+        assert_eq!(get(addr, "/debug/pprof/goroutine").await.0, 404);
 
         // Metrics only (--metrics-address): no health routes.
         let addr = serve(
@@ -341,5 +354,171 @@ mod tests {
         .await
         .expect_err("port taken");
         assert!(taken.to_string().contains("--http-endpoint"), "{taken}");
+    }
+
+    /// The status, the headers (lower-cased) and the body of a GET.
+    async fn get_bytes(addr: SocketAddr, path: &str) -> (u16, String, Vec<u8>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .expect("write");
+        let mut out = Vec::new();
+        stream.read_to_end(&mut out).await.expect("read");
+        let end = out
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("end of headers");
+        let head = String::from_utf8_lossy(&out[..end]).to_ascii_lowercase();
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, head, out[end + 4..].to_vec())
+    }
+
+    /// A profile as served: gzip-compressed profile.proto.
+    fn decode_profile(body: &[u8]) -> ::pprof::protos::Profile {
+        use ::pprof::protos::Message as _;
+        use std::io::Read as _;
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(body)
+            .read_to_end(&mut raw)
+            .expect("gzip");
+        ::pprof::protos::Profile::decode(raw.as_slice()).expect("profile.proto")
+    }
+
+    fn sample_types(profile: &::pprof::protos::Profile) -> Vec<(String, String)> {
+        let name = |i: i64| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| profile.string_table.get(i))
+                .cloned()
+                .unwrap_or_default()
+        };
+        profile
+            .sample_type
+            .iter()
+            .map(|t| (name(t.ty), name(t.unit)))
+            .collect()
+    }
+
+    /// `go` from `GO_BIN` or the PATH, if any.
+    fn go_binary() -> Option<std::path::PathBuf> {
+        let go = std::env::var_os("GO_BIN").unwrap_or_else(|| "go".into());
+        let works = std::process::Command::new(&go)
+            .arg("version")
+            .output()
+            .is_ok_and(|out| out.status.success());
+        works.then(|| go.into())
+    }
+
+    /// With `--enable-pprof` the CPU and heap profiles are what
+    /// `go tool pprof` reads: gzip-compressed profile.proto with Go's
+    /// sample types, samples in them; a second CPU profile while one runs is
+    /// refused as Go refuses it. When `go` is at hand (PATH or `GO_BIN`),
+    /// `go tool pprof -raw` must read both too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pprof_serves_profiles_go_reads() {
+        crate::pprof::start_heap_sampling().expect("jemalloc heap profiling");
+        // Live while the heap profile is taken: each block is twice the
+        // mean sampling interval, so most are sampled.
+        let held: Vec<Vec<u8>> = (0..32u8).map(|i| vec![i; 1 << 20]).collect();
+        let probe: ProbeFn = Arc::new(|| Box::pin(async { Ok(()) }));
+        let addr = serve(
+            "--http-endpoint",
+            "127.0.0.1:0",
+            Routes {
+                metrics_path: "/metrics".into(),
+                health: Some((Health::disabled(), probe)),
+                ready: None,
+                pprof: true,
+            },
+        )
+        .await
+        .expect("serve");
+
+        let cpu = tokio::spawn(get_bytes(addr, "/debug/pprof/profile?seconds=2"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, _, body) = get_bytes(addr, "/debug/pprof/profile?seconds=1").await;
+        assert_eq!(status, 500, "{}", String::from_utf8_lossy(&body));
+        assert!(
+            String::from_utf8_lossy(&body).contains("cpu profiling already in use"),
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+        // Something to sample.
+        tokio::task::spawn_blocking(|| {
+            let start = std::time::Instant::now();
+            let mut x = 0u64;
+            while start.elapsed() < Duration::from_millis(700) {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        })
+        .await
+        .expect("busy loop");
+        let (status, head, cpu_body) = cpu.await.expect("cpu request");
+        assert_eq!(status, 200, "{head}");
+        assert!(
+            head.contains("content-type: application/octet-stream"),
+            "{head}"
+        );
+        let profile = decode_profile(&cpu_body);
+        assert_eq!(
+            sample_types(&profile),
+            [
+                ("samples".into(), "count".into()),
+                ("cpu".into(), "nanoseconds".into())
+            ]
+        );
+        assert!(!profile.sample.is_empty(), "no CPU samples");
+        assert!(!profile.function.is_empty(), "not symbolized");
+        assert_eq!(profile.period, 10_000_000, "100 Hz, as Go");
+
+        let (status, head, heap_body) = get_bytes(addr, "/debug/pprof/heap").await;
+        assert_eq!(
+            status,
+            200,
+            "{head}: {}",
+            String::from_utf8_lossy(&heap_body)
+        );
+        let profile = decode_profile(&heap_body);
+        assert_eq!(
+            sample_types(&profile),
+            [("inuse_space".into(), "bytes".into())]
+        );
+        assert!(!profile.location.is_empty(), "no locations");
+        assert!(!profile.function.is_empty(), "not symbolized");
+        let in_use: i64 = profile.sample.iter().filter_map(|s| s.value.first()).sum();
+        assert!(
+            in_use >= 16 << 20,
+            "32 MiB held, {in_use} bytes in the profile"
+        );
+        std::hint::black_box(&held);
+
+        let Some(go) = go_binary() else {
+            eprintln!("skipped: no `go` on PATH or in GO_BIN, `go tool pprof` not tried");
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, body) in [("cpu.pb.gz", &cpu_body), ("heap.pb.gz", &heap_body)] {
+            let file = dir.path().join(name);
+            std::fs::write(&file, body).expect("write profile");
+            let out = std::process::Command::new(&go)
+                .args(["tool", "pprof", "-raw"])
+                .arg(&file)
+                .output()
+                .expect("go tool pprof");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && stdout.contains("Samples:"),
+                "go tool pprof -raw {name}: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }

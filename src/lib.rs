@@ -19,6 +19,7 @@ pub mod memory;
 pub mod metrics;
 pub mod migration;
 pub mod pod_pvc;
+pub mod pprof;
 pub mod projection;
 pub mod protection;
 pub mod provision;

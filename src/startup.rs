@@ -528,13 +528,21 @@ async fn start_http(
     } else {
         return Ok(());
     };
+    // Upstream serves pprof on --http-endpoint only.
+    let pprof = options.enable_pprof && health.is_some();
+    if pprof {
+        // From here on allocations are sampled for /debug/pprof/heap; a
+        // failure leaves the CPU profile working.
+        if let Err(e) = crate::pprof::start_heap_sampling() {
+            tracing::warn!(error = %e, "heap profiling is not available");
+        }
+    }
     http::serve(
         flag,
         address,
         http::Routes {
             metrics_path: options.metrics_path.clone(),
-            // Upstream serves pprof on --http-endpoint only.
-            pprof: options.enable_pprof && health.is_some(),
+            pprof,
             health,
             ready: Some(ready),
         },

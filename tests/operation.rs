@@ -406,7 +406,8 @@ async fn without_the_release_gate_the_lease_is_kept_until_it_expires(backend: Ba
 }
 
 /// Flags of the Go image that have nothing to act on here do not stop the
-/// pod: they are named once at start, and the JSON log format is one
+/// pod: they are named once at start (`--enable-pprof` is accepted too, and
+/// not named: it acts), and the JSON log format is one
 /// object per line with klog's keys. (A kubeconfig that does not exist
 /// ends the run right after the flag report, before any driver is needed.)
 #[test]
@@ -437,7 +438,7 @@ fn upstream_only_flags_start_and_are_named_once_in_json_logs() {
         assert!(line["msg"].is_string(), "{line}");
         assert!(line["caller"].is_string(), "{line}");
     }
-    for flag in ["--enable-pprof", "--automaxprocs", "--log-flush-frequency"] {
+    for flag in ["--automaxprocs", "--log-flush-frequency"] {
         let named: Vec<_> = lines.iter().filter(|l| l["flag"] == flag).collect();
         assert_eq!(
             named.len(),
@@ -447,6 +448,11 @@ fn upstream_only_flags_start_and_are_named_once_in_json_logs() {
         );
         assert_eq!(named[0]["v"], 0);
     }
+    // Accepted, and not named: it serves profiles (src/pprof.rs).
+    assert!(
+        !lines.iter().any(|l| l["flag"] == "--enable-pprof"),
+        "{stderr}"
+    );
     assert!(
         lines.iter().any(|l| l["gate"] == "WatchList=false"),
         "{stderr}"
