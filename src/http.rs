@@ -442,8 +442,16 @@ mod tests {
         .await
         .expect("serve");
 
-        let cpu = tokio::spawn(get_bytes(addr, "/debug/pprof/profile?seconds=2"));
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let cpu = tokio::spawn(get_bytes(addr, "/debug/pprof/profile?seconds=3"));
+        // Asked again once the first runs (for 3 s from then).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !crate::pprof::cpu_profile_running() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first CPU profile never started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let (status, _, body) = get_bytes(addr, "/debug/pprof/profile?seconds=1").await;
         assert_eq!(status, 500, "{}", String::from_utf8_lossy(&body));
         assert!(

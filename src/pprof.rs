@@ -191,6 +191,7 @@ pub async fn cpu_profile(duration: Duration) -> Result<Vec<u8>, PprofError> {
             ::pprof::Error::Running => PprofError::CpuBusy,
             other => PprofError::CpuStart(other),
         })?;
+    let _running = CpuProfileRunning::start();
     tokio::time::sleep(duration).await;
     // Symbolizing takes a while (tens of milliseconds and more): not on a
     // runtime worker.
@@ -204,6 +205,32 @@ pub async fn cpu_profile(duration: Duration) -> Result<Vec<u8>, PprofError> {
     let mut profile = profile;
     drop_sampler_frames(&mut profile, is_cpu_sampler_frame);
     gzip(&::pprof::protos::Message::encode_to_vec(&profile))
+}
+
+/// Whether a CPU profile is being taken (for a test that must ask for a
+/// second one while the first runs, without guessing when it started).
+pub fn cpu_profile_running() -> bool {
+    CPU_PROFILE_RUNNING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+static CPU_PROFILE_RUNNING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Marks a CPU profile as running until dropped (with the profile's
+/// future, however it ends).
+struct CpuProfileRunning;
+
+impl CpuProfileRunning {
+    fn start() -> Self {
+        CPU_PROFILE_RUNNING.store(true, std::sync::atomic::Ordering::SeqCst);
+        CpuProfileRunning
+    }
+}
+
+impl Drop for CpuProfileRunning {
+    fn drop(&mut self) {
+        CPU_PROFILE_RUNNING.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// pprof-rs' unwinder, called in the signal handler: the leaf of every
