@@ -369,7 +369,11 @@ pub async fn new(
         shared.client.clone(),
         journal_namespace,
         &journal_owner(&config.driver_name, config.node_deployment.as_ref()),
-    );
+    )
+    .with_backlog({
+        let queue = claims.clone();
+        std::sync::Arc::new(move || queue.len())
+    });
     let (journal, inbox) = journal::channel();
 
     {

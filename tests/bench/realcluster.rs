@@ -344,7 +344,38 @@ impl World {
             .env("NAMESPACE", &self.ns);
         let log = self.dir.path().join(format!("{}.log", binary.name()));
         let child = GuardedChild::spawn(binary.name(), cmd, &log).expect("sidecar");
+        record_cpu_profile(binary, &self.tag, child.id());
         (child, user)
+    }
+}
+
+/// `BENCH_PERF_DIR`: records where the CPU goes in each run of either
+/// binary, from its start to its exit, with `perf record` attached to it
+/// (`<dir>/<binary>-<tag>.data`; read with `perf report -i FILE`). perf
+/// ends by itself when the sidecar does. The sampling costs the run a few
+/// percent of CPU: keep such runs out of the published tables.
+fn record_cpu_profile(binary: Binary, tag: &str, pid: u32) {
+    let Ok(dir) = std::env::var("BENCH_PERF_DIR") else {
+        return;
+    };
+    let out = Path::new(&dir).join(format!("{}-{tag}.data", binary.name()));
+    let started = Command::new("perf")
+        .args([
+            "record",
+            "--quiet",
+            "-F",
+            "499",
+            "--call-graph",
+            "dwarf,16384",
+            "-o",
+        ])
+        .arg(&out)
+        .args(["-p", &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    if let Err(e) = started {
+        eprintln!("BENCH_PERF_DIR: cannot start perf: {e}");
     }
 }
 
