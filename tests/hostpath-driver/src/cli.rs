@@ -79,6 +79,20 @@ pub struct Cli {
     )]
     pub enable_controller_publish: bool,
 
+    /// The CSI socket's path on the host, as the kubelet dials it (e.g.
+    /// /var/lib/kubelet/plugins/hostpath.csi.k8s.io/csi.sock). Set: the
+    /// driver registers itself with the kubelet's plugin registry, as
+    /// node-driver-registrar does with the same flag.
+    #[arg(long, value_name = "PATH")]
+    pub kubelet_registration_path: Option<PathBuf>,
+
+    /// The kubelet's plugin registry directory as mounted in this process
+    /// (<kubelet root>/plugins_registry on the host); the registration
+    /// socket is <dir>/<drivername>-reg.sock. Used with
+    /// --kubelet-registration-path.
+    #[arg(long, value_name = "DIR", default_value = "/registration")]
+    pub plugin_registration_path: PathBuf,
+
     /// Fault injection file (JSON, re-read at every call); unset: none.
     #[arg(long, value_name = "PATH")]
     pub faults_file: Option<PathBuf>,
@@ -114,6 +128,8 @@ const LONG_FLAGS: &[&str] = &[
     "topology-key",
     "volume-id-format",
     "faults-file",
+    "kubelet-registration-path",
+    "plugin-registration-path",
     "version",
     "help",
 ];
@@ -210,6 +226,16 @@ impl Config {
         if !self.faults_file.as_os_str().is_empty() {
             args.push(format!("--faults-file={}", self.faults_file.display()));
         }
+        if let Some(registration) = &self.registration {
+            args.push(format!(
+                "--kubelet-registration-path={}",
+                registration.kubelet_registration_path.display()
+            ));
+            args.push(format!(
+                "--plugin-registration-path={}",
+                registration.plugin_registration_path.display()
+            ));
+        }
         args
     }
 }
@@ -233,6 +259,19 @@ impl Cli {
         }
         crate::state::check_label_key(&self.topology_key)
             .map_err(|e| Error::Config(format!("--topology-key {:?}: {e}", self.topology_key)))?;
+        let registration = match self.kubelet_registration_path {
+            Some(path) if !path.is_absolute() => {
+                return Err(Error::Config(format!(
+                    "--kubelet-registration-path {} is not absolute",
+                    path.display()
+                )));
+            }
+            Some(kubelet_registration_path) => Some(crate::NodeRegistration {
+                kubelet_registration_path,
+                plugin_registration_path: self.plugin_registration_path,
+            }),
+            None => None,
+        };
         Ok(Config {
             endpoint,
             driver_name: self.drivername,
@@ -246,6 +285,7 @@ impl Cli {
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
             controller_publish: self.enable_controller_publish,
             volume_id_format: self.volume_id_format,
+            registration,
         })
     }
 
@@ -283,6 +323,11 @@ mod tests {
         config.faults_file = PathBuf::new();
         config.max_volume_size = 12345;
         assert_eq!(round_trip(&config), config);
+        config.registration = Some(crate::NodeRegistration {
+            kubelet_registration_path: PathBuf::from("/var/lib/kubelet/plugins/d/csi.sock"),
+            plugin_registration_path: PathBuf::from("/registration"),
+        });
+        assert_eq!(round_trip(&config), config);
     }
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
@@ -305,6 +350,8 @@ mod tests {
         assert_eq!(cli.faults_file, None);
         assert_eq!(cli.v, 0);
         assert!(!cli.version);
+        assert_eq!(cli.kubelet_registration_path, None);
+        assert_eq!(cli.plugin_registration_path, PathBuf::from("/registration"));
         let config = parse(&["--nodeid", "n"])
             .expect("parse")
             .into_config()
@@ -313,6 +360,7 @@ mod tests {
         assert_eq!(config.node_id, "n");
         assert!(config.faults_file.as_os_str().is_empty());
         assert_eq!(config.vendor_version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(config.registration, None, "no registration unless asked");
         let config = parse(&[]).expect("parse").into_config().expect("config");
         assert_eq!(config.node_id, hostname().expect("hostname"));
     }
@@ -435,6 +483,7 @@ mod tests {
             &["--nodeid=n", "--topology-key=zone with spaces"],
             &["--nodeid=n", "--topology-key=Upper.Case/zone"],
             &["--nodeid=n", "--topology-key=example.com/"],
+            &["--nodeid=n", "--kubelet-registration-path=csi.sock"],
         ] {
             let cli = parse(args).expect("parses");
             assert!(cli.into_config().is_err(), "{args:?} should be rejected");

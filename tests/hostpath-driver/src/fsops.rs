@@ -1,5 +1,5 @@
 //! File system work: data directories, sparse-aware tree copies, bind
-//! mounts.
+//! mounts, loop devices.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -251,6 +251,130 @@ fn unescape_mountinfo(field: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `ioctl` requests of `linux/loop.h`.
+const LOOP_SET_FD: libc::c_ulong = 0x4C00;
+const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+/// The block major number of loop devices (`Documentation/admin-guide/devices.txt`).
+const LOOP_MAJOR: u32 = 7;
+
+/// The loop device backed by `file`, attaching a free one when there is
+/// none. A block volume is published as a block device: the kubelet
+/// bind-mounts the publish target into the pod's device map and the
+/// container runtime adds it to the container as a device node, which a
+/// regular file cannot be. Without the privilege to attach one (no
+/// `/dev/loop-control` access) the error is returned.
+pub(crate) fn attach_loop(file: &Path) -> std::io::Result<PathBuf> {
+    if let Some(device) = find_loop(file)? {
+        return Ok(device);
+    }
+    let backing = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)?;
+    let control = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")?;
+    // Another process may take the free device between the two calls
+    // (EBUSY): ask again.
+    let mut last_error = None;
+    for _ in 0..8 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a number.
+        let number = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        if number < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let device = PathBuf::from(format!("/dev/loop{number}"));
+        let loop_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&device)?;
+        // SAFETY: LOOP_SET_FD takes the backing file's descriptor, open for
+        // the duration of the call.
+        let rc = unsafe {
+            libc::ioctl(
+                loop_file.as_raw_fd(),
+                LOOP_SET_FD,
+                libc::c_ulong::try_from(backing.as_raw_fd()).unwrap_or(0),
+            )
+        };
+        if rc == 0 {
+            return Ok(device);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EBUSY) {
+            return Err(err);
+        }
+        last_error = Some(err);
+    }
+    Err(last_error.unwrap_or_else(|| std::io::Error::other("no free loop device")))
+}
+
+/// Detaches the loop device backed by `file`, if there is one. A device
+/// still open elsewhere is detached by the kernel when it is last closed.
+pub(crate) fn detach_loop(file: &Path) -> std::io::Result<()> {
+    let Some(device) = find_loop(file)? else {
+        return Ok(());
+    };
+    let loop_file = std::fs::File::open(&device)?;
+    // SAFETY: LOOP_CLR_FD takes no argument.
+    let rc = unsafe { libc::ioctl(loop_file.as_raw_fd(), LOOP_CLR_FD) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        // ENXIO: not attached (any more).
+        if err.raw_os_error() != Some(libc::ENXIO) {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// The loop device whose backing file is `file` (per
+/// `/sys/block/loop*/loop/backing_file`).
+pub(crate) fn find_loop(file: &Path) -> std::io::Result<Option<PathBuf>> {
+    let wanted = match file.canonicalize() {
+        Ok(path) => path,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let entries = match std::fs::read_dir("/sys/block") {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str().filter(|n| n.starts_with("loop")) else {
+            continue;
+        };
+        if backing_file(&Path::new("/sys/block").join(name))?.as_deref() == Some(&wanted) {
+            return Ok(Some(Path::new("/dev").join(name)));
+        }
+    }
+    Ok(None)
+}
+
+/// The backing file of the loop device with device number `rdev`; `None`
+/// when it is not an attached loop device.
+pub(crate) fn loop_backing_file(rdev: u64) -> std::io::Result<Option<PathBuf>> {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    if major != LOOP_MAJOR {
+        return Ok(None);
+    }
+    backing_file(Path::new(&format!("/sys/dev/block/{major}:{minor}")))
+}
+
+/// `<sysfs device>/loop/backing_file`, which exists while a file is
+/// attached.
+fn backing_file(sys_device: &Path) -> std::io::Result<Option<PathBuf>> {
+    match std::fs::read_to_string(sys_device.join("loop").join("backing_file")) {
+        Ok(path) => Ok(Some(PathBuf::from(path.trim_end_matches('\n')))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

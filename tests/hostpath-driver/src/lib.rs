@@ -25,7 +25,9 @@ mod in_process;
 mod locks;
 mod node;
 pub mod quantity;
+pub mod registration;
 pub use ids::VolumeIdFormat;
+pub use registration::NodeRegistration;
 mod state;
 mod store;
 
@@ -85,6 +87,9 @@ pub struct Config {
     pub controller_publish: bool,
     /// How volume ids look on the wire (records keep the plain id).
     pub volume_id_format: ids::VolumeIdFormat,
+    /// Register with the kubelet's plugin registry (see [`registration`]);
+    /// `None`: the driver only serves its CSI socket.
+    pub registration: Option<NodeRegistration>,
 }
 
 impl Config {
@@ -106,6 +111,7 @@ impl Config {
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
             controller_publish: false,
             volume_id_format: ids::VolumeIdFormat::Plain,
+            registration: None,
         }
     }
 }
@@ -136,6 +142,8 @@ pub enum Error {
     Faults { path: PathBuf, reason: String },
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("the kubelet refused the registration: {0}")]
+    RegistrationRefused(String),
 }
 
 impl Error {

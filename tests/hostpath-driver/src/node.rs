@@ -1,13 +1,20 @@
 //! The Node service (publish/unpublish by bind mount, stats, info).
 //!
-//! `NodePublishVolume` bind-mounts the volume directory (block volumes: the
-//! volume's `block` file) onto `target_path`. When the process may not mount
-//! (`EPERM`/`EACCES`, e.g. an unprivileged container or test run), it falls
-//! back to making `target_path` a symlink to the same source; a read-only
+//! `NodePublishVolume` bind-mounts the volume directory onto `target_path`;
+//! a block volume is published as a block device: the loop device attached
+//! to the volume's `block` file, bind-mounted onto `target_path` (the
+//! kubelet and the container runtime want a device node there). When the
+//! process may not mount or attach a loop device (`EPERM`/`EACCES`, e.g. an
+//! unprivileged container or test run), it falls back to making
+//! `target_path` a symlink to the directory or the `block` file; a read-only
 //! publish is then not enforced.
+//!
+//! The node side reads the record of a volume it does not know from the
+//! state directory: the controller and the node side may be two processes
+//! sharing one state directory (see docs/design.md, "The node plugin").
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use csi_proto::v1::{self as csi, node_server::Node, node_service_capability, volume_usage};
@@ -31,9 +38,9 @@ async fn run_blocking<T: Send + 'static>(
         .map_err(|e| Status::internal(format!("node task failed: {e}")))?
 }
 
-/// Whether `path` shows `source`: a symlink to it, or a bind mount of it
-/// (the same device and inode). A missing path, or one below a file, shows
-/// nothing.
+/// Whether `path` shows `source`: a symlink to it, a bind mount of it (the
+/// same device and inode), or a loop device backed by it. A missing path,
+/// or one below a file, shows nothing.
 pub(crate) fn shows(source: &Path, path: &Path) -> std::io::Result<bool> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
@@ -49,6 +56,12 @@ pub(crate) fn shows(source: &Path, path: &Path) -> std::io::Result<bool> {
     };
     if meta.file_type().is_symlink() {
         return Ok(std::fs::read_link(path)? == source);
+    }
+    if meta.file_type().is_block_device() {
+        return match fsops::loop_backing_file(meta.rdev())? {
+            Some(backing) => Ok(source.canonicalize()? == backing),
+            None => Ok(false),
+        };
     }
     let src = std::fs::metadata(source)?;
     Ok(meta.dev() == src.dev() && meta.ino() == src.ino())
@@ -160,6 +173,29 @@ fn publish(
     }
 }
 
+/// What a block volume's `block` file is published as: its loop device;
+/// without the privilege to attach one, the file itself (published as a
+/// link, like every publication of a process that may not mount).
+fn block_device(file: &Path) -> Result<PathBuf, Status> {
+    match fsops::attach_loop(file) {
+        Ok(device) => Ok(device),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
+            tracing::debug!(file = %file.display(), error = %e, "no loop device: publishing the file");
+            Ok(file.to_path_buf())
+        }
+        Err(e) => Err(internal("attaching a loop device to", file, e)),
+    }
+}
+
+/// Detaches the loop device of a block volume's `block` file once no
+/// publication shows it any more.
+fn release_block_device(file: &Path, live: &BTreeMap<String, Publication>) -> Result<(), Status> {
+    if !live.is_empty() {
+        return Ok(());
+    }
+    fsops::detach_loop(file).map_err(|e| internal("detaching the loop device of", file, e))
+}
+
 /// Undoes [`publish`]: unmounts (or unlinks) and removes `target`. With
 /// `source` (the volume is known), a mount or link at `target` that is not
 /// this volume is left alone. Returns whether anything was removed.
@@ -216,6 +252,27 @@ impl Driver {
         }
     }
 
+    /// Reads the record of volume `id` into the index when the index does
+    /// not have it (it may have been created by another process sharing the
+    /// state directory since this one started).
+    async fn load_unknown_volume(&self, id: &str) -> Result<(), Status> {
+        if self.state().volumes.contains_key(id) {
+            return Ok(());
+        }
+        let volumes_dir = self.inner.volumes_dir.clone();
+        let owned_id = id.to_owned();
+        if let Some(record) =
+            blocking(move || store::read_volume_record(&volumes_dir, &owned_id)).await?
+        {
+            let mut state = self.state();
+            if !state.volumes.contains_key(id) {
+                tracing::info!(id, "volume record loaded from the state directory");
+                state.insert_volume(record);
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `record` (under its volume lock) and updates the index.
     async fn save_volume(&self, record: VolumeRecord) -> Result<(), Status> {
         let record_path = store::record_path(&self.inner.volumes_dir, &record.id);
@@ -246,6 +303,7 @@ impl Driver {
                 mode.as_str_name()
             ))
         })?;
+        self.load_unknown_volume(&req.volume_id).await?;
         let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
         let name = self
             .state()
@@ -327,13 +385,24 @@ impl Driver {
         // Record the publication before mounting (and drop stale entries),
         // so that a crash in between cannot hide a mount from the checks
         // above; a recorded target that does not show the volume is ignored.
-        record.published = live;
+        record.published = live.clone();
         record.published.insert(req.target_path.clone(), wanted);
         self.save_volume(record.clone()).await?;
         let readonly = req.readonly;
         let result = {
             let (source, target) = (source.clone(), target.clone());
-            run_blocking(move || publish(&source, &target, access_type, readonly)).await
+            run_blocking(move || {
+                let shown = match access_type {
+                    AccessType::Mount => source.clone(),
+                    AccessType::Block => block_device(&source)?,
+                };
+                let published = publish(&shown, &target, access_type, readonly);
+                if published.is_err() && access_type == AccessType::Block {
+                    release_block_device(&source, &live)?;
+                }
+                published
+            })
+            .await
         };
         if let Err(status) = result {
             record.published.remove(&req.target_path);
@@ -355,6 +424,7 @@ impl Driver {
         if req.target_path.is_empty() {
             return Err(Status::invalid_argument("target_path is empty"));
         }
+        self.load_unknown_volume(&req.volume_id).await?;
         let name = self
             .state()
             .volumes
@@ -379,7 +449,16 @@ impl Driver {
                 req.volume_id
             )));
         };
-        if record.published.remove(&req.target_path).is_some() {
+        let forgotten = record.published.remove(&req.target_path).is_some();
+        if record.access_type == AccessType::Block {
+            let source = self.volume_source(&record.id, record.access_type);
+            let published = record.published.clone();
+            run_blocking(move || {
+                release_block_device(&source, &live_publications(&source, &published))
+            })
+            .await?;
+        }
+        if forgotten {
             self.save_volume(record).await?;
         }
         Ok(csi::NodeUnpublishVolumeResponse {})
@@ -404,6 +483,7 @@ impl Driver {
             None => None,
         };
         let (required, limit) = range_bounds(req.capacity_range.as_ref())?;
+        self.load_unknown_volume(&req.volume_id).await?;
         let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
         let name = self
             .state()
@@ -466,6 +546,7 @@ impl Driver {
         if req.volume_path.is_empty() {
             return Err(Status::invalid_argument("volume_path is empty"));
         }
+        self.load_unknown_volume(&req.volume_id).await?;
         let record = self
             .state()
             .volumes

@@ -11,6 +11,7 @@ use tonic::{Response, Status};
 use crate::faults::Injector;
 use crate::ids::VolumeIds;
 use crate::locks::KeyedLocks;
+use crate::registration::{self, NodeRegistration, RegistrationService};
 use crate::store::{self, SNAPSHOTS_DIR, SnapshotRecord, VOLUMES_DIR, VolumeRecord};
 use crate::{Config, Error};
 
@@ -33,6 +34,23 @@ pub(crate) struct Inner {
     pub(crate) faults: Injector,
     pub(crate) volumes_dir: PathBuf,
     pub(crate) snapshots_dir: PathBuf,
+}
+
+/// A registration socket being served (see [`Driver::start_registration`]).
+struct Registration {
+    socket: PathBuf,
+    stop: tokio::sync::oneshot::Sender<()>,
+    refusal: Arc<std::sync::OnceLock<String>>,
+    refused: Arc<tokio::sync::Notify>,
+}
+
+impl Registration {
+    /// Removes the socket (the kubelet deregisters the driver) and stops
+    /// serving it.
+    fn stop(self) {
+        registration::remove_socket(&self.socket);
+        let _ = self.stop.send(());
+    }
 }
 
 /// In-memory mirror of the records on disk, plus capacity being reserved by
@@ -276,9 +294,36 @@ impl Driver {
             node = %self.inner.config.node_id,
             "serving CSI"
         );
+        // Registered after the CSI socket is up: the kubelet dials the
+        // endpoint as soon as it has the plugin info.
+        let registration = match &self.inner.config.registration {
+            Some(registration) => match self.start_registration(registration) {
+                Ok(registration) => Some(registration),
+                Err(e) => {
+                    if let Err(e) = store::remove_file_if_exists(endpoint) {
+                        tracing::warn!(error = %e, "cannot remove the socket");
+                    }
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let refusal = registration.as_ref().map(|r| r.refusal.clone());
+        let refused = registration.as_ref().map(|r| r.refused.clone());
         let (signalled, on_signal) = tokio::sync::oneshot::channel::<()>();
         let shutdown = async move {
-            shutdown.await;
+            match &refused {
+                Some(refused) => tokio::select! {
+                    () = shutdown => {}
+                    () = refused.notified() => {}
+                },
+                None => shutdown.await,
+            }
+            // Deregistered first, so that the kubelet stops sending node
+            // calls before the CSI socket goes.
+            if let Some(registration) = registration {
+                registration.stop();
+            }
             let _ = signalled.send(());
         };
         let server = tonic::transport::Server::builder()
@@ -307,7 +352,45 @@ impl Driver {
             tracing::warn!(error = %e, "cannot remove the socket");
         }
         tracing::info!("stopped serving");
-        result.map_err(Error::from)
+        result.map_err(Error::from)?;
+        match refusal.and_then(|r| r.get().cloned()) {
+            Some(reason) => Err(Error::RegistrationRefused(reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Binds the registration socket and serves the `Registration` service
+    /// on a task of its own until [`Registration::stop`].
+    fn start_registration(&self, registration: &NodeRegistration) -> Result<Registration, Error> {
+        use crate::registration::v1::registration_server::RegistrationServer;
+        let driver_name = &self.inner.config.driver_name;
+        let socket = registration.socket(driver_name);
+        let incoming = csi_proto::transport::bind_unix(&socket)
+            .map_err(|e| Error::io(format!("listening on {}", socket.display()), e))?;
+        let service = RegistrationService {
+            info: registration.plugin_info(driver_name),
+            refusal: Arc::default(),
+            refused: Arc::default(),
+        };
+        let (refusal, refused) = (service.refusal.clone(), service.refused.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(service))
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            });
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "the registration server failed");
+            }
+        });
+        tracing::info!(socket = %socket.display(), "serving the kubelet's plugin registration");
+        Ok(Registration {
+            socket,
+            stop,
+            refusal,
+            refused,
+        })
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {

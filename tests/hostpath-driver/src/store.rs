@@ -175,6 +175,32 @@ pub(crate) fn record_path(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("{id}.{RECORD_EXT}"))
 }
 
+/// Reads the record of volume `id` in `volumes_dir`; `None` when there is
+/// none.
+pub(crate) fn read_volume_record(
+    volumes_dir: &Path,
+    id: &str,
+) -> Result<Option<VolumeRecord>, Error> {
+    let path = record_path(volumes_dir, id);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
+    };
+    let record: VolumeRecord = serde_json::from_slice(&bytes).map_err(|source| Error::Record {
+        path: path.clone(),
+        source,
+    })?;
+    if record.id != id {
+        return Err(Error::Config(format!(
+            "record {} holds id {:?}, not its file name",
+            path.display(),
+            record.id
+        )));
+    }
+    Ok(Some(record))
+}
+
 /// Reads every volume record under `state_dir`, sorted by id. A missing
 /// state directory has no volumes.
 pub fn backend_volumes(state_dir: &Path) -> Result<Vec<VolumeRecord>, Error> {

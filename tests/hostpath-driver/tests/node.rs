@@ -9,6 +9,9 @@ use csi_hostpath::{TOPOLOGY_KEY, volume_path};
 use csi_proto::v1::{
     self as csi, node_service_capability, volume_capability::access_mode::Mode, volume_usage,
 };
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
 use tonic::Code;
 
 fn publish_req(
@@ -188,11 +191,37 @@ async fn publish_readonly_and_block() {
     ))
     .await
     .expect("publish block");
-    assert_eq!(std::fs::metadata(&dev).expect("device file").len(), 2 << 20);
+    let block_file = volume_path(&server.config.state_dir, &blk.volume_id).join("block");
+    let meta = std::fs::metadata(&dev).expect("device");
+    if meta.file_type().is_block_device() {
+        // Published as the loop device of the volume's file (the process
+        // may mount): 2 MiB, and what is written to it lands in the file.
+        assert_eq!(block_device_size(meta.rdev()), 2 << 20);
+        assert_eq!(loops_backed_by(&block_file).len(), 1);
+        let mut device = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&dev)
+            .expect("open the device");
+        device.write_all(b"written to the device").expect("write");
+        device.sync_all().expect("fsync");
+        drop(device);
+        let mut head = [0u8; 21];
+        std::fs::File::open(&block_file)
+            .expect("open the file")
+            .read_exact(&mut head)
+            .expect("read");
+        assert_eq!(&head, b"written to the device");
+    } else {
+        assert_eq!(meta.len(), 2 << 20);
+    }
     n.node_unpublish_volume(unpublish_req(&blk.volume_id, &dev))
         .await
         .expect("unpublish block");
     assert!(std::fs::symlink_metadata(&dev).is_err());
+    assert!(
+        loops_backed_by(&block_file).is_empty(),
+        "the loop device is detached"
+    );
     // Access type must match the volume.
     assert_eq!(
         code(
@@ -715,4 +744,40 @@ async fn node_expand_volume() {
         .expect("unpublish");
     assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
     server.stop().await.expect("clean stop");
+}
+
+/// The controller and the node side as two processes sharing one state
+/// directory (the Deployment's driver and the DaemonSet's on one node): the
+/// node side publishes a volume the other created after it started.
+#[tokio::test]
+async fn a_node_side_sharing_the_state_directory_publishes_volumes_created_after_it_started() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let controller_side = Server::start_in(dir.path(), |_| {}).await;
+    let node_side = Server::start_in(dir.path(), |c| {
+        c.endpoint = dir.path().join("node.sock");
+    })
+    .await;
+    let v = create(&mut controller_side.controller(), create_req("shared", MIB))
+        .await
+        .expect("create on the controller side");
+    let pods = dir.path().join("pods");
+    std::fs::create_dir(&pods).expect("mkdir");
+    let target = pods.join("t");
+    let mut n = node_side.node();
+    n.node_publish_volume(publish_req(&v.volume_id, &target, rwo()))
+        .await
+        .expect("published by the node side");
+    std::fs::write(target.join("f"), b"through the node side").expect("write");
+    assert_eq!(
+        std::fs::read(volume_path(&controller_side.config.state_dir, &v.volume_id).join("f"))
+            .expect("in the volume"),
+        b"through the node side"
+    );
+    n.node_unpublish_volume(unpublish_req(&v.volume_id, &target))
+        .await
+        .expect("unpublish");
+    assert!(std::fs::symlink_metadata(&target).is_err());
+    node_side.stop().await.expect("clean stop");
+    controller_side.stop().await.expect("clean stop");
 }

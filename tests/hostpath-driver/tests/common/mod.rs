@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use csi_hostpath::{Config, InProcess};
@@ -213,5 +213,65 @@ impl Drop for Unmounter {
                 .arg(&mount)
                 .status();
         }
+        // Loop devices of block volumes a failed test left published.
+        for device in loops_under(&self.0) {
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(&device)
+                .status();
+        }
     }
+}
+
+/// `(device, backing file)` of every attached loop device.
+fn attached_loops() -> Vec<(PathBuf, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let backing = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+            Some((
+                Path::new("/dev").join(name),
+                PathBuf::from(backing.trim_end()),
+            ))
+        })
+        .collect()
+}
+
+/// The loop devices backed by `file`.
+pub fn loops_backed_by(file: &Path) -> Vec<PathBuf> {
+    let Ok(file) = file.canonicalize() else {
+        return Vec::new();
+    };
+    attached_loops()
+        .into_iter()
+        .filter(|(_, backing)| *backing == file)
+        .map(|(device, _)| device)
+        .collect()
+}
+
+fn loops_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(dir) = dir.canonicalize() else {
+        return Vec::new();
+    };
+    attached_loops()
+        .into_iter()
+        .filter(|(_, backing)| backing.starts_with(&dir))
+        .map(|(device, _)| device)
+        .collect()
+}
+
+/// Size in bytes of the block device numbered `rdev` (sysfs counts
+/// 512-byte sectors).
+pub fn block_device_size(rdev: u64) -> u64 {
+    let path = format!(
+        "/sys/dev/block/{}:{}/size",
+        libc::major(rdev),
+        libc::minor(rdev)
+    );
+    let sectors = std::fs::read_to_string(&path).expect("read the device size");
+    sectors.trim().parse::<u64>().expect("a number of sectors") * 512
 }
