@@ -24,6 +24,7 @@
 //! tarball, and an `etcd` there or on `PATH`.
 
 pub mod audit;
+pub mod node;
 mod pki;
 pub mod process;
 
@@ -494,6 +495,9 @@ pub struct ControlPlane {
     /// `https://127.0.0.1:<port>`.
     pub server: String,
     admin_kubeconfig: PathBuf,
+    /// The API server's client certificate towards kubelets (`kubectl
+    /// logs/exec`, in `system:masters`).
+    kubelet_client: pki::ClientCert,
     audit_log: PathBuf,
     processes: Mutex<Processes>,
     /// The outcome of [`ControlPlane::start_snapshot_controller`], once
@@ -560,6 +564,7 @@ impl ControlPlane {
         let admin = pki.client("controlplane-admin", Some("system:masters"))?;
         let admin_kubeconfig = dir.join("admin.kubeconfig");
         write_kubeconfig(&admin_kubeconfig, &server, &pki.ca_cert, &admin)?;
+        let kubelet_client = pki.client("kube-apiserver-kubelet-client", Some("system:masters"))?;
         std::fs::write(dir.join("audit-policy.yaml"), audit::POLICY)?;
         let plane = ControlPlane {
             audit_log: dir.join("audit.log"),
@@ -572,6 +577,7 @@ impl ControlPlane {
             pki,
             server,
             admin_kubeconfig,
+            kubelet_client,
             processes: Mutex::default(),
             snapshots: Mutex::new(None),
         };
@@ -620,6 +626,12 @@ impl ControlPlane {
 
     pub fn ca_cert(&self) -> &Path {
         &self.pki.ca_cert
+    }
+
+    /// The CA's private key: a node signs its kubelet's client certificate
+    /// with it (see [`node`]).
+    pub fn ca_key(&self) -> &Path {
+        &self.pki.ca_key_file
     }
 
     pub fn audit_log(&self) -> &Path {
@@ -704,6 +716,20 @@ impl ControlPlane {
             .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
             .arg("--service-cluster-ip-range=10.0.0.0/24")
             .arg("--authorization-mode=Node,RBAC")
+            // A real node (see `node`): `kubectl logs/exec` go through the
+            // kubelet, which knows this client, at the node's InternalIP
+            // (its name does not resolve here).
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                self.kubelet_client.cert.display()
+            ))
+            .arg(format!(
+                "--kubelet-client-key={}",
+                self.kubelet_client.key.display()
+            ))
+            .arg("--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP")
+            // A CSI node plugin's pod is privileged (it mounts).
+            .arg("--allow-privileged=true")
             .arg("--enable-priority-and-fairness=false")
             .arg(format!(
                 "--audit-policy-file={}",
