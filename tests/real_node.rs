@@ -22,6 +22,8 @@ use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 
+mod support;
+
 const TEST: &str = "real_node";
 const WAIT: Duration = Duration::from_secs(180);
 
@@ -250,24 +252,24 @@ where
     }
 }
 
-/// `deploy/images/build-oci.sh` (release build included) into `out`, with
-/// the Go sidecar's image beside ours.
+/// `deploy/images/build-oci.sh` into `out`, from the binaries this test
+/// was built with (the release build would add minutes to CI for nothing a
+/// pod can tell), with the Go sidecar's image beside ours.
 fn build_images(workspace: &Path, out: &Path, go_provisioner: &Path) -> Vec<Image> {
-    let mut command = Command::new(workspace.join("deploy/images/build-oci.sh"));
-    // What `cargo test` sets for this test (CARGO_PKG_*, CARGO_MANIFEST_*,
-    // ...) is not the script's: with it, the release build would not reuse
-    // what a plain `cargo build --release` built.
-    for (name, _) in std::env::vars_os() {
-        if name
-            .to_str()
-            .is_some_and(|n| n.starts_with("CARGO_") && n != "CARGO_HOME")
-        {
-            command.env_remove(name);
-        }
-    }
-    let status = command
+    let driver = support::driver_binary();
+    let bin_dir = driver
+        .parent()
+        .expect("csi-hostpath is in target/<profile>");
+    assert_eq!(
+        Some(bin_dir),
+        Path::new(env!("CARGO_BIN_EXE_csi-provisioner")).parent(),
+        "csi-provisioner and csi-hostpath of the same profile"
+    );
+    let status = Command::new(workspace.join("deploy/images/build-oci.sh"))
         .arg("--out")
         .arg(out)
+        .arg("--bin-dir")
+        .arg(bin_dir)
         .arg("--go-provisioner")
         .arg(go_provisioner)
         .status()

@@ -7,9 +7,12 @@
 # upstream Go csi-provisioner (the baseline the tests compare against) and
 # imports everything into a containerd.
 #
-#   deploy/images/build-oci.sh [--out DIR] [--go-provisioner PATH] [--import]
+#   deploy/images/build-oci.sh [--out DIR] [--bin-dir DIR] [--go-provisioner PATH] [--import]
 #
 #   --out DIR              where the archives go (default target/oci)
+#   --bin-dir DIR          take csi-provisioner and csi-hostpath from DIR as
+#                          they are (e.g. target/debug, which `cargo test`
+#                          built already) instead of the release build
 #   --go-provisioner PATH  also archive this Go csi-provisioner binary as
 #                          $GO_IMAGE (default
 #                          localhost/csi-provisioner-go:<its --version>)
@@ -17,7 +20,8 @@
 #                          `ctr -a $CTRD_SOCK -n k8s.io images import`
 #                          (CTR=ctr, CTRD_SOCK=/run/containerd/containerd.sock)
 #
-# The binaries are the release builds (`cargo build --release --locked`),
+# The binaries are the release builds (`cargo build --release --locked`;
+# the test bed, tests/real_node.rs, gives the debug builds with --bin-dir),
 # dynamically linked against the build host's glibc, as in the Dockerfile
 # (which runs them on distroless/cc, i.e. glibc). The image carries what
 # `ldd` lists for each binary, at the same paths, plus the dynamic loader:
@@ -35,10 +39,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=$repo/target/oci
 go_provisioner=
+bin_dir=
 import=0
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=${2:?--out needs a folder}; shift 2 ;;
+    --bin-dir) bin_dir=${2:?--bin-dir needs a folder}; shift 2 ;;
     --go-provisioner) go_provisioner=${2:?--go-provisioner needs a path}; shift 2 ;;
     --import) import=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -53,9 +59,14 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/Cargo.toml" | head -n 1)
 registry=ghcr.io/csi-provisioner-rs
 source_url=https://github.com/csi-provisioner-rs/csi-provisioner-rs
 
-(cd "$repo" && cargo build --release --locked -p csi-provisioner -p csi-hostpath --bins >&2)
-release=$(cd "$repo" && cargo metadata --format-version 1 --no-deps \
-  | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
+if [ -z "$bin_dir" ]; then
+  (cd "$repo" && cargo build --release --locked -p csi-provisioner -p csi-hostpath --bins >&2)
+  bin_dir=$(cd "$repo" && cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
+fi
+for binary in csi-provisioner csi-hostpath; do
+  [ -x "$bin_dir/$binary" ] || { echo "build-oci.sh: no $binary in $bin_dir" >&2; exit 1; }
+done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -100,9 +111,9 @@ archive() {
     --label "org.opencontainers.image.licenses=Apache-2.0"
 }
 
-archive csi-provisioner "$release/csi-provisioner" "$registry/csi-provisioner:v$version" \
+archive csi-provisioner "$bin_dir/csi-provisioner" "$registry/csi-provisioner:v$version" \
   "Kubernetes CSI external-provisioner sidecar (drop-in replacement for kubernetes-csi/external-provisioner)"
-archive csi-hostpath "$release/csi-hostpath" "$registry/csi-hostpath:v$version" \
+archive csi-hostpath "$bin_dir/csi-hostpath" "$registry/csi-hostpath:v$version" \
   "Hostpath CSI driver for tests and examples"
 archives=("$out/csi-provisioner.tar" "$out/csi-hostpath.tar")
 
