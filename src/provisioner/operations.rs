@@ -212,12 +212,15 @@ impl Operations {
     /// The operation is over (PV saved, or no volume exists): forget it here
     /// and in the journal. Returns it, when one was in flight.
     pub fn finish(&self, uid: &str) -> Option<InFlight> {
-        let removed = {
-            let mut in_flight = self.map();
-            let removed = in_flight.remove(uid);
-            crate::metrics::set_remembered("in_flight", in_flight.len());
-            removed
-        };
+        let mut in_flight = self.map();
+        let removed = in_flight.remove(uid);
+        crate::metrics::set_remembered("in_flight", in_flight.len());
+        // Queued while the map is still locked (a send, no wait): whoever
+        // sees the operation gone finds its removal ahead of anything it
+        // sends the journal next, e.g. the flush of a shutdown. Queued
+        // after the lock, a flush could overtake it and leave the entry
+        // to be replayed (tests/cancellation.rs, "then continued", failed
+        // once so under load).
         if removed.is_some() {
             self.journal.forget(uid);
         }

@@ -333,7 +333,13 @@ impl World {
             Binary::Ours => PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
             Binary::Upstream => self.plane.binaries().path("csi-provisioner"),
         };
-        let mut cmd = Command::new(path);
+        let mut cmd = match profiled(binary, &self.tag) {
+            Some(mut perf) => {
+                perf.arg(path);
+                perf
+            }
+            None => Command::new(path),
+        };
         cmd.arg(format!("--csi-address={}", self.socket.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg("--timeout=30s")
@@ -344,39 +350,32 @@ impl World {
             .env("NAMESPACE", &self.ns);
         let log = self.dir.path().join(format!("{}.log", binary.name()));
         let child = GuardedChild::spawn(binary.name(), cmd, &log).expect("sidecar");
-        record_cpu_profile(binary, &self.tag, child.id());
         (child, user)
     }
 }
 
-/// `BENCH_PERF_DIR`: records where the CPU goes in each run of either
-/// binary, from its start to its exit, with `perf record` attached to it
-/// (`<dir>/<binary>-<tag>.data`; read with `perf report -i FILE`). perf
-/// ends by itself when the sidecar does. The sampling costs the run a few
-/// percent of CPU: keep such runs out of the published tables.
-fn record_cpu_profile(binary: Binary, tag: &str, pid: u32) {
-    let Ok(dir) = std::env::var("BENCH_PERF_DIR") else {
-        return;
-    };
-    let out = Path::new(&dir).join(format!("{}-{tag}.data", binary.name()));
-    let started = Command::new("perf")
-        .args([
-            "record",
-            "--quiet",
-            "-F",
-            "499",
-            "--call-graph",
-            "dwarf,16384",
-            "-o",
-        ])
-        .arg(&out)
-        .args(["-p", &pid.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
-    if let Err(e) = started {
-        eprintln!("BENCH_PERF_DIR: cannot start perf: {e}");
-    }
+/// `BENCH_PERF_DIR`: each run of either binary runs under `perf record`
+/// (`<dir>/<binary>-<tag>-<n>.data`; read with `perf report -i FILE`), from its
+/// first instruction, start-up included, to its exit (perf passes the stop
+/// signal on). The results' CPU and memory figures are then perf's, and
+/// the sampling slows the run: keep such runs out of the published tables.
+fn profiled(binary: Binary, tag: &str) -> Option<Command> {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::var("BENCH_PERF_DIR").ok()?;
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut perf = Command::new("perf");
+    perf.args([
+        "record",
+        "--quiet",
+        "-F",
+        "499",
+        "--call-graph",
+        "dwarf,16384",
+        "-o",
+    ])
+    .arg(Path::new(&dir).join(format!("{}-{tag}-{run}.data", binary.name())))
+    .arg("--");
+    Some(perf)
 }
 
 /// `BENCH_LOG_DIR`: keeps each run's sidecar log there (profiling).
