@@ -372,7 +372,18 @@ pub async fn new(
     )
     .with_backlog({
         let queue = claims.clone();
-        std::sync::Arc::new(move || queue.len())
+        let workers = shared.workers.max(1);
+        // A claim queued with a worker free is taken at once: no backlog.
+        // Counted so, a claim caught in the instant between its add and a
+        // worker's take held the next records for the whole backlog window
+        // (p99 233 ms against the Go image's 32 ms at 50 claims/s).
+        std::sync::Arc::new(move || {
+            if queue.in_flight() >= workers {
+                queue.len()
+            } else {
+                0
+            }
+        })
     });
     let (journal, inbox) = journal::channel();
 
