@@ -348,14 +348,10 @@ pub struct JournalStore {
 /// first removal waiting, however many follow).
 pub const IDLE_FLUSH: Duration = Duration::from_secs(2);
 
-/// After the first record of a batch, how long more may join it when no
-/// claim waits for a worker: a lone claim waits this long more, and
-/// workers that record at the same instant share one write.
-const BATCH_WINDOW: Duration = Duration::from_millis(5);
-
-/// The same while claims wait for a worker (a backlog). Each of them
-/// already waits for a whole provisioning to end before a worker takes
-/// it, so holding the records a little longer costs them next to nothing,
+/// After the first record of a batch, how long more may join it while
+/// claims wait for a worker (a backlog). Each of them already waits for a
+/// whole provisioning to end before a worker takes it, so holding the
+/// records a little longer costs them next to nothing,
 /// while the API server, which is what paces a backlog, is spared most of
 /// the journal's writes (docs/design.md, "The journal's writes").
 const BACKLOG_WINDOW: Duration = Duration::from_millis(250);
@@ -381,9 +377,13 @@ pub fn backlog_of(queued: usize, busy: usize, workers: usize) -> usize {
 
 /// How long a batch that started with a record stays open, and how many
 /// records close it early, given `waiting` claims without a worker.
+/// Without a backlog there is no window: the record is written at once,
+/// and those that arrive while that write is under way share the next
+/// one (group commit). A window there only added its length to every
+/// claim's latency at a steady rate (docs/benchmarks.md).
 fn batch_bounds(waiting: usize) -> (Duration, usize) {
     if waiting == 0 {
-        (BATCH_WINDOW, usize::MAX)
+        (Duration::ZERO, 1)
     } else {
         (BACKLOG_WINDOW, BACKLOG_BATCH)
     }
@@ -1013,6 +1013,40 @@ mod tests {
                 assert_eq!(journal_writes(&server), writes, "{waiting} claims waiting");
                 assert_eq!(entries(&server).len(), 3);
             }
+        }
+
+        /// Without a backlog a record is written at once, with no window,
+        /// and the records that arrive while that write is under way
+        /// share the next write (group commit): a lone claim at a steady
+        /// rate waits for one write, no more.
+        #[tokio::test(start_paused = true)]
+        async fn without_a_backlog_a_record_is_written_at_once_and_those_during_its_write_share_the_next()
+         {
+            use kube_testserver::RequestMatch;
+            const WRITE: Duration = Duration::from_millis(20);
+            let server = TestServer::new();
+            let journal = started_with_backlog(&server, 0).await;
+            server.add_latency(RequestMatch::new(Verb::Create, "configmaps"), WRITE);
+            server.add_latency(RequestMatch::new(Verb::Update, "configmaps"), WRITE);
+            let started = tokio::time::Instant::now();
+            let first = {
+                let journal = journal.clone();
+                tokio::spawn(async move { journal.record("uid-0", entry(0)).await })
+            };
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let during = tokio::spawn({
+                let journal = journal.clone();
+                async move { record_spaced(&journal, 1, 9, Duration::from_millis(1)).await }
+            });
+            first.await.expect("task").expect("recorded");
+            assert_eq!(
+                started.elapsed(),
+                WRITE,
+                "the first record waited for its write only"
+            );
+            during.await.expect("task");
+            assert_eq!(journal_writes(&server), 2);
+            assert_eq!(entries(&server).len(), 10);
         }
 
         /// Under a backlog a batch is written once it holds
