@@ -4,7 +4,9 @@
 //! libraries are in the image, and the image's user (65532) satisfies
 //! `runAsNonRoot` without a `runAsUser` (the kubelet checks the image's
 //! numeric user). The pods' logs are read through the kubelet, as `kubectl
-//! logs` does (the API server's kubelet client certificate).
+//! logs` does (the API server's kubelet client certificate). `csi-hostpath`
+//! registers with the kubelet's plugin registry by itself (its CSINode
+//! entry appears, and goes when it stops).
 //!
 //! The node is `../shared/k8s/node` (see its README.md and
 //! `tests/controlplane/src/node.rs`): without it (or without root) the test
@@ -63,6 +65,12 @@ fn real_node() {
         let flow = Instant::now();
         images_run_as_their_non_root_user(&client, &node, &images).await;
         eprintln!("real node: images ran in {:?}", flow.elapsed());
+        let flow = Instant::now();
+        the_kubelet_registers_the_driver(&client, &node).await;
+        eprintln!(
+            "real node: the kubelet registered csi-hostpath in {:?}",
+            flow.elapsed()
+        );
     });
     node.stop();
     eprintln!("real node: done in {:?}", started.elapsed());
@@ -112,6 +120,92 @@ async fn images_run_as_their_non_root_user(client: &kube::Client, node: &Node, i
         );
         delete_pod(client, ns, &name).await;
     }
+}
+
+/// `csi-hostpath` as a host process registers with the kubelet's plugin
+/// registry by itself: the kubelet's plugin watcher dials its registration
+/// socket (naming the socket's escaped path as `:authority`, which the
+/// driver's src/authority.rs rewrites), calls `GetInfo`, registers the
+/// driver (its `NodeGetInfo`, the CSINode entry) and reports success. When
+/// the driver stops, its registration socket goes and the kubelet drops the
+/// driver from the CSINode.
+async fn the_kubelet_registers_the_driver(client: &kube::Client, node: &Node) {
+    use k8s_openapi::api::storage::v1::CSINode;
+    const DRIVER: &str = "registration.hostpath.csi.k8s.io";
+    let root = node.kubelet_root();
+    let endpoint = root.join(format!("plugins/{DRIVER}/csi.sock"));
+    let state = tempfile::tempdir().expect("state dir");
+    let log = node.state_dir().join("logs/csi-hostpath-registration.log");
+    let mut command = Command::new(support::driver_binary());
+    command
+        .arg(format!("--endpoint=unix://{}", endpoint.display()))
+        .arg(format!("--drivername={DRIVER}"))
+        .arg(format!("--nodeid={NODE_NAME}"))
+        .arg(format!("--statedir={}", state.path().display()))
+        .arg(format!(
+            "--kubelet-registration-path={}",
+            endpoint.display()
+        ))
+        .arg(format!(
+            "--plugin-registration-path={}",
+            root.join("plugins_registry").display()
+        ))
+        .arg("--v=5");
+    let mut driver = controlplane::GuardedChild::spawn("csi-hostpath", command, &log)
+        .expect("start csi-hostpath");
+    let nodes: Api<CSINode> = Api::all(client.clone());
+    let lists_driver = |csinode: Option<CSINode>| {
+        csinode
+            .and_then(|n| n.spec.drivers.into_iter().find(|d| d.name == DRIVER))
+            .map(|d| d.node_id)
+    };
+    let registered = Instant::now() + Duration::from_secs(60);
+    let node_id = loop {
+        if let Some(id) = lists_driver(nodes.get_opt(NODE_NAME).await.ok().flatten()) {
+            break id;
+        }
+        assert!(
+            Instant::now() < registered && driver.is_running(),
+            "the kubelet did not register {DRIVER} within 60 s\ndriver:\n{}\nkubelet:\n{}",
+            tail(&std::fs::read_to_string(&log).unwrap_or_default(), 40),
+            node.log_tail("kubelet", 40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(node_id, NODE_NAME, "the CSINode entry has NodeGetInfo's id");
+    let driver_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        driver_log.contains("registered with the kubelet"),
+        "the kubelet reported the registration to the driver:\n{}",
+        tail(&driver_log, 40)
+    );
+    let kubelet_log =
+        std::fs::read_to_string(node.state_dir().join("logs/kubelet.log")).unwrap_or_default();
+    let errors: Vec<&str> = kubelet_log
+        .lines()
+        .filter(|l| l.contains(DRIVER) && (l.starts_with('E') || l.contains("failed")))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "kubelet errors about {DRIVER}: {errors:#?}"
+    );
+
+    let status = driver.stop(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "csi-hostpath stops cleanly on SIGTERM: {status:?}"
+    );
+    wait_for(WAIT, "the kubelet to deregister the driver", || async {
+        let csinode = nodes.get_opt(NODE_NAME).await.ok()?;
+        lists_driver(csinode).is_none().then_some(())
+    })
+    .await;
+}
+
+/// The last `lines` lines of `text`.
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Runs `pod` to completion; returns its log (read through the kubelet).

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 
+pub mod authority;
 pub mod cli;
 mod controller;
 pub mod faults;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tonic::{Response, Status};
 
+use crate::authority::AuthorityRewrite;
 use crate::faults::Injector;
 use crate::ids::VolumeIds;
 use crate::locks::KeyedLocks;
@@ -363,10 +364,15 @@ impl Driver {
     /// on a task of its own until [`Registration::stop`].
     fn start_registration(&self, registration: &NodeRegistration) -> Result<Registration, Error> {
         use crate::registration::v1::registration_server::RegistrationServer;
+        use tokio_stream::StreamExt;
         let driver_name = &self.inner.config.driver_name;
         let socket = registration.socket(driver_name);
+        // Each connection goes through the :authority rewrite: the
+        // kubelet's requests name the socket's escaped path, which tonic
+        // refuses (src/authority.rs).
         let incoming = csi_proto::transport::bind_unix(&socket)
-            .map_err(|e| Error::io(format!("listening on {}", socket.display()), e))?;
+            .map_err(|e| Error::io(format!("listening on {}", socket.display()), e))?
+            .map(|accepted| accepted.map(AuthorityRewrite::new));
         let service = RegistrationService {
             info: registration.plugin_info(driver_name),
             refusal: Arc::default(),
