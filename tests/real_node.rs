@@ -1,18 +1,28 @@
-//! On a real node (issue 34): the images `deploy/images/build-oci.sh`
-//! builds without Docker are imported into the node's containerd and run in
-//! pods as the kubelet runs them: the entrypoint is the binary, its shared
-//! libraries are in the image, and the image's user (65532) satisfies
-//! `runAsNonRoot` without a `runAsUser` (the kubelet checks the image's
-//! numeric user). The pods' logs are read through the kubelet, as `kubectl
-//! logs` does (the API server's kubelet client certificate). `csi-hostpath`
-//! registers with the kubelet's plugin registry by itself (its CSINode
-//! entry appears, and goes when it stops).
+//! On a real node (issue 34), as users run the sidecar: the images
+//! `deploy/images/build-oci.sh` builds without Docker are imported into the
+//! node's containerd and run in pods as the kubelet runs them (the
+//! entrypoint is the binary, its shared libraries are in the image, and the
+//! image's user, 65532, satisfies `runAsNonRoot` without a `runAsUser`);
+//! `csi-hostpath` registers with the kubelet's plugin registry by itself
+//! (its CSINode entry appears, and goes when it stops); `deploy/` is applied
+//! with `kubectl apply -k` through an overlay for this test bed, and the
+//! sidecar in its pod provisions a filesystem, a block and a
+//! WaitForFirstConsumer claim that the kubelet mounts through the
+//! DaemonSet's node plugin: a pod writes, a second pod reads what the first
+//! wrote, and deleting the claims leaves no backend volume. The same flow
+//! then runs with the Go sidecar's image in the same Deployment, as the
+//! baseline. The pods' logs are read through the kubelet, as `kubectl logs`
+//! does (the API server's kubelet client certificate).
 //!
 //! The node is `../shared/k8s/node` (see its README.md and
-//! `tests/controlplane/src/node.rs`): without it (or without root) the test
-//! prints a SKIPPED line; with `CI` set it fails instead. Only one node can
-//! run on a host, so every real-node flow is a step of the one test below,
-//! not a test of its own.
+//! `tests/controlplane/src/node.rs`): without it (or without root, or
+//! `kubectl`) the test prints a SKIPPED line; with `CI` set it fails
+//! instead. Only one node can run on a host, so every real-node flow is a
+//! step of the one test below, not a test of its own, sharing one node and
+//! one control plane.
+//!
+//! The overlay ([`write_overlays`]) changes only what this test bed needs
+//! (deploy/README.md lists each change, and why a user would not make it).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,7 +30,11 @@ use std::time::{Duration, Instant};
 
 use controlplane::node::{NODE_NAME, Node, NodeFiles};
 use controlplane::{Config, ControlPlane};
-use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{
+    Node as NodeObject, PersistentVolume, PersistentVolumeClaim, Pod,
+};
+use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 
@@ -28,6 +42,11 @@ mod support;
 
 const TEST: &str = "real_node";
 const WAIT: Duration = Duration::from_secs(180);
+/// The driver of `deploy/`.
+const DRIVER: &str = "hostpath.csi.k8s.io";
+const DEPLOY_NAMESPACE: &str = "csi-provisioner";
+const CONTROLLER: &str = "csi-hostpath-controller";
+const BUSYBOX: &str = "docker.io/library/busybox:1.35.0";
 
 #[test]
 fn real_node() {
@@ -37,13 +56,25 @@ fn real_node() {
     let Some(files) = NodeFiles::lookup(TEST) else {
         return;
     };
+    if Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        controlplane::skip(
+            TEST,
+            "no kubectl on PATH (`kubectl apply -k` applies deploy/)",
+        );
+        return;
+    }
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
     let target = target_dir();
+    let bed = target.join("real-node");
     let started = Instant::now();
 
     let images = build_images(
         workspace,
-        &target.join("real-node/oci"),
+        &bed.join("oci"),
         &plane.binaries().path("csi-provisioner"),
     );
     eprintln!("real node: images built in {:?}", started.elapsed());
@@ -56,6 +87,8 @@ fn real_node() {
         "real node: node started, images imported at {:?}",
         started.elapsed()
     );
+    let http_port = controlplane::free_port().expect("a free port");
+    let overlays = write_overlays(&bed, workspace, plane, &node, http_port, &images[2]);
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
@@ -71,9 +104,512 @@ fn real_node() {
             "real node: the kubelet registered csi-hostpath in {:?}",
             flow.elapsed()
         );
+        for (overlay, sidecar) in [(&overlays.rust, &images[0]), (&overlays.go, &images[2])] {
+            let flow = Instant::now();
+            kubectl(plane, &["apply", "-k", &overlay.display().to_string()]);
+            wait_deploy_running(&client, &node, &sidecar.reference).await;
+            eprintln!(
+                "real node: deploy/ running with {} in {:?}",
+                sidecar.reference,
+                flow.elapsed()
+            );
+            let flow = Instant::now();
+            claims_outlive_their_pods(&client, &node, sidecar).await;
+            eprintln!(
+                "real node: claims with {} in {:?}",
+                sidecar.reference,
+                flow.elapsed()
+            );
+        }
     });
     node.stop();
     eprintln!("real node: done in {:?}", started.elapsed());
+}
+
+/// The claims of one sidecar image (`sidecar`), provisioned by it in the
+/// Deployment's pod: a filesystem and a block claim (Immediate) each written
+/// by a pod, which is deleted, then read by a second pod; a
+/// WaitForFirstConsumer claim provisioned once its pod is scheduled, on the
+/// node the pod runs on. Deleting the claims deletes their PVs and the
+/// driver's backend volumes.
+async fn claims_outlive_their_pods(client: &kube::Client, node: &Node, sidecar: &Image) {
+    let ns = format!("real-node-{}", sidecar.flow);
+    let ns = ns.as_str();
+    create_namespace(client, ns).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let fs = format!("{}-fs", sidecar.flow);
+    let block = format!("{}-block", sidecar.flow);
+    let wffc = format!("{}-wffc", sidecar.flow);
+    for (name, class, mode) in [
+        (&fs, "csi-hostpath-immediate", "Filesystem"),
+        (&block, "csi-hostpath-immediate", "Block"),
+        (&wffc, "csi-hostpath-wffc", "Filesystem"),
+    ] {
+        claims
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": name},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": class,
+                        "volumeMode": mode,
+                        "resources": {"requests": {"storage": "16Mi"}},
+                    },
+                }))
+                .expect("claim"),
+            )
+            .await
+            .expect("create the claim");
+    }
+    let (fs_pv, block_pv) = tokio::join!(wait_bound(&claims, &fs), wait_bound(&claims, &block));
+
+    let fs_text = format!("written by the first pod of {}", sidecar.flow);
+    let block_text = format!("bytes of the first pod of {}", sidecar.flow);
+    let (_, _, _) = tokio::join!(
+        run_pod(
+            client,
+            node,
+            ns,
+            volume_pod(
+                "fs-writer",
+                &fs,
+                false,
+                &format!("echo '{fs_text}' > /data/file && sync")
+            ),
+        ),
+        run_pod(
+            client,
+            node,
+            ns,
+            volume_pod(
+                "block-writer",
+                &block,
+                true,
+                &format!("printf '{block_text}' > /dev/data && sync"),
+            ),
+        ),
+        // WaitForFirstConsumer: the scheduler picks the node, the sidecar
+        // provisions for it, the kubelet mounts.
+        run_pod(
+            client,
+            node,
+            ns,
+            volume_pod(
+                "wffc",
+                &wffc,
+                false,
+                "echo ok > /data/file && cat /data/file"
+            ),
+        ),
+    );
+    let wffc_pv = wait_bound(&claims, &wffc).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let ran_on = pods
+        .get("wffc")
+        .await
+        .expect("the wffc pod")
+        .spec
+        .and_then(|s| s.node_name);
+    assert_eq!(ran_on.as_deref(), Some(NODE_NAME));
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let affinity = pvs
+        .get(&wffc_pv)
+        .await
+        .expect("the wffc PV")
+        .spec
+        .and_then(|s| s.node_affinity)
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
+    assert!(
+        affinity.iter().any(|t| t
+            .match_expressions
+            .iter()
+            .flatten()
+            .any(|e| e.key == csi_hostpath::TOPOLOGY_KEY
+                && e.values.iter().flatten().any(|v| v == NODE_NAME))),
+        "the WaitForFirstConsumer volume was provisioned for the pod's node: {affinity:?}"
+    );
+
+    tokio::join!(
+        delete_pod(client, ns, "fs-writer"),
+        delete_pod(client, ns, "block-writer"),
+        delete_pod(client, ns, "wffc"),
+    );
+    let (fs_read, block_read) = tokio::join!(
+        run_pod(
+            client,
+            node,
+            ns,
+            volume_pod("fs-reader", &fs, false, "cat /data/file")
+        ),
+        run_pod(
+            client,
+            node,
+            ns,
+            volume_pod(
+                "block-reader",
+                &block,
+                true,
+                &format!("head -c {} /dev/data", block_text.len()),
+            ),
+        ),
+    );
+    assert_eq!(
+        fs_read.trim(),
+        fs_text,
+        "the second pod reads the first pod's file"
+    );
+    assert_eq!(
+        block_read, block_text,
+        "the second pod reads the first pod's bytes"
+    );
+    tokio::join!(
+        delete_pod(client, ns, "fs-reader"),
+        delete_pod(client, ns, "block-reader"),
+    );
+
+    let pv_names = [fs_pv, block_pv, wffc_pv];
+    for pv in &pv_names {
+        let provisioner = pvs
+            .get(pv)
+            .await
+            .expect("the PV")
+            .metadata
+            .annotations
+            .and_then(|a| a.get("pv.kubernetes.io/provisioned-by").cloned());
+        assert_eq!(provisioner.as_deref(), Some(DRIVER), "{pv}");
+    }
+    let log = sidecar_log(client).await;
+    for claim in [&fs, &block, &wffc] {
+        assert!(
+            log.contains(claim.as_str()),
+            "the sidecar in its pod ({}) provisioned {claim}; its log:\n{}",
+            sidecar.reference,
+            tail(&log, 40)
+        );
+    }
+
+    for claim in [&fs, &block, &wffc] {
+        claims
+            .delete(claim, &DeleteParams::default())
+            .await
+            .expect("delete the claim");
+    }
+    for pv in &pv_names {
+        wait_for(WAIT, "the PV to be deleted", || async {
+            pvs.get_opt(pv).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
+    let left = csi_hostpath::backend_volumes(&node.state_dir().join("csi-hostpath-data"))
+        .expect("the driver's records");
+    assert!(
+        left.is_empty(),
+        "no backend volume left: {left:?}\n{}",
+        container_logs(client, "hostpath").await
+    );
+}
+
+async fn wait_bound(claims: &Api<PersistentVolumeClaim>, name: &str) -> String {
+    wait_for(WAIT, &format!("claim {name} to be bound"), || async {
+        let claim = claims.get(name).await.ok()?;
+        let bound = claim.status.as_ref()?.phase.as_deref() == Some("Bound");
+        bound.then(|| claim.spec?.volume_name).flatten()
+    })
+    .await
+}
+
+/// A busybox pod running `script` with `claim` at /data (a filesystem
+/// claim) or as the device /dev/data (`block`).
+fn volume_pod(name: &str, claim: &str, block: bool, script: &str) -> serde_json::Value {
+    let mut container = json!({
+        "name": "busybox",
+        "image": BUSYBOX,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", script],
+    });
+    if block {
+        container["volumeDevices"] = json!([{"name": "data", "devicePath": "/dev/data"}]);
+    } else {
+        container["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [container],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    })
+}
+
+/// The csi-provisioner container's log in the controller pod(s).
+async fn sidecar_log(client: &kube::Client) -> String {
+    container_logs(client, "csi-provisioner").await
+}
+
+/// The logs of the containers named `container` in the pods of deploy/
+/// (the controller's, and for `hostpath` the node plugin's), each headed by
+/// its pod's name.
+async fn container_logs(client: &kube::Client, container: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), DEPLOY_NAMESPACE);
+    let list = pods
+        .list(&ListParams::default())
+        .await
+        .expect("the pods of deploy/");
+    let mut out = String::new();
+    for pod in list.items {
+        let name = pod.metadata.name.unwrap_or_default();
+        let params = LogParams {
+            container: Some(container.to_owned()),
+            ..LogParams::default()
+        };
+        if let Ok(log) = pods.logs(&name, &params).await {
+            out.push_str(&format!("--- {name}/{container}\n{log}"));
+        }
+    }
+    out
+}
+
+/// One controller pod, running `sidecar` and ready (the rollout of an
+/// image change done: no other pod left), the node DaemonSet's pod ready and
+/// the driver on the node's CSINode (registered by the node plugin itself).
+async fn wait_deploy_running(client: &kube::Client, node: &Node, sidecar: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), DEPLOY_NAMESPACE);
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), DEPLOY_NAMESPACE);
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let controller = pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={CONTROLLER}")))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let controller_ready = controller.len() == 1
+            && controller.iter().all(|p| {
+                let runs_sidecar = p.spec.as_ref().is_some_and(|s| {
+                    s.containers
+                        .iter()
+                        .any(|c| c.name == "csi-provisioner" && c.image.as_deref() == Some(sidecar))
+                });
+                let ready = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                runs_sidecar && ready && p.metadata.deletion_timestamp.is_none()
+            });
+        let daemonset_ready = daemonsets
+            .get_opt("csi-hostpath-node")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|d| d.status)
+            .is_some_and(|s| s.number_ready >= 1);
+        let registered = csinodes
+            .get_opt(NODE_NAME)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.spec.drivers.iter().any(|d| d.name == DRIVER));
+        if controller_ready && daemonset_ready && registered {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "deploy/ not running within {WAIT:?} (one ready controller pod with {sidecar}: \
+             {controller_ready}, DaemonSet ready: {daemonset_ready}, driver on the CSINode: \
+             {registered})\nevents: {}\nkubelet:\n{}",
+            events(client, DEPLOY_NAMESPACE).await,
+            node.log_tail("kubelet", 60)
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The overlays of this test bed: `rust` applies deploy/ with the
+/// node-plugin component and this host's changes; `go` is `rust` with the
+/// Go sidecar's image and the two changes that image needs.
+struct Overlays {
+    rust: PathBuf,
+    go: PathBuf,
+}
+
+fn write_overlays(
+    bed: &Path,
+    workspace: &Path,
+    plane: &ControlPlane,
+    node: &Node,
+    http_port: u16,
+    go_image: &Image,
+) -> Overlays {
+    let rust = bed.join("overlay");
+    let go = bed.join("overlay-go");
+    std::fs::create_dir_all(&rust).expect("overlay folder");
+    std::fs::create_dir_all(&go).expect("overlay folder");
+    let deploy = support::render::relative(&rust, &workspace.join("deploy/kubernetes"));
+    let root = node.kubelet_root();
+    let root = root.display();
+    let data = node.state_dir().join("csi-hostpath-data");
+    let data = data.display();
+    let api_port = plane
+        .server
+        .rsplit(':')
+        .next()
+        .expect("the API server URL has a port");
+    let text = format!(
+        r#"# Written by tests/real_node.rs: deploy/ on this host's real node
+# (deploy/README.md lists these changes and why).
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - {deploy}
+components:
+  - {deploy}/node-plugin
+patches:
+  - target:
+      kind: Deployment
+      name: {CONTROLLER}
+    patch: |-
+      - op: add
+        path: /spec/template/spec/hostNetwork
+        value: true
+      - op: add
+        path: /spec/strategy
+        value: {{type: Recreate}}
+      - op: test
+        path: /spec/template/spec/containers/0/name
+        value: csi-provisioner
+      - op: replace
+        path: /spec/template/spec/containers/0/imagePullPolicy
+        value: Never
+      - op: replace
+        path: /spec/template/spec/containers/1/imagePullPolicy
+        value: Never
+      - op: add
+        path: /spec/template/spec/containers/0/env/-
+        value: {{name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
+      - op: add
+        path: /spec/template/spec/containers/0/env/-
+        value: {{name: KUBERNETES_SERVICE_PORT, value: "{api_port}"}}
+      - op: test
+        path: /spec/template/spec/containers/0/args/2
+        value: --http-endpoint=:8080
+      - op: replace
+        path: /spec/template/spec/containers/0/args/2
+        value: --http-endpoint=:{http_port}
+      - op: replace
+        path: /spec/template/spec/containers/0/ports/0/containerPort
+        value: {http_port}
+      - op: test
+        path: /spec/template/spec/volumes/1/name
+        value: csi-data-dir
+      - op: replace
+        path: /spec/template/spec/volumes/1/hostPath/path
+        value: {data}
+  - target:
+      kind: DaemonSet
+      name: csi-hostpath-node
+    patch: |-
+      - op: replace
+        path: /spec/template/spec/containers/0/imagePullPolicy
+        value: Never
+      - op: test
+        path: /spec/template/spec/containers/0/args/3
+        value: --kubelet-registration-path=/var/lib/kubelet/plugins/{DRIVER}/csi.sock
+      - op: replace
+        path: /spec/template/spec/containers/0/args/3
+        value: --kubelet-registration-path={root}/plugins/{DRIVER}/csi.sock
+      - op: test
+        path: /spec/template/spec/containers/0/volumeMounts/2/mountPath
+        value: /var/lib/kubelet/pods
+      - op: replace
+        path: /spec/template/spec/containers/0/volumeMounts/2/mountPath
+        value: {root}/pods
+      - op: test
+        path: /spec/template/spec/containers/0/volumeMounts/3/mountPath
+        value: /var/lib/kubelet/plugins
+      - op: replace
+        path: /spec/template/spec/containers/0/volumeMounts/3/mountPath
+        value: {root}/plugins
+      - op: replace
+        path: /spec/template/spec/volumes/0/hostPath/path
+        value: {root}/plugins/{DRIVER}
+      - op: replace
+        path: /spec/template/spec/volumes/1/hostPath/path
+        value: {root}/plugins_registry
+      - op: replace
+        path: /spec/template/spec/volumes/2/hostPath/path
+        value: {root}/pods
+      - op: replace
+        path: /spec/template/spec/volumes/3/hostPath/path
+        value: {root}/plugins
+      - op: test
+        path: /spec/template/spec/volumes/4/name
+        value: csi-data-dir
+      - op: replace
+        path: /spec/template/spec/volumes/4/hostPath/path
+        value: {data}
+"#,
+        deploy = deploy.display(),
+    );
+    std::fs::write(rust.join("kustomization.yaml"), text).expect("write the overlay");
+    let (go_name, go_tag) = go_image
+        .reference
+        .rsplit_once(':')
+        .expect("the Go image has a tag");
+    let text = format!(
+        r#"# Written by tests/real_node.rs: ../overlay with the Go sidecar's image
+# (the baseline). The Go image has no --controller-id (the base passes it for
+# the PVReleaser and PodPVCProvisioner gates of ours) and serves no /readyz.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../overlay
+images:
+  - name: ghcr.io/csi-provisioner-rs/csi-provisioner
+    newName: {go_name}
+    newTag: {go_tag}
+patches:
+  - target:
+      kind: Deployment
+      name: {CONTROLLER}
+    patch: |-
+      - op: test
+        path: /spec/template/spec/containers/0/args/4
+        value: --controller-id=$(CONTROLLER_ID)
+      - op: remove
+        path: /spec/template/spec/containers/0/args/4
+      - op: replace
+        path: /spec/template/spec/containers/0/readinessProbe/httpGet/path
+        value: /healthz/leader-election
+"#
+    );
+    std::fs::write(go.join("kustomization.yaml"), text).expect("write the Go overlay");
+    Overlays { rust, go }
+}
+
+fn kubectl(plane: &ControlPlane, args: &[&str]) {
+    let out = Command::new("kubectl")
+        .arg(format!(
+            "--kubeconfig={}",
+            plane.admin_kubeconfig().display()
+        ))
+        .args(args)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// An image archive and what its binary prints for `--version`.
@@ -81,6 +617,8 @@ struct Image {
     archive: PathBuf,
     reference: String,
     version_line: String,
+    /// Names the objects of the flow that runs this image as the sidecar.
+    flow: &'static str,
 }
 
 /// Each image runs `--version` in a pod that asks for `runAsNonRoot` and
@@ -390,17 +928,20 @@ fn build_images(workspace: &Path, out: &Path, go_provisioner: &Path) -> Vec<Imag
             archive: out.join("csi-provisioner.tar"),
             reference: format!("ghcr.io/csi-provisioner-rs/csi-provisioner:v{version}"),
             version_line: format!("csi-provisioner {version}"),
+            flow: "rs",
         },
         Image {
             archive: out.join("csi-hostpath.tar"),
             reference: format!("ghcr.io/csi-provisioner-rs/csi-hostpath:v{version}"),
             version_line: format!("csi-hostpath {version}"),
+            flow: "driver",
         },
         Image {
             archive: out.join("csi-provisioner-go.tar"),
             reference: format!("localhost/csi-provisioner-go:{go_tag}"),
             // The Go binary prints its argv[0]: the image's entrypoint.
             version_line: format!("/csi-provisioner {go_tag}"),
+            flow: "go",
         },
     ]
 }

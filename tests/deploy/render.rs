@@ -109,7 +109,7 @@ pub fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
 
 /// A path relative to `from` (a directory) leading to `to`; kustomize
 /// refuses absolute paths to bases and components.
-fn relative(from: &Path, to: &Path) -> PathBuf {
+pub fn relative(from: &Path, to: &Path) -> PathBuf {
     let from: Vec<_> = from.components().collect();
     let to: Vec<_> = to.components().collect();
     let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();

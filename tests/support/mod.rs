@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 
 #[path = "../deploy/render.rs"]
 #[allow(dead_code)]
-mod render;
+pub mod render;
 
 pub use controlplane::Config as ClusterConfig;
 

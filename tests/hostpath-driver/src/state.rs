@@ -289,6 +289,14 @@ impl Driver {
         };
         let incoming = csi_proto::transport::bind_unix(endpoint)
             .map_err(|e| Error::io(format!("listening on {}", endpoint.display()), e))?;
+        // Read-write for the socket's group too: a sidecar of another user
+        // in the driver's group (a pod's runAsGroup or fsGroup) connects when
+        // the driver runs as root (deploy/kubernetes/node-plugin).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(endpoint, std::fs::Permissions::from_mode(0o660))
+                .map_err(|e| Error::io(format!("chmod {}", endpoint.display()), e))?;
+        }
         tracing::info!(
             endpoint = %endpoint.display(),
             driver = %self.inner.config.driver_name,
