@@ -545,7 +545,13 @@ impl Driver {
         let record_path = store::record_path(&self.inner.volumes_dir, &req.volume_id);
         // Commit point: removing the record deletes the volume; a data
         // directory left by a crash after it is removed at the next start.
-        blocking(move || store::remove_file_if_exists(&record_path)).await?;
+        // Under the records lock: the node side (another process sharing
+        // the state directory) rewrites a record only while it exists.
+        let volumes_dir = self.inner.volumes_dir.clone();
+        blocking(move || {
+            store::with_records_lock(&volumes_dir, || store::remove_file_if_exists(&record_path))
+        })
+        .await?;
         self.state().remove_volume(&req.volume_id);
         let data_dir = store::volume_path(&self.inner.config.state_dir, &req.volume_id);
         if let Err(status) = blocking(move || store::remove_tree_if_exists(&data_dir)).await {

@@ -316,10 +316,35 @@ pub(crate) fn attach_loop(file: &Path) -> std::io::Result<PathBuf> {
 /// Detaches the loop device backed by `file`, if there is one. A device
 /// still open elsewhere is detached by the kernel when it is last closed.
 pub(crate) fn detach_loop(file: &Path) -> std::io::Result<()> {
-    let Some(device) = find_loop(file)? else {
+    match find_loop(file)? {
+        Some(device) => clear_loop(&device),
+        None => Ok(()),
+    }
+}
+
+/// Detaches the loop device with device number `rdev`, found by its
+/// number where its backing file can no longer be named (deleted); not a
+/// loop device, or one no longer attached, is fine.
+pub(crate) fn detach_loop_device(rdev: u64) -> std::io::Result<()> {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    if major != LOOP_MAJOR {
         return Ok(());
+    }
+    // /sys/dev/block/<major>:<minor> links to the device's folder, named
+    // as its node in /dev.
+    let link = match std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")) {
+        Ok(link) => link,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
     };
-    let loop_file = std::fs::File::open(&device)?;
+    match link.file_name() {
+        Some(name) => clear_loop(&Path::new("/dev").join(name)),
+        None => Ok(()),
+    }
+}
+
+fn clear_loop(device: &Path) -> std::io::Result<()> {
+    let loop_file = std::fs::File::open(device)?;
     // SAFETY: LOOP_CLR_FD takes no argument.
     let rc = unsafe { libc::ioctl(loop_file.as_raw_fd(), LOOP_CLR_FD) };
     if rc != 0 {

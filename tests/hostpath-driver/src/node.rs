@@ -196,6 +196,26 @@ fn release_block_device(file: &Path, live: &BTreeMap<String, Publication>) -> Re
     fsops::detach_loop(file).map_err(|e| internal("detaching the loop device of", file, e))
 }
 
+/// Undoes the publication at `target` of a volume whose record and data
+/// the controller side (another process sharing the state directory)
+/// deleted meanwhile: the kubelet may unpublish after the pod, claim and PV
+/// are gone. Its source is gone, so what `target` shows cannot be compared
+/// with it: the target is unmounted and removed as an unknown volume's,
+/// and the loop device a block volume's target showed is detached (its
+/// backing file, deleted, no longer names it).
+fn unpublish_deleted(target: &Path) -> Result<(), Status> {
+    let device = std::fs::metadata(target)
+        .ok()
+        .filter(|meta| meta.file_type().is_block_device())
+        .map(|meta| meta.rdev());
+    unpublish(target, None)?;
+    if let Some(rdev) = device {
+        fsops::detach_loop_device(rdev)
+            .map_err(|e| internal("detaching the loop device of", target, e))?;
+    }
+    Ok(())
+}
+
 /// Undoes [`publish`]: unmounts (or unlinks) and removes `target`. With
 /// `source` (the volume is known), a mount or link at `target` that is not
 /// this volume is left alone. Returns whether anything was removed.
@@ -273,13 +293,24 @@ impl Driver {
         Ok(())
     }
 
-    /// Writes `record` (under its volume lock) and updates the index.
-    async fn save_volume(&self, record: VolumeRecord) -> Result<(), Status> {
-        let record_path = store::record_path(&self.inner.volumes_dir, &record.id);
+    /// Writes `record` (under its volume lock) and updates the index,
+    /// unless the volume was deleted meanwhile by the controller side
+    /// (another process sharing the state directory: the kubelet may
+    /// unpublish a volume after its pod, claim and PV are gone); then the
+    /// record stays deleted, leaves the index, and the answer is `false`.
+    async fn save_volume(&self, record: VolumeRecord) -> Result<bool, Status> {
+        let volumes_dir = self.inner.volumes_dir.clone();
         let to_write = record.clone();
-        blocking(move || store::write_json_atomic(&record_path, &to_write)).await?;
-        self.state().insert_volume(record);
-        Ok(())
+        let written =
+            blocking(move || store::rewrite_existing_volume_record(&volumes_dir, &to_write))
+                .await?;
+        if written {
+            self.state().insert_volume(record);
+        } else {
+            tracing::info!(id = %record.id, "volume deleted meanwhile; its record is not written again");
+            self.state().remove_volume(&record.id);
+        }
+        Ok(written)
     }
 
     async fn publish_impl(
@@ -387,7 +418,12 @@ impl Driver {
         // above; a recorded target that does not show the volume is ignored.
         record.published = live.clone();
         record.published.insert(req.target_path.clone(), wanted);
-        self.save_volume(record.clone()).await?;
+        if !self.save_volume(record.clone()).await? {
+            return Err(Status::not_found(format!(
+                "volume {:?} does not exist",
+                req.volume_id
+            )));
+        }
         let readonly = req.readonly;
         let result = {
             let (source, target) = (source.clone(), target.clone());
@@ -435,10 +471,28 @@ impl Driver {
             None => None,
         };
         let record = self.state().volumes.get(&req.volume_id).cloned();
+        let target = PathBuf::from(&req.target_path);
+        if let Some(known) = &record {
+            let record_path = store::record_path(&self.inner.volumes_dir, &known.id);
+            let deleted = blocking(move || match std::fs::symlink_metadata(&record_path) {
+                Ok(_) => Ok(false),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+                Err(e) => Err(crate::Error::io(
+                    format!("inspecting {}", record_path.display()),
+                    e,
+                )),
+            })
+            .await?;
+            if deleted {
+                tracing::info!(id = %known.id, target = %req.target_path, "unpublishing a volume the controller side deleted meanwhile");
+                self.state().remove_volume(&known.id);
+                run_blocking(move || unpublish_deleted(&target)).await?;
+                return Ok(csi::NodeUnpublishVolumeResponse {});
+            }
+        }
         let source = record
             .as_ref()
             .map(|r| self.volume_source(&r.id, r.access_type));
-        let target = PathBuf::from(&req.target_path);
         let removed = run_blocking(move || unpublish(&target, source.as_deref())).await?;
         let Some(mut record) = record else {
             if removed {

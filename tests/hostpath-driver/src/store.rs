@@ -287,6 +287,51 @@ pub(crate) fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<
     Ok(())
 }
 
+/// The lock file of a records folder (see [`with_records_lock`]); neither a
+/// record (`*.json`) nor a leftover for [`clean_dir`].
+const RECORDS_LOCK: &str = ".records.lock";
+
+/// Runs `f` holding the exclusive lock of the records in `dir` (an advisory
+/// lock on `<dir>/.records.lock`, which works across processes and
+/// containers sharing the folder). On a node the controller side and the
+/// node side are two processes sharing the state directory: the controller
+/// side deletes a record under this lock, and the node side rewrites one
+/// (a publication added or removed) under it only when the record is still
+/// there, so that a late NodeUnpublishVolume never brings back a volume
+/// that DeleteVolume removed.
+pub(crate) fn with_records_lock<T>(
+    dir: &Path,
+    f: impl FnOnce() -> Result<T, Error>,
+) -> Result<T, Error> {
+    let path = dir.join(RECORDS_LOCK);
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    file.lock()
+        .map_err(|e| Error::io(format!("locking {}", path.display()), e))?;
+    // Unlocked when `file` is dropped, after `f`.
+    f()
+}
+
+/// Rewrites the record of `record.id` under [`with_records_lock`] when it
+/// still exists; returns whether it did.
+pub(crate) fn rewrite_existing_volume_record(
+    volumes_dir: &Path,
+    record: &VolumeRecord,
+) -> Result<bool, Error> {
+    with_records_lock(volumes_dir, || {
+        let path = record_path(volumes_dir, &record.id);
+        match std::fs::symlink_metadata(&path) {
+            Ok(_) => write_json_atomic(&path, record).map(|()| true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io(format!("inspecting {}", path.display()), e)),
+        }
+    })
+}
+
 /// Removes `path` if it exists.
 pub(crate) fn remove_file_if_exists(path: &Path) -> Result<(), Error> {
     match std::fs::remove_file(path) {

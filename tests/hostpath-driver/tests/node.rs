@@ -746,6 +746,18 @@ async fn node_expand_volume() {
     server.stop().await.expect("clean stop");
 }
 
+/// The controller side and the node side of the driver as two servers
+/// sharing the state directory `dir` (the Deployment's driver and the
+/// DaemonSet's on one node), each on its own socket.
+async fn sides_sharing(dir: &std::path::Path) -> (Server, Server) {
+    let controller_side = Server::start_in(dir, |_| {}).await;
+    let node_side = Server::start_in(dir, |c| {
+        c.endpoint = dir.join("node.sock");
+    })
+    .await;
+    (controller_side, node_side)
+}
+
 /// The controller and the node side as two processes sharing one state
 /// directory (the Deployment's driver and the DaemonSet's on one node): the
 /// node side publishes a volume the other created after it started.
@@ -753,11 +765,7 @@ async fn node_expand_volume() {
 async fn a_node_side_sharing_the_state_directory_publishes_volumes_created_after_it_started() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _unmounter = Unmounter::new(dir.path());
-    let controller_side = Server::start_in(dir.path(), |_| {}).await;
-    let node_side = Server::start_in(dir.path(), |c| {
-        c.endpoint = dir.path().join("node.sock");
-    })
-    .await;
+    let (controller_side, node_side) = sides_sharing(dir.path()).await;
     let v = create(&mut controller_side.controller(), create_req("shared", MIB))
         .await
         .expect("create on the controller side");
@@ -780,4 +788,88 @@ async fn a_node_side_sharing_the_state_directory_publishes_volumes_created_after
     assert!(std::fs::symlink_metadata(&target).is_err());
     node_side.stop().await.expect("clean stop");
     controller_side.stop().await.expect("clean stop");
+}
+
+/// The kubelet may unpublish a volume after its pod, claim and PV are gone
+/// (seen on the real node: the pod object is deleted some 200 ms before
+/// NodeUnpublishVolume), so the controller side can delete a volume the node
+/// side (another process sharing the state directory) still has published.
+/// The node side's late unpublish must not write the deleted record again
+/// (it did: a backend volume without a PV), and a publish after the delete
+/// finds no volume.
+#[tokio::test]
+async fn a_late_unpublish_on_the_node_side_does_not_bring_a_deleted_volume_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _unmounter = Unmounter::new(dir.path());
+    let (controller_side, node_side) = sides_sharing(dir.path()).await;
+    let mut c = controller_side.controller();
+    let mut n = node_side.node();
+    let pods = dir.path().join("pods");
+    std::fs::create_dir(&pods).expect("mkdir");
+    for (name, cap) in [
+        ("late-fs", rwo()),
+        ("late-block", block_cap(Mode::SingleNodeWriter)),
+    ] {
+        let v = create(&mut c, {
+            let mut req = create_req(name, MIB);
+            req.volume_capabilities = vec![cap.clone()];
+            req
+        })
+        .await
+        .expect("create on the controller side");
+        let target = pods.join(name);
+        n.node_publish_volume(publish_req(&v.volume_id, &target, cap.clone()))
+            .await
+            .expect("published by the node side");
+        delete(&mut c, &v.volume_id)
+            .await
+            .expect("deleted by the controller side, which does not see the publication");
+        n.node_unpublish_volume(unpublish_req(&v.volume_id, &target))
+            .await
+            .expect("the late unpublish");
+        let left =
+            csi_hostpath::backend_volumes(&controller_side.config.state_dir).expect("records");
+        assert!(
+            left.is_empty(),
+            "{name}: the deleted record is not written again: {left:?}"
+        );
+        assert!(
+            std::fs::symlink_metadata(&target).is_err(),
+            "{name}: the target is gone"
+        );
+        assert_eq!(mounts_under(dir.path()), Vec::<String>::new(), "{name}");
+        assert_eq!(
+            loops_backed_under(dir.path()),
+            Vec::<String>::new(),
+            "{name}: no loop device left on the deleted file"
+        );
+        let status = n
+            .node_publish_volume(publish_req(&v.volume_id, &target, cap))
+            .await
+            .expect_err("nothing to publish");
+        assert_eq!(status.code(), Code::NotFound, "{name}: {status:?}");
+        assert!(
+            csi_hostpath::backend_volumes(&controller_side.config.state_dir)
+                .expect("records")
+                .is_empty(),
+            "{name}: nor by a publish"
+        );
+    }
+    node_side.stop().await.expect("clean stop");
+    controller_side.stop().await.expect("clean stop");
+}
+
+/// The backing files under `dir` of attached loop devices (deleted ones
+/// included: the kernel names them with a " (deleted)" suffix).
+fn loops_backed_under(dir: &std::path::Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let dir = dir.canonicalize().expect("the test dir");
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .map(|f| f.trim_end().to_owned())
+        .filter(|f| f.starts_with(&*dir.to_string_lossy()))
+        .collect()
 }
