@@ -120,6 +120,7 @@ fn real_node() {
                 sidecar.reference,
                 flow.elapsed()
             );
+            the_operator_view(http_port, sidecar).await;
         }
     });
     node.stop();
@@ -312,14 +313,57 @@ async fn claims_outlive_their_pods(client: &kube::Client, node: &Node, sidecar: 
         "no backend volume left: {left:?}\n{driver_logs}"
     );
     // How often the kubelet unpublished after the volume was deleted (the
-    // node plugin's path for it, see docs/design.md): for the record.
+    // node plugin's path for it, see docs/design.md), counted in the node
+    // plugin's log since it started: for the record.
     eprintln!(
-        "real node: {} unpublish(es) of an already deleted volume with {}",
+        "real node: {} unpublish(es) of an already deleted volume so far, after the flow of {}",
         driver_logs
             .matches("unpublishing a volume the controller side deleted meanwhile")
             .count(),
         sidecar.reference
     );
+}
+
+/// What an operator reads from the sidecar in its pod, after the claims
+/// of [`claims_outlive_their_pods`] (its log, read through the kubelet,
+/// was checked there): the leader-election health check, and in
+/// `/metrics` the CreateVolume and DeleteVolume calls of those claims
+/// (three each, counted by the pod that made them). Ours also answers
+/// `/healthz` and `/readyz`, which the Go image does not serve. The pod is
+/// on the host network, so its `--http-endpoint` is the host's.
+async fn the_operator_view(http_port: u16, sidecar: &Image) {
+    let image = &sidecar.reference;
+    let mut paths = vec!["/healthz/leader-election"];
+    if sidecar.flow == "rs" {
+        paths.extend(["/healthz", "/readyz"]);
+    }
+    for path in paths {
+        let (status, body) = support::http_get(http_port, path).await;
+        assert_eq!(status, 200, "{image}: GET {path}: {body}");
+    }
+    let (status, metrics) = support::http_get(http_port, "/metrics").await;
+    assert_eq!(status, 200, "{image}: GET /metrics");
+    for method in ["CreateVolume", "DeleteVolume"] {
+        let calls: f64 = metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("csi_sidecar_operations_seconds_count{")
+                    && l.contains(&format!("driver_name=\"{DRIVER}\""))
+                    && l.contains("grpc_status_code=\"OK\"")
+                    && l.contains(&format!("method_name=\"/csi.v1.Controller/{method}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert!(
+            calls >= 3.0,
+            "{image}: /metrics counts {calls} successful {method} calls, not 3:\n{}",
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("csi_sidecar_operations_seconds_count"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
 }
 
 async fn wait_bound(claims: &Api<PersistentVolumeClaim>, name: &str) -> String {
