@@ -121,6 +121,13 @@ fn real_node() {
                 flow.elapsed()
             );
             the_operator_view(http_port, sidecar).await;
+            let flow = Instant::now();
+            a_burst_outlives_the_sidecars_pod(&client, &node, sidecar).await;
+            eprintln!(
+                "real node: burst with {}'s pod deleted in {:?}",
+                sidecar.reference,
+                flow.elapsed()
+            );
         }
     });
     node.stop();
@@ -146,23 +153,7 @@ async fn claims_outlive_their_pods(client: &kube::Client, node: &Node, sidecar: 
         (&block, "csi-hostpath-immediate", "Block"),
         (&wffc, "csi-hostpath-wffc", "Filesystem"),
     ] {
-        claims
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                    "metadata": {"name": name},
-                    "spec": {
-                        "accessModes": ["ReadWriteOnce"],
-                        "storageClassName": class,
-                        "volumeMode": mode,
-                        "resources": {"requests": {"storage": "16Mi"}},
-                    },
-                }))
-                .expect("claim"),
-            )
-            .await
-            .expect("create the claim");
+        create_claim(&claims, name, class, mode).await;
     }
     let (fs_pv, block_pv) = tokio::join!(wait_bound(&claims, &fs), wait_bound(&claims, &block));
 
@@ -293,20 +284,7 @@ async fn claims_outlive_their_pods(client: &kube::Client, node: &Node, sidecar: 
         );
     }
 
-    for claim in [&fs, &block, &wffc] {
-        claims
-            .delete(claim, &DeleteParams::default())
-            .await
-            .expect("delete the claim");
-    }
-    for pv in &pv_names {
-        wait_for(WAIT, "the PV to be deleted", || async {
-            pvs.get_opt(pv).await.ok()?.is_none().then_some(())
-        })
-        .await;
-    }
-    let left = csi_hostpath::backend_volumes(&node.state_dir().join("csi-hostpath-data"))
-        .expect("the driver's records");
+    let left = delete_claims(client, node, &claims, &[&fs, &block, &wffc], &pv_names).await;
     let driver_logs = container_logs(client, "hostpath").await;
     assert!(
         left.is_empty(),
@@ -322,6 +300,114 @@ async fn claims_outlive_their_pods(client: &kube::Client, node: &Node, sidecar: 
             .count(),
         sidecar.reference
     );
+}
+
+/// Claims made in a burst while the sidecar's pod is deleted (as `kubectl
+/// delete pod` does, with its grace period): the Deployment's new pod
+/// finishes the work. Every claim ends Bound with exactly one backend
+/// volume (none provisioned twice, none lost), and deleting the claims
+/// leaves nothing behind.
+async fn a_burst_outlives_the_sidecars_pod(client: &kube::Client, node: &Node, sidecar: &Image) {
+    const BURST: usize = 8;
+    let ns = format!("real-node-burst-{}", sidecar.flow);
+    let ns = ns.as_str();
+    create_namespace(client, ns).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let names: Vec<String> = (0..BURST).map(|i| format!("burst-{i}")).collect();
+    for name in &names {
+        create_claim(&claims, name, "csi-hostpath-immediate", "Filesystem").await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), DEPLOY_NAMESPACE);
+    let controller = pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={CONTROLLER}")))
+        .await
+        .expect("the controller pods");
+    let bound_before = claims
+        .list(&ListParams::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+                .count()
+        })
+        .unwrap_or_default();
+    eprintln!(
+        "real node: {bound_before} of {BURST} claims bound when {}'s pod is deleted",
+        sidecar.reference
+    );
+    for pod in controller.items {
+        let name = pod.metadata.name.unwrap_or_default();
+        pods.delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete the sidecar's pod");
+    }
+    let mut pv_names = Vec::new();
+    for name in &names {
+        pv_names.push(wait_bound(&claims, name).await);
+    }
+    wait_deploy_running(client, node, &sidecar.reference).await;
+    let data = node.state_dir().join("csi-hostpath-data");
+    let records = csi_hostpath::backend_volumes(&data).expect("the driver's records");
+    let mut backend: Vec<&str> = records.iter().map(|r| r.name.as_str()).collect();
+    backend.sort_unstable();
+    let mut bound: Vec<&str> = pv_names.iter().map(String::as_str).collect();
+    bound.sort_unstable();
+    assert_eq!(
+        backend, bound,
+        "one backend volume per claim, named as its PV ({})",
+        sidecar.reference
+    );
+    let left = delete_claims(client, node, &claims, &names, &pv_names).await;
+    assert!(left.is_empty(), "no backend volume left: {left:?}");
+}
+
+/// Creates claim `name` of `class` and volume `mode` (16 MiB, RWO).
+async fn create_claim(claims: &Api<PersistentVolumeClaim>, name: &str, class: &str, mode: &str) {
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": class,
+                    "volumeMode": mode,
+                    "resources": {"requests": {"storage": "16Mi"}},
+                },
+            }))
+            .expect("claim"),
+        )
+        .await
+        .expect("create the claim");
+}
+
+/// Deletes the claims `names`, waits until their PVs `pv_names` are gone
+/// (deleted by the sidecar after DeleteVolume) and returns the driver's
+/// backend volumes left.
+async fn delete_claims(
+    client: &kube::Client,
+    node: &Node,
+    claims: &Api<PersistentVolumeClaim>,
+    names: &[impl AsRef<str>],
+    pv_names: &[String],
+) -> Vec<csi_hostpath::VolumeRecord> {
+    for name in names {
+        claims
+            .delete(name.as_ref(), &DeleteParams::default())
+            .await
+            .expect("delete the claim");
+    }
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    for pv in pv_names {
+        wait_for(WAIT, "the PV to be deleted", || async {
+            pvs.get_opt(pv).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
+    csi_hostpath::backend_volumes(&node.state_dir().join("csi-hostpath-data"))
+        .expect("the driver's records")
 }
 
 /// What an operator reads from the sidecar in its pod, after the claims
