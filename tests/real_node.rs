@@ -9,10 +9,13 @@
 //! sidecar in its pod provisions a filesystem, a block and a
 //! WaitForFirstConsumer claim that the kubelet mounts through the
 //! DaemonSet's node plugin: a pod writes, a second pod reads what the first
-//! wrote, and deleting the claims leaves no backend volume. The same flow
-//! then runs with the Go sidecar's image in the same Deployment, as the
-//! baseline. The pods' logs are read through the kubelet, as `kubectl logs`
-//! does (the API server's kubelet client certificate).
+//! wrote, and deleting the claims leaves no backend volume; the sidecar's
+//! health checks and metrics answer as an operator reads them; a burst of
+//! claims outlives the deletion of the sidecar's pod (one backend volume
+//! per claim). The same flows then run with the Go sidecar's image in the
+//! same Deployment, as the baseline. The pods' logs are read through the
+//! kubelet, as `kubectl logs` does (the API server's kubelet client
+//! certificate).
 //!
 //! The node is `../shared/k8s/node` (see its README.md and
 //! `tests/controlplane/src/node.rs`): without it (or without root, or
