@@ -1038,24 +1038,7 @@ fn build_images(workspace: &Path, out: &Path, go_provisioner: &Path) -> Vec<Imag
     // csi-hostpath's (another package): without this build a csi-hostpath
     // left from an older source goes into the image (it did, once, here).
     // A no-op when it is current, e.g. under `cargo test --workspace`.
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.args([
-        "build",
-        "--locked",
-        "-p",
-        "csi-hostpath",
-        "--bin",
-        "csi-hostpath",
-    ]);
-    if bin_dir.file_name().is_some_and(|n| n == "release") {
-        build.arg("--release");
-    }
-    let status = build.status().expect("run cargo build -p csi-hostpath");
-    assert!(
-        status.success(),
-        "cargo build -p csi-hostpath failed: {status}"
-    );
+    support::build_driver(bin_dir);
     assert_eq!(
         Some(bin_dir),
         Path::new(env!("CARGO_BIN_EXE_csi-provisioner")).parent(),

@@ -1568,21 +1568,7 @@ pub fn driver_binary() -> PathBuf {
                 .expect("target/<profile>/deps/<test>");
             let path = profile_dir.join("csi-hostpath");
             if !path.exists() {
-                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-                let mut build = Command::new(cargo);
-                build.args([
-                    "build",
-                    "--locked",
-                    "-p",
-                    "csi-hostpath",
-                    "--bin",
-                    "csi-hostpath",
-                ]);
-                if profile_dir.file_name().is_some_and(|n| n == "release") {
-                    build.arg("--release");
-                }
-                let status = build.status().expect("run cargo build");
-                assert!(status.success(), "cargo build -p csi-hostpath failed");
+                build_driver(profile_dir);
             }
             path
         })
@@ -1652,6 +1638,26 @@ pub fn finalizers(pv: &PersistentVolume) -> Vec<String> {
 
 pub fn state_dir(env: &Env) -> &Path {
     &env.driver.state_dir
+}
+
+/// `cargo build -p csi-hostpath --bin csi-hostpath` for the profile of
+/// `profile_dir` (`target/<profile>`): a no-op when the binary is current.
+pub fn build_driver(profile_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.args([
+        "build",
+        "--locked",
+        "-p",
+        "csi-hostpath",
+        "--bin",
+        "csi-hostpath",
+    ]);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("run cargo build");
+    assert!(status.success(), "cargo build -p csi-hostpath failed");
 }
 
 /// A free TCP port on 127.0.0.1 (for `--http-endpoint`), below the
