@@ -12,7 +12,9 @@
 //! wrote, and deleting the claims leaves no backend volume; the sidecar's
 //! health checks and metrics answer as an operator reads them; a burst of
 //! claims outlives the deletion of the sidecar's pod (one backend volume
-//! per claim). The same flows then run with the Go sidecar's image in the
+//! per claim); two replicas of ours hand the Lease over on `kubectl
+//! rollout restart` during a burst, provisioning no claim twice. The same
+//! flows, but the two replicas, then run with the Go sidecar's image in the
 //! same Deployment, as the baseline. The pods' logs are read through the
 //! kubelet, as `kubectl logs` does (the API server's kubelet client
 //! certificate).
@@ -110,7 +112,7 @@ fn real_node() {
         for (overlay, sidecar) in [(&overlays.rust, &images[0]), (&overlays.go, &images[2])] {
             let flow = Instant::now();
             kubectl(plane, &["apply", "-k", &overlay.display().to_string()]);
-            wait_deploy_running(&client, &node, &sidecar.reference).await;
+            wait_deploy_running(&client, &node, &sidecar.reference, 1, &[]).await;
             eprintln!(
                 "real node: deploy/ running with {} in {:?}",
                 sidecar.reference,
@@ -131,6 +133,22 @@ fn real_node() {
                 sidecar.reference,
                 flow.elapsed()
             );
+            if sidecar.flow == "rs" {
+                // Ours only: the Go image's leader-election identity is the
+                // hostname, the same for both replicas on the host network
+                // (deploy/README.md), so both would lead.
+                let flow = Instant::now();
+                kubectl(
+                    plane,
+                    &["apply", "-k", &overlays.replicas.display().to_string()],
+                );
+                wait_deploy_running(&client, &node, &sidecar.reference, 2, &[]).await;
+                two_replicas_hand_over_on_rollout_restart(&client, &node, plane, sidecar).await;
+                eprintln!(
+                    "real node: two replicas, rollout restart in {:?}",
+                    flow.elapsed()
+                );
+            }
         }
     });
     node.stop();
@@ -349,20 +367,91 @@ async fn a_burst_outlives_the_sidecars_pod(client: &kube::Client, node: &Node, s
     for name in &names {
         pv_names.push(wait_bound(&claims, name).await);
     }
-    wait_deploy_running(client, node, &sidecar.reference).await;
-    let data = node.state_dir().join("csi-hostpath-data");
-    let records = csi_hostpath::backend_volumes(&data).expect("the driver's records");
+    wait_deploy_running(client, node, &sidecar.reference, 1, &[]).await;
+    assert_one_backend_volume_per_pv(node, &pv_names, &sidecar.reference);
+    let left = delete_claims(client, node, &claims, &names, &pv_names).await;
+    assert!(left.is_empty(), "no backend volume left: {left:?}");
+}
+
+/// Two replicas of the sidecar, one leading; `kubectl rollout restart`
+/// replaces both (the strategy is Recreate, see deploy/README.md) while a
+/// burst of claims is being provisioned. The Lease passes to a new
+/// replica (another holder identity), every claim ends Bound with exactly
+/// one backend volume (none provisioned twice), and deleting the claims
+/// leaves nothing behind.
+async fn two_replicas_hand_over_on_rollout_restart(
+    client: &kube::Client,
+    node: &Node,
+    plane: &ControlPlane,
+    sidecar: &Image,
+) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    const BURST: usize = 8;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), DEPLOY_NAMESPACE);
+    let holder = || async {
+        leases
+            .get_opt("hostpath-csi-k8s-io")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
+    let before = wait_for(WAIT, "a replica to hold the Lease", holder).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), DEPLOY_NAMESPACE);
+    let old: Vec<String> = pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={CONTROLLER}")))
+        .await
+        .expect("the controller pods")
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let ns = "real-node-replicas";
+    create_namespace(client, ns).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let names: Vec<String> = (0..BURST).map(|i| format!("restart-{i}")).collect();
+    for name in &names {
+        create_claim(&claims, name, "csi-hostpath-immediate", "Filesystem").await;
+    }
+    kubectl(
+        plane,
+        &[
+            "rollout",
+            "restart",
+            &format!("deployment/{CONTROLLER}"),
+            "-n",
+            DEPLOY_NAMESPACE,
+        ],
+    );
+    let mut pv_names = Vec::new();
+    for name in &names {
+        pv_names.push(wait_bound(&claims, name).await);
+    }
+    wait_deploy_running(client, node, &sidecar.reference, 2, &old).await;
+    let after = wait_for(WAIT, "a new replica to hold the Lease", || async {
+        holder().await.filter(|h| *h != before)
+    })
+    .await;
+    eprintln!("real node: the Lease went from {before} to {after}");
+    assert_one_backend_volume_per_pv(node, &pv_names, "two replicas");
+    let left = delete_claims(client, node, &claims, &names, &pv_names).await;
+    assert!(left.is_empty(), "no backend volume left: {left:?}");
+}
+
+/// The driver's backend volumes are exactly the PVs `pv_names` (a volume
+/// is named as its PV): none provisioned twice, none lost.
+fn assert_one_backend_volume_per_pv(node: &Node, pv_names: &[String], what: &str) {
+    let records = csi_hostpath::backend_volumes(&node.state_dir().join("csi-hostpath-data"))
+        .expect("the driver's records");
     let mut backend: Vec<&str> = records.iter().map(|r| r.name.as_str()).collect();
     backend.sort_unstable();
     let mut bound: Vec<&str> = pv_names.iter().map(String::as_str).collect();
     bound.sort_unstable();
     assert_eq!(
         backend, bound,
-        "one backend volume per claim, named as its PV ({})",
-        sidecar.reference
+        "one backend volume per claim, named as its PV ({what})"
     );
-    let left = delete_claims(client, node, &claims, &names, &pv_names).await;
-    assert!(left.is_empty(), "no backend volume left: {left:?}");
 }
 
 /// Creates claim `name` of `class` and volume `mode` (16 MiB, RWO).
@@ -518,10 +607,17 @@ async fn container_logs(client: &kube::Client, container: &str) -> String {
     out
 }
 
-/// One controller pod, running `sidecar` and ready (the rollout of an
-/// image change done: no other pod left), the node DaemonSet's pod ready and
-/// the driver on the node's CSINode (registered by the node plugin itself).
-async fn wait_deploy_running(client: &kube::Client, node: &Node, sidecar: &str) {
+/// `replicas` controller pods, running `sidecar` and ready (a rollout done:
+/// no other pod left, none of `gone` among them), the node DaemonSet's pod
+/// ready and the driver on the node's CSINode (registered by the node
+/// plugin itself).
+async fn wait_deploy_running(
+    client: &kube::Client,
+    node: &Node,
+    sidecar: &str,
+    replicas: usize,
+    gone: &[String],
+) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), DEPLOY_NAMESPACE);
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), DEPLOY_NAMESPACE);
     let csinodes: Api<CSINode> = Api::all(client.clone());
@@ -532,8 +628,9 @@ async fn wait_deploy_running(client: &kube::Client, node: &Node, sidecar: &str) 
             .await
             .map(|l| l.items)
             .unwrap_or_default();
-        let controller_ready = controller.len() == 1
+        let controller_ready = controller.len() == replicas
             && controller.iter().all(|p| {
+                let old = p.metadata.name.as_ref().is_some_and(|n| gone.contains(n));
                 let runs_sidecar = p.spec.as_ref().is_some_and(|s| {
                     s.containers
                         .iter()
@@ -544,7 +641,7 @@ async fn wait_deploy_running(client: &kube::Client, node: &Node, sidecar: &str) 
                     .as_ref()
                     .and_then(|s| s.conditions.as_ref())
                     .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-                runs_sidecar && ready && p.metadata.deletion_timestamp.is_none()
+                runs_sidecar && ready && !old && p.metadata.deletion_timestamp.is_none()
             });
         let daemonset_ready = daemonsets
             .get_opt("csi-hostpath-node")
@@ -564,7 +661,7 @@ async fn wait_deploy_running(client: &kube::Client, node: &Node, sidecar: &str) 
         }
         assert!(
             Instant::now() < deadline,
-            "deploy/ not running within {WAIT:?} (one ready controller pod with {sidecar}: \
+            "deploy/ not running within {WAIT:?} ({replicas} ready controller pod(s) with {sidecar}: \
              {controller_ready}, DaemonSet ready: {daemonset_ready}, driver on the CSINode: \
              {registered})\nevents: {}\nkubelet:\n{}",
             events(client, DEPLOY_NAMESPACE).await,
@@ -580,6 +677,9 @@ async fn wait_deploy_running(client: &kube::Client, node: &Node, sidecar: &str) 
 struct Overlays {
     rust: PathBuf,
     go: PathBuf,
+    /// `rust` with two replicas and no HTTP endpoint (on the host network
+    /// the two would want the same port).
+    replicas: PathBuf,
 }
 
 fn write_overlays(
@@ -733,7 +833,39 @@ patches:
 "#
     );
     std::fs::write(go.join("kustomization.yaml"), text).expect("write the Go overlay");
-    Overlays { rust, go }
+    let replicas = bed.join("overlay-replicas");
+    std::fs::create_dir_all(&replicas).expect("overlay folder");
+    let text = format!(
+        r#"# Written by tests/real_node.rs: ../overlay with two replicas of the
+# controller. On the host network both would bind --http-endpoint's port, so
+# neither has the endpoint, nor the ports and probes that use it.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../overlay
+patches:
+  - target:
+      kind: Deployment
+      name: {CONTROLLER}
+    patch: |-
+      - op: replace
+        path: /spec/replicas
+        value: 2
+      - op: test
+        path: /spec/template/spec/containers/0/args/2
+        value: --http-endpoint=:{http_port}
+      - op: remove
+        path: /spec/template/spec/containers/0/args/2
+      - op: remove
+        path: /spec/template/spec/containers/0/ports
+      - op: remove
+        path: /spec/template/spec/containers/0/livenessProbe
+      - op: remove
+        path: /spec/template/spec/containers/0/readinessProbe
+"#
+    );
+    std::fs::write(replicas.join("kustomization.yaml"), text).expect("write the replicas overlay");
+    Overlays { rust, go, replicas }
 }
 
 fn kubectl(plane: &ControlPlane, args: &[&str]) {
