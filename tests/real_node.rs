@@ -43,6 +43,7 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 
+mod e2e;
 mod support;
 
 const TEST: &str = "real_node";
@@ -118,6 +119,25 @@ fn real_node() {
                 sidecar.reference,
                 flow.elapsed()
             );
+            if e2e::full() {
+                // The whole upstream selection, the only flow of this mode.
+                let outcome = e2e::run(
+                    plane,
+                    &node,
+                    workspace,
+                    &bed.join(format!("e2e-full-{}", sidecar.flow)),
+                    e2e::FOCUS,
+                );
+                eprintln!(
+                    "real node: upstream storage e2e with {}: {}",
+                    sidecar.reference,
+                    outcome.summary()
+                );
+                for (name, message) in &outcome.failed {
+                    eprintln!("  FAILED {name}\n    {}", tail(message, 3));
+                }
+                continue;
+            }
             let flow = Instant::now();
             claims_outlive_their_pods(&client, &node, sidecar).await;
             eprintln!(
@@ -148,11 +168,50 @@ fn real_node() {
                     "real node: two replicas, rollout restart in {:?}",
                     flow.elapsed()
                 );
+                let flow = Instant::now();
+                kubectl(plane, &["apply", "-k", &overlay.display().to_string()]);
+                wait_deploy_running(&client, &node, &sidecar.reference, 1, &[]).await;
+                the_pinned_upstream_specs_pass(plane, &node, workspace, &bed);
+                eprintln!(
+                    "real node: pinned upstream storage e2e specs in {:?}",
+                    flow.elapsed()
+                );
             }
         }
     });
     node.stop();
     eprintln!("real node: done in {:?}", started.elapsed());
+}
+
+/// The specs of `tests/e2e/pinned.txt` (they pass with the Go sidecar's
+/// image, see deploy/README.md) pass with ours: each one ran and passed.
+fn the_pinned_upstream_specs_pass(plane: &ControlPlane, node: &Node, workspace: &Path, bed: &Path) {
+    let pinned = e2e::pinned(workspace);
+    if pinned.is_empty() {
+        // An empty focus would run the whole selection.
+        eprintln!("real node: tests/e2e/pinned.txt pins no upstream e2e spec");
+        return;
+    }
+    let outcome = e2e::run(
+        plane,
+        node,
+        workspace,
+        &bed.join("e2e-pinned"),
+        &e2e::focus_of(&pinned),
+    );
+    eprintln!(
+        "real node: pinned upstream storage e2e: {}",
+        outcome.summary()
+    );
+    let not_passed: Vec<&String> = pinned
+        .iter()
+        .filter(|name| !outcome.passed.contains(name))
+        .collect();
+    assert!(
+        not_passed.is_empty(),
+        "pinned upstream e2e specs that did not pass: {not_passed:#?}\nfailures: {:#?}",
+        outcome.failed
+    );
 }
 
 /// The claims of one sidecar image (`sidecar`), provisioned by it in the

@@ -158,6 +158,17 @@ impl Node {
             ("NODE_BIN", install.join("bin")),
             ("IMAGES", install.join("images")),
             ("NODE_DIR", state.clone()),
+            // The stand-ins the upstream e2e suite needs under its own
+            // names (the node folder's README.md, section "e2e.test"):
+            // busybox 1.35 for the suite's busybox and for the nginx image
+            // whose shell the "exec of files on the volume" spec uses.
+            (
+                "EXTRA_TAGS",
+                PathBuf::from(
+                    "docker.io/library/busybox:1.35.0=registry.k8s.io/e2e-test-images/busybox:1.37.0-1 \
+                     docker.io/library/busybox:1.35.0=registry.k8s.io/e2e-test-images/nginx:1.15-4",
+                ),
+            ),
         ];
         // Armed before the start: a start that fails half-way is stopped too.
         let mut watchdog = Command::new("sh");
@@ -204,6 +215,11 @@ impl Node {
     /// The kubelet's `--root-dir`.
     pub fn kubelet_root(&self) -> PathBuf {
         self.state.join("kubelet")
+    }
+
+    /// A binary the node folder installed (`e2e.test`, `ctr`, ...).
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.install.join("bin").join(name)
     }
 
     /// The node's state folder (containerd, kubelet, logs).
