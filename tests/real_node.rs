@@ -119,7 +119,10 @@ fn real_node() {
                 sidecar.reference,
                 flow.elapsed()
             );
-            if e2e::full() {
+            if let Some(which) = e2e::full() {
+                if !which.includes(sidecar.flow) {
+                    continue;
+                }
                 // The whole upstream selection, the only flow of this mode.
                 let outcome = e2e::run(
                     plane,
@@ -867,7 +870,8 @@ patches:
     let text = format!(
         r#"# Written by tests/real_node.rs: ../overlay with the Go sidecar's image
 # (the baseline). The Go image has no --controller-id (the base passes it for
-# the PVReleaser and PodPVCProvisioner gates of ours) and serves no /readyz.
+# the PVReleaser and PodPVCProvisioner gates of ours), serves no /readyz and
+# updates claims where ours patches them.
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -889,6 +893,19 @@ patches:
       - op: replace
         path: /spec/template/spec/containers/0/readinessProbe/httpGet/path
         value: /healthz/leader-election
+  # The Go image puts the clone-protection finalizer on a clone's source
+  # claim with an update (ours patches): without this verb its clones stay
+  # Pending (the upstream e2e suite's "pvc data source" specs, tests/e2e).
+  - target:
+      kind: ClusterRole
+      name: csi-provisioner-runner
+    patch: |-
+      - op: test
+        path: /rules/1/resources/0
+        value: persistentvolumeclaims
+      - op: add
+        path: /rules/1/verbs/-
+        value: update
 "#
     );
     std::fs::write(go.join("kustomization.yaml"), text).expect("write the Go overlay");

@@ -24,9 +24,26 @@ pub const FOCUS: &str = r"External.Storage";
 /// runs on one node without SSH. Snapshot specs carry `[Feature:`.
 pub const SKIP: &str = r"Disruptive|Serial|Slow|\[Feature:|disruptive|LinuxOnly.*Windows";
 
-/// Whether `REAL_NODE_E2E=full` asks for the whole selection.
-pub fn full() -> bool {
-    std::env::var(MODE_VAR).is_ok_and(|v| v == "full")
+/// Which images `REAL_NODE_E2E` runs the whole selection with: `full`
+/// both, `full-rs` ours, `full-go` the Go image's; `None` for the default
+/// run (the pinned specs).
+pub fn full() -> Option<Full> {
+    match std::env::var(MODE_VAR).ok()?.as_str() {
+        "" => None,
+        "full" => Some(Full(None)),
+        "full-rs" => Some(Full(Some("rs"))),
+        "full-go" => Some(Full(Some("go"))),
+        other => panic!("{MODE_VAR}={other}: expected full, full-rs or full-go"),
+    }
+}
+
+/// The flows (`rs`, `go`) a full run covers; `None` for both.
+pub struct Full(Option<&'static str>);
+
+impl Full {
+    pub fn includes(&self, flow: &str) -> bool {
+        self.0.is_none_or(|only| only == flow)
+    }
 }
 
 /// What one run reports (its JUnit file).
