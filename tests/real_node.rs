@@ -13,7 +13,10 @@
 //! health checks and metrics answer as an operator reads them; a burst of
 //! claims outlives the deletion of the sidecar's pod (one backend volume
 //! per claim); two replicas of ours hand the Lease over on `kubectl
-//! rollout restart` during a burst, provisioning no claim twice. The same
+//! rollout restart` during a burst, provisioning no claim twice; the
+//! upstream storage e2e specs pinned in `tests/e2e/pinned.txt` pass with
+//! ours (`tests/e2e/mod.rs`; `REAL_NODE_E2E=full` runs the whole selection
+//! with both images instead of these flows). The same
 //! flows, but the two replicas, then run with the Go sidecar's image in the
 //! same Deployment, as the baseline. The pods' logs are read through the
 //! kubelet, as `kubectl logs` does (the API server's kubelet client
