@@ -275,8 +275,9 @@ pub struct EventQueue {
     items: VecDeque<Queued>,
     capacity: usize,
     /// How many of `items` each object has: a push scans the queue for
-    /// events to replace only when its object has some. Under a backlog
-    /// the queue holds hundreds of other objects' events, and a scan per
+    /// events to replace only when its object has some, and only as far
+    /// back as it takes to meet them all. Under a backlog the queue holds
+    /// hundreds of other objects' events, and a scan of all of them per
     /// push compared every one of their uids.
     per_object: HashMap<String, usize>,
 }
@@ -312,15 +313,32 @@ impl EventQueue {
     /// reason, or a `Provisioning` note of it, is replaced.
     pub fn push(&mut self, item: Queued) -> Pushed {
         let mut coalesced = false;
-        if self.per_object.contains_key(&item.uid) {
-            let before = self.items.len();
-            self.items.retain(|queued| {
-                !(queued.uid == item.uid
-                    && (queued.reason == item.reason || queued.reason == SUPERSEDED_REASON))
-            });
-            let replaced = before - self.items.len();
-            self.left(&item.uid, replaced);
-            coalesced = replaced > 0;
+        if let Some(&queued_of_object) = self.per_object.get(&item.uid) {
+            // From the newest back, and only until every queued event of the
+            // object is found: the ones to replace were mostly queued a
+            // moment ago (the `Provisioning` note of a claim whose outcome
+            // this is), behind hundreds of older events under a backlog.
+            let mut replaced: Vec<usize> = Vec::new();
+            let mut seen = 0;
+            for (index, queued) in self.items.iter().enumerate().rev() {
+                if queued.uid != item.uid {
+                    continue;
+                }
+                if queued.reason == item.reason || queued.reason == SUPERSEDED_REASON {
+                    replaced.push(index);
+                }
+                seen += 1;
+                if seen == queued_of_object {
+                    break;
+                }
+            }
+            // Indices in descending order: each removal leaves the indices
+            // still to remove where they were.
+            for &index in &replaced {
+                self.items.remove(index);
+            }
+            self.left(&item.uid, replaced.len());
+            coalesced = !replaced.is_empty();
         }
         let mut pushed = if coalesced {
             Pushed::Coalesced
