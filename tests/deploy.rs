@@ -1661,3 +1661,188 @@ fn the_rbac_of_real_cluster_tests_is_the_shipped_rbac() {
         );
     }
 }
+
+/// `deploy/kubernetes/snapshotter` (the upstream csi-snapshotter beside
+/// the driver), rendered on the base with kubectl: its container is on the
+/// socket the driver serves, as hardened as the base's containers and with
+/// the pod's user; its ClusterRole is bound to the pod's service account,
+/// whose Role in the pod's namespace already grants the leader-election
+/// Lease; and its VolumeSnapshotClass names the CSIDriver. Needs kubectl
+/// (kustomize Components are kubectl's to judge): skipped without it, a
+/// failure when `CI=true`. `tests/real_node.rs` runs it on the real node.
+#[test]
+fn the_snapshotter_component_shares_the_socket_and_the_service_account() {
+    if let Some(why) = render::kubectl_unavailable() {
+        assert!(!in_ci(), "{why}: CI=true, and this check needs kubectl");
+        eprintln!("SKIPPED the snapshotter component: {why}");
+        return;
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix("deploy-snapshotter")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temporary directory");
+    let dir = scratch.path().canonicalize().expect("canonical tmp");
+    let k = render::kubernetes_dir()
+        .canonicalize()
+        .expect("canonical deploy/kubernetes");
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources: [{}]\ncomponents: [{}]\n",
+            render::relative(&dir, &k.join("base")).display(),
+            render::relative(&dir, &k.join("snapshotter")).display()
+        ),
+    )
+    .expect("write kustomization");
+    let objects = render::kustomize(&dir);
+    let mut problems = Vec::new();
+    // The VolumeSnapshotClass is a custom resource (no k8s-openapi type):
+    // its fields are checked at the end.
+    for obj in objects
+        .iter()
+        .filter(|o| render::kind(o) != "VolumeSnapshotClass")
+    {
+        problems.extend(render::validate_typed(obj));
+    }
+
+    let d: Deployment = render::the(&objects, "Deployment");
+    let namespace = d.metadata.namespace.clone().expect("namespace");
+    let spec = d.spec.template.spec.clone().expect("pod spec");
+    let snapshotter = container(&spec, "csi-snapshotter");
+    let driver = container(&spec, DRIVER_CONTAINER);
+    let args = snapshotter.args.clone().unwrap_or_default();
+    let socket_mount = |c: &Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "socket-dir")
+            .map(|m| m.mount_path.clone())
+    };
+    if !args.contains(&"--csi-address=/csi/csi.sock".to_owned())
+        || socket_mount(snapshotter).as_deref() != Some("/csi")
+    {
+        problems.push(format!(
+            "csi-snapshotter is not on /csi/csi.sock of socket-dir: {args:?}"
+        ));
+    }
+    if socket_mount(driver).as_deref() != Some("/csi")
+        || !driver
+            .args
+            .iter()
+            .flatten()
+            .any(|a| a == "--endpoint=unix:///csi/csi.sock")
+    {
+        problems.push("the driver does not serve /csi/csi.sock of socket-dir".into());
+    }
+    if !args.contains(&"--leader-election".to_owned()) {
+        problems.push("csi-snapshotter runs without --leader-election".into());
+    }
+    let hardened = snapshotter.security_context.as_ref().is_some_and(|s| {
+        s.allow_privilege_escalation == Some(false)
+            && s.read_only_root_filesystem == Some(true)
+            && s.run_as_user.is_none()
+            && s.capabilities
+                .as_ref()
+                .and_then(|c| c.drop.as_ref())
+                .is_some_and(|d| d == &["ALL"])
+    });
+    if !hardened {
+        problems.push(format!(
+            "csi-snapshotter's securityContext: {:?}",
+            snapshotter.security_context
+        ));
+    }
+    if snapshotter
+        .resources
+        .as_ref()
+        .is_none_or(|r| r.requests.is_none() || r.limits.is_none())
+    {
+        problems.push("csi-snapshotter has no requests and limits".into());
+    }
+
+    let account = spec.service_account_name.clone().expect("service account");
+    let bound_to_pod = |obj: &&Value, kind: &str, role: &str| {
+        render::kind(obj) == kind
+            && obj["roleRef"]["name"] == role
+            && obj["subjects"].as_array().into_iter().flatten().any(|s| {
+                s["kind"] == "ServiceAccount" && s["name"] == account && s["namespace"] == namespace
+            })
+    };
+    let rules_of = |kind: &str, name: &str| -> Vec<Value> {
+        objects
+            .iter()
+            .find(|o| render::kind(o) == kind && render::name(o) == name)
+            .and_then(|o| o["rules"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    let grants = |rules: &[Value], group: &str, resource: &str, verb: &str| {
+        rules.iter().any(|r| {
+            let has = |key: &str, want: &str| {
+                r[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|v| v == want || v == "*")
+            };
+            has("apiGroups", group) && has("resources", resource) && has("verbs", verb)
+        })
+    };
+    if !objects
+        .iter()
+        .any(|o| bound_to_pod(&o, "ClusterRoleBinding", "csi-snapshotter-runner"))
+    {
+        problems.push(format!(
+            "no ClusterRoleBinding of csi-snapshotter-runner to {namespace}/{account}"
+        ));
+    }
+    let runner = rules_of("ClusterRole", "csi-snapshotter-runner");
+    let snapshot_group = "snapshot.storage.k8s.io";
+    let mut needed = vec![("", "events", "create"), ("", "events", "patch")];
+    for verb in ["get", "list", "watch"] {
+        needed.push((snapshot_group, "volumesnapshotclasses", verb));
+    }
+    for verb in ["create", "get", "list", "watch", "update", "patch"] {
+        needed.push((snapshot_group, "volumesnapshotcontents", verb));
+    }
+    for verb in ["update", "patch"] {
+        needed.push((snapshot_group, "volumesnapshotcontents/status", verb));
+    }
+    for (group, resource, verb) in needed {
+        if !grants(&runner, group, resource, verb) {
+            problems.push(format!(
+                "csi-snapshotter-runner does not grant {verb} {group}/{resource}"
+            ));
+        }
+    }
+    // The Lease of --leader-election, in the pod's namespace: a Role bound
+    // to the same account there.
+    let lease_role = objects
+        .iter()
+        .filter(|o| bound_to_pod(o, "RoleBinding", "csi-provisioner-cfg"))
+        .any(|b| b["metadata"]["namespace"] == namespace);
+    let lease_rules = rules_of("Role", "csi-provisioner-cfg");
+    for verb in ["get", "create", "update"] {
+        if !lease_role || !grants(&lease_rules, "coordination.k8s.io", "leases", verb) {
+            problems.push(format!(
+                "{namespace}/{account} may not {verb} its leader-election Lease"
+            ));
+        }
+    }
+
+    let driver_name = render::the::<CSIDriver>(&objects, "CSIDriver")
+        .metadata
+        .name
+        .expect("CSIDriver name");
+    let class = objects
+        .iter()
+        .find(|o| render::kind(o) == "VolumeSnapshotClass")
+        .expect("a VolumeSnapshotClass");
+    if class["apiVersion"] != "snapshot.storage.k8s.io/v1"
+        || class["driver"] != driver_name.as_str()
+        || class["deletionPolicy"] != "Delete"
+    {
+        problems.push(format!("VolumeSnapshotClass: {class}"));
+    }
+    fail_if_any("deploy/kubernetes/snapshotter on the base", &problems);
+}

@@ -7,7 +7,8 @@
 # upstream Go csi-provisioner (the baseline the tests compare against) and
 # imports everything into a containerd.
 #
-#   deploy/images/build-oci.sh [--out DIR] [--bin-dir DIR] [--go-provisioner PATH] [--import]
+#   deploy/images/build-oci.sh [--out DIR] [--bin-dir DIR] [--go-provisioner PATH]
+#                              [--go-snapshotter PATH] [--import]
 #
 #   --out DIR              where the archives go (default target/oci)
 #   --bin-dir DIR          take csi-provisioner and csi-hostpath from DIR as
@@ -16,6 +17,11 @@
 #   --go-provisioner PATH  also archive this Go csi-provisioner binary as
 #                          $GO_IMAGE (default
 #                          localhost/csi-provisioner-go:<its --version>)
+#   --go-snapshotter PATH  also archive this upstream csi-snapshotter binary
+#                          (kubernetes-csi/external-snapshotter, for
+#                          deploy/kubernetes/snapshotter where no registry
+#                          is reachable) as $SNAPSHOTTER_IMAGE (default
+#                          localhost/csi-snapshotter:<its --version>)
 #   --import               import the archives with
 #                          `ctr -a $CTRD_SOCK -n k8s.io images import`
 #                          (CTR=ctr, CTRD_SOCK=/run/containerd/containerd.sock)
@@ -39,6 +45,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=$repo/target/oci
 go_provisioner=
+go_snapshotter=
 bin_dir=
 import=0
 while [ $# -gt 0 ]; do
@@ -46,6 +53,7 @@ while [ $# -gt 0 ]; do
     --out) out=${2:?--out needs a folder}; shift 2 ;;
     --bin-dir) bin_dir=${2:?--bin-dir needs a folder}; shift 2 ;;
     --go-provisioner) go_provisioner=${2:?--go-provisioner needs a path}; shift 2 ;;
+    --go-snapshotter) go_snapshotter=${2:?--go-snapshotter needs a path}; shift 2 ;;
     --import) import=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-oci.sh: unknown argument $1" >&2; exit 2 ;;
@@ -117,15 +125,29 @@ archive csi-hostpath "$bin_dir/csi-hostpath" "$registry/csi-hostpath:v$version" 
   "Hostpath CSI driver for tests and examples"
 archives=("$out/csi-provisioner.tar" "$out/csi-hostpath.tar")
 
+# go_archive NAME ARCHIVE BINARY REF DESCRIPTION: a static Go binary at
+# /NAME (its entrypoint) as out/ARCHIVE.tar.
+go_archive() {
+  local name=$1 tar=$out/$2.tar binary=$3 ref=$4 description=$5 root
+  root=$(rootfs "go-$name" "$name" "$binary")
+  python3 "$repo/deploy/images/oci_archive.py" "$root" "$ref" "$tar" \
+    --entrypoint "/$name" --user 65532:65532 \
+    --label "org.opencontainers.image.title=$name" \
+    --label "org.opencontainers.image.description=$description"
+  archives+=("$tar")
+}
+
 if [ -n "$go_provisioner" ]; then
   go_version=$("$go_provisioner" --version | awk '{print $2}')
-  go_image=${GO_IMAGE:-localhost/csi-provisioner-go:$go_version}
-  root=$(rootfs go csi-provisioner "$go_provisioner")
-  python3 "$repo/deploy/images/oci_archive.py" "$root" "$go_image" "$out/csi-provisioner-go.tar" \
-    --entrypoint /csi-provisioner --user 65532:65532 \
-    --label "org.opencontainers.image.title=csi-provisioner" \
-    --label "org.opencontainers.image.description=upstream kubernetes-csi/external-provisioner $go_version (baseline)"
-  archives+=("$out/csi-provisioner-go.tar")
+  go_archive csi-provisioner csi-provisioner-go "$go_provisioner" \
+    "${GO_IMAGE:-localhost/csi-provisioner-go:$go_version}" \
+    "upstream kubernetes-csi/external-provisioner $go_version (baseline)"
+fi
+if [ -n "$go_snapshotter" ]; then
+  snapshotter_version=$("$go_snapshotter" --version | awk '{print $2}')
+  go_archive csi-snapshotter csi-snapshotter "$go_snapshotter" \
+    "${SNAPSHOTTER_IMAGE:-localhost/csi-snapshotter:$snapshotter_version}" \
+    "upstream kubernetes-csi/external-snapshotter $snapshotter_version"
 fi
 
 if [ "$import" = 1 ]; then
