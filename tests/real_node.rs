@@ -5,7 +5,10 @@
 //! image's user, 65532, satisfies `runAsNonRoot` without a `runAsUser`);
 //! `csi-hostpath` registers with the kubelet's plugin registry by itself
 //! (its CSINode entry appears, and goes when it stops); `deploy/` is applied
-//! with `kubectl apply -k` through an overlay for this test bed, and the
+//! with `kubectl apply -k` through an overlay for this test bed (with the
+//! node plugin, and the upstream csi-snapshotter of
+//! `deploy/kubernetes/snapshotter`, the snapshot CRDs and snapshot-controller
+//! running beside the control plane as a cluster's own), and the
 //! sidecar in its pod provisions a filesystem, a block and a
 //! WaitForFirstConsumer claim that the kubelet mounts through the
 //! DaemonSet's node plugin: a pod writes, a second pod reads what the first
@@ -81,10 +84,21 @@ fn real_node() {
     let bed = target.join("real-node");
     let started = Instant::now();
 
+    // deploy/kubernetes/snapshotter: the upstream csi-snapshotter in the
+    // controller pod; the snapshot CRDs and snapshot-controller are the
+    // cluster's (a host process here, as kube-controller-manager is).
+    let (Some(snapshotter), Some(snapshot_controller), Some(crds)) = (
+        plane.binaries().require("csi-snapshotter", TEST),
+        plane.binaries().require("snapshot-controller", TEST),
+        plane.binaries().require_dir("crd", TEST),
+    ) else {
+        return;
+    };
     let images = build_images(
         workspace,
         &bed.join("oci"),
         &plane.binaries().path("csi-provisioner"),
+        &snapshotter,
     );
     eprintln!("real node: images built in {:?}", started.elapsed());
 
@@ -96,8 +110,13 @@ fn real_node() {
         "real node: node started, images imported at {:?}",
         started.elapsed()
     );
+    plane
+        .start_snapshot_controller(&snapshot_controller, &crds)
+        .expect("the snapshot CRDs and snapshot-controller");
     let http_port = controlplane::free_port().expect("a free port");
-    let overlays = write_overlays(&bed, workspace, plane, &node, http_port, &images[2]);
+    let overlays = write_overlays(
+        &bed, workspace, plane, &node, http_port, &images[2], &images[3],
+    );
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
@@ -126,21 +145,25 @@ fn real_node() {
                 if !which.includes(sidecar.flow) {
                     continue;
                 }
-                // The whole upstream selection, the only flow of this mode.
-                let outcome = e2e::run(
-                    plane,
-                    &node,
-                    workspace,
-                    &bed.join(format!("e2e-full-{}", sidecar.flow)),
-                    e2e::FOCUS,
-                );
-                eprintln!(
-                    "real node: upstream storage e2e with {}: {}",
-                    sidecar.reference,
-                    outcome.summary()
-                );
-                for (name, message) in &outcome.failed {
-                    eprintln!("  FAILED {name}\n    {}", tail(message, 3));
+                // The whole upstream selection and its snapshot specs (or
+                // those alone), the only flow of this mode.
+                for &(what, focus, skip) in &which.runs {
+                    let outcome = e2e::run(
+                        plane,
+                        &node,
+                        workspace,
+                        &bed.join(format!("e2e-full{what}-{}", sidecar.flow)),
+                        focus,
+                        skip,
+                    );
+                    eprintln!(
+                        "real node: upstream storage e2e{what} with {}: {}",
+                        sidecar.reference,
+                        outcome.summary()
+                    );
+                    for (name, message) in &outcome.failed {
+                        eprintln!("  FAILED {name}\n    {}", tail(message, 3));
+                    }
                 }
                 continue;
             }
@@ -204,6 +227,7 @@ fn the_pinned_upstream_specs_pass(plane: &ControlPlane, node: &Node, workspace: 
         workspace,
         &bed.join("e2e-pinned"),
         &e2e::focus_of(&pinned),
+        e2e::PINNED_SKIP,
     );
     eprintln!(
         "real node: pinned upstream storage e2e: {}",
@@ -754,6 +778,7 @@ fn write_overlays(
     node: &Node,
     http_port: u16,
     go_image: &Image,
+    snapshotter: &Image,
 ) -> Overlays {
     let rust = bed.join("overlay");
     let go = bed.join("overlay-go");
@@ -769,6 +794,10 @@ fn write_overlays(
         .rsplit(':')
         .next()
         .expect("the API server URL has a port");
+    let (snapshotter_name, snapshotter_tag) = snapshotter
+        .reference
+        .rsplit_once(':')
+        .expect("the csi-snapshotter image has a tag");
     let text = format!(
         r#"# Written by tests/real_node.rs: deploy/ on this host's real node
 # (deploy/README.md lists these changes and why).
@@ -778,6 +807,11 @@ resources:
   - {deploy}
 components:
   - {deploy}/node-plugin
+  - {deploy}/snapshotter
+images:
+  - name: registry.k8s.io/sig-storage/csi-snapshotter
+    newName: {snapshotter_name}
+    newTag: {snapshotter_tag}
 patches:
   - target:
       kind: Deployment
@@ -798,6 +832,17 @@ patches:
       - op: replace
         path: /spec/template/spec/containers/1/imagePullPolicy
         value: Never
+      - op: test
+        path: /spec/template/spec/containers/2/name
+        value: csi-snapshotter
+      - op: replace
+        path: /spec/template/spec/containers/2/imagePullPolicy
+        value: Never
+      - op: add
+        path: /spec/template/spec/containers/2/env
+        value:
+          - {{name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
+          - {{name: KUBERNETES_SERVICE_PORT, value: "{api_port}"}}
       - op: add
         path: /spec/template/spec/containers/0/env/-
         value: {{name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
@@ -917,7 +962,9 @@ patches:
     let text = format!(
         r#"# Written by tests/real_node.rs: ../overlay with two replicas of the
 # controller. On the host network both would bind --http-endpoint's port, so
-# neither has the endpoint, nor the ports and probes that use it.
+# neither has the endpoint, nor the ports and probes that use it; and both
+# csi-snapshotters would have the hostname as their leader-election
+# identity, so both would lead: the flow takes no snapshot, and they go.
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -941,6 +988,11 @@ patches:
         path: /spec/template/spec/containers/0/livenessProbe
       - op: remove
         path: /spec/template/spec/containers/0/readinessProbe
+      - op: test
+        path: /spec/template/spec/containers/2/name
+        value: csi-snapshotter
+      - op: remove
+        path: /spec/template/spec/containers/2
 "#
     );
     std::fs::write(replicas.join("kustomization.yaml"), text).expect("write the replicas overlay");
@@ -1240,7 +1292,12 @@ where
 /// `deploy/images/build-oci.sh` into `out`, from the binaries this test
 /// was built with (the release build would add minutes to CI for nothing a
 /// pod can tell), with the Go sidecar's image beside ours.
-fn build_images(workspace: &Path, out: &Path, go_provisioner: &Path) -> Vec<Image> {
+fn build_images(
+    workspace: &Path,
+    out: &Path,
+    go_provisioner: &Path,
+    go_snapshotter: &Path,
+) -> Vec<Image> {
     let driver = support::driver_binary();
     let bin_dir = driver
         .parent()
@@ -1262,6 +1319,8 @@ fn build_images(workspace: &Path, out: &Path, go_provisioner: &Path) -> Vec<Imag
         .arg(bin_dir)
         .arg("--go-provisioner")
         .arg(go_provisioner)
+        .arg("--go-snapshotter")
+        .arg(go_snapshotter)
         .status()
         .expect("run deploy/images/build-oci.sh");
     assert!(
@@ -1269,18 +1328,8 @@ fn build_images(workspace: &Path, out: &Path, go_provisioner: &Path) -> Vec<Imag
         "deploy/images/build-oci.sh failed: {status}"
     );
     let version = env!("CARGO_PKG_VERSION");
-    let go_version = Command::new(go_provisioner)
-        .arg("--version")
-        .output()
-        .expect("the Go csi-provisioner's version");
-    let go_version = String::from_utf8_lossy(&go_version.stdout)
-        .trim()
-        .to_owned();
-    let go_tag = go_version
-        .split_whitespace()
-        .nth(1)
-        .expect("`csi-provisioner <version>`")
-        .to_owned();
+    let go_tag = go_version(go_provisioner);
+    let snapshotter_tag = go_version(go_snapshotter);
     vec![
         Image {
             archive: out.join("csi-provisioner.tar"),
@@ -1301,7 +1350,27 @@ fn build_images(workspace: &Path, out: &Path, go_provisioner: &Path) -> Vec<Imag
             version_line: format!("/csi-provisioner {go_tag}"),
             flow: "go",
         },
+        Image {
+            archive: out.join("csi-snapshotter.tar"),
+            reference: format!("localhost/csi-snapshotter:{snapshotter_tag}"),
+            version_line: format!("/csi-snapshotter {snapshotter_tag}"),
+            flow: "snapshotter",
+        },
     ]
+}
+
+/// The version a Go sidecar binary prints (`<argv[0]> <version>`), which
+/// `build-oci.sh` tags its image with.
+fn go_version(binary: &Path) -> String {
+    let out = Command::new(binary)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{} --version: {e}", binary.display()));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("{} --version: no `<name> <version>`", binary.display()))
+        .to_owned()
 }
 
 /// The target folder this test binary was built in

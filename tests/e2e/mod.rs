@@ -6,9 +6,10 @@
 //! `tests/e2e/pinned.txt` (specs that pass with the Go sidecar's image) with
 //! our image, and fails when one of them does not pass. With
 //! `REAL_NODE_E2E=full` it runs the whole selection (focus
-//! [`FOCUS`], skip [`SKIP`]) once with our image and once with the Go
-//! image, and only prints the counts (deploy/README.md, section "The
-//! upstream storage e2e suite", has the table).
+//! [`FOCUS`], skip [`SKIP`]) and then the snapshot specs ([`SNAPSHOTS`];
+//! `REAL_NODE_E2E=snapshots` those alone) once with our image and once with
+//! the Go image, and only prints the counts (deploy/README.md, section "The upstream storage e2e suite", has
+//! the table).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,28 +22,55 @@ use controlplane::node::Node;
 pub const MODE_VAR: &str = "REAL_NODE_E2E";
 pub const FOCUS: &str = r"External.Storage";
 /// The node folder's README.md, section "e2e.test": the selection that
-/// runs on one node without SSH. Snapshot specs carry `[Feature:`.
+/// runs on one node without SSH. Snapshot specs carry `[Feature:`, and run
+/// as [`SNAPSHOTS`].
 pub const SKIP: &str = r"Disruptive|Serial|Slow|\[Feature:|disruptive|LinuxOnly.*Windows";
 
-/// Which images `REAL_NODE_E2E` runs the whole selection with: `full`
-/// both, `full-rs` ours, `full-go` the Go image's; `None` for the default
-/// run (the pinned specs).
+/// The snapshot specs (the snapshot CRDs and snapshot-controller run beside
+/// the control plane, deploy/kubernetes/snapshotter in the controller pod):
+/// focus and skip. Not the Windows ones, nor volume group snapshots and
+/// snapshot metadata, which the driver does not have.
+pub const SNAPSHOTS: (&str, &str) = (
+    r"External.Storage.*\[Feature:VolumeSnapshotDataSource\]",
+    r"Disruptive|Serial|Slow|disruptive|Feature:Windows",
+);
+
+/// The skip of a pinned run: its focus names each spec, and nothing
+/// pinned may need SSH to the node.
+pub const PINNED_SKIP: &str = r"Disruptive|Serial|Slow|disruptive";
+
+/// What `REAL_NODE_E2E` runs instead of the flows: `full` the whole
+/// selection and then the snapshot specs, `snapshots` only those; either
+/// with both images, or with `-rs` ours, `-go` the Go image's. `None` for
+/// the default run (the pinned specs).
 pub fn full() -> Option<Full> {
-    match std::env::var(MODE_VAR).ok()?.as_str() {
-        "" => None,
-        "full" => Some(Full(None)),
-        "full-rs" => Some(Full(Some("rs"))),
-        "full-go" => Some(Full(Some("go"))),
-        other => panic!("{MODE_VAR}={other}: expected full, full-rs or full-go"),
+    let value = std::env::var(MODE_VAR).ok()?;
+    if value.is_empty() {
+        return None;
     }
+    let (selection, only) = match value.rsplit_once('-') {
+        Some((selection, "rs")) => (selection, Some("rs")),
+        Some((selection, "go")) => (selection, Some("go")),
+        _ => (value.as_str(), None),
+    };
+    let runs = match selection {
+        "full" => vec![("", FOCUS, SKIP), ("-snapshots", SNAPSHOTS.0, SNAPSHOTS.1)],
+        "snapshots" => vec![("-snapshots", SNAPSHOTS.0, SNAPSHOTS.1)],
+        _ => panic!("{MODE_VAR}={value}: expected full or snapshots, alone or with -rs or -go"),
+    };
+    Some(Full { only, runs })
 }
 
-/// The flows (`rs`, `go`) a full run covers; `None` for both.
-pub struct Full(Option<&'static str>);
+/// The flows (`rs`, `go`) a full run covers (`only`: `None` for both), and
+/// its `e2e.test` runs: a report folder suffix, focus and skip each.
+pub struct Full {
+    only: Option<&'static str>,
+    pub runs: Vec<(&'static str, &'static str, &'static str)>,
+}
 
 impl Full {
     pub fn includes(&self, flow: &str) -> bool {
-        self.0.is_none_or(|only| only == flow)
+        self.only.is_none_or(|only| only == flow)
     }
 }
 
@@ -101,7 +129,7 @@ pub fn focus_of(names: &[String]) -> String {
     escaped.join("|")
 }
 
-/// Runs `e2e.test` with `focus` and [`SKIP`] into `out` (its JUnit and
+/// Runs `e2e.test` with `focus` and `skip` into `out` (its JUnit and
 /// log), against the driver deploy/ runs now.
 pub fn run(
     plane: &ControlPlane,
@@ -109,6 +137,7 @@ pub fn run(
     workspace: &Path,
     out: &Path,
     focus: &str,
+    skip: &str,
 ) -> Outcome {
     let _ = std::fs::remove_dir_all(out);
     std::fs::create_dir_all(out).expect("e2e report folder");
@@ -131,7 +160,7 @@ pub fn run(
             node.kubelet_root().display()
         ))
         .arg(format!("--ginkgo.focus={focus}"))
-        .arg(format!("--ginkgo.skip={SKIP}"))
+        .arg(format!("--ginkgo.skip={skip}"))
         .arg("--ginkgo.no-color")
         .arg(format!("--report-dir={}", out.display()))
         .stdin(Stdio::null())
