@@ -1681,20 +1681,7 @@ fn the_snapshotter_component_shares_the_socket_and_the_service_account() {
         .prefix("deploy-snapshotter")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
         .expect("temporary directory");
-    let dir = scratch.path().canonicalize().expect("canonical tmp");
-    let k = render::kubernetes_dir()
-        .canonicalize()
-        .expect("canonical deploy/kubernetes");
-    std::fs::write(
-        dir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources: [{}]\ncomponents: [{}]\n",
-            render::relative(&dir, &k.join("base")).display(),
-            render::relative(&dir, &k.join("snapshotter")).display()
-        ),
-    )
-    .expect("write kustomization");
+    let dir = render::base_with_component_at(scratch.path(), Path::new("snapshotter"));
     let objects = render::kustomize(&dir);
     let mut problems = Vec::new();
     // The VolumeSnapshotClass is a custom resource (no k8s-openapi type):
@@ -1761,72 +1748,58 @@ fn the_snapshotter_component_shares_the_socket_and_the_service_account() {
         problems.push("csi-snapshotter has no requests and limits".into());
     }
 
+    // Every binding of the rendering must bind the pod's account (the
+    // problems rbac::grants reports otherwise), and the Lease of
+    // --leader-election is granted in the pod's namespace.
     let account = spec.service_account_name.clone().expect("service account");
-    let bound_to_pod = |obj: &&Value, kind: &str, role: &str| {
-        render::kind(obj) == kind
-            && obj["roleRef"]["name"] == role
-            && obj["subjects"].as_array().into_iter().flatten().any(|s| {
-                s["kind"] == "ServiceAccount" && s["name"] == account && s["namespace"] == namespace
-            })
-    };
-    let rules_of = |kind: &str, name: &str| -> Vec<Value> {
-        objects
-            .iter()
-            .find(|o| render::kind(o) == kind && render::name(o) == name)
-            .and_then(|o| o["rules"].as_array().cloned())
-            .unwrap_or_default()
-    };
-    let grants = |rules: &[Value], group: &str, resource: &str, verb: &str| {
-        rules.iter().any(|r| {
-            let has = |key: &str, want: &str| {
-                r[key]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|v| v == want || v == "*")
-            };
-            has("apiGroups", group) && has("resources", resource) && has("verbs", verb)
-        })
-    };
-    if !objects
-        .iter()
-        .any(|o| bound_to_pod(&o, "ClusterRoleBinding", "csi-snapshotter-runner"))
-    {
-        problems.push(format!(
-            "no ClusterRoleBinding of csi-snapshotter-runner to {namespace}/{account}"
+    let (granted, rbac_problems) = rbac::grants(&objects, &namespace, &account);
+    problems.extend(rbac_problems);
+    let snapshot_group = "snapshot.storage.k8s.io";
+    let mut needed = vec![
+        (rbac::Scope::Cluster, "", "events", "create"),
+        (rbac::Scope::Cluster, "", "events", "patch"),
+    ];
+    for verb in ["get", "list", "watch"] {
+        needed.push((
+            rbac::Scope::Cluster,
+            snapshot_group,
+            "volumesnapshotclasses",
+            verb,
         ));
     }
-    let runner = rules_of("ClusterRole", "csi-snapshotter-runner");
-    let snapshot_group = "snapshot.storage.k8s.io";
-    let mut needed = vec![("", "events", "create"), ("", "events", "patch")];
-    for verb in ["get", "list", "watch"] {
-        needed.push((snapshot_group, "volumesnapshotclasses", verb));
-    }
     for verb in ["create", "get", "list", "watch", "update", "patch"] {
-        needed.push((snapshot_group, "volumesnapshotcontents", verb));
+        needed.push((
+            rbac::Scope::Cluster,
+            snapshot_group,
+            "volumesnapshotcontents",
+            verb,
+        ));
     }
     for verb in ["update", "patch"] {
-        needed.push((snapshot_group, "volumesnapshotcontents/status", verb));
+        needed.push((
+            rbac::Scope::Cluster,
+            snapshot_group,
+            "volumesnapshotcontents/status",
+            verb,
+        ));
     }
-    for (group, resource, verb) in needed {
-        if !grants(&runner, group, resource, verb) {
-            problems.push(format!(
-                "csi-snapshotter-runner does not grant {verb} {group}/{resource}"
-            ));
-        }
-    }
-    // The Lease of --leader-election, in the pod's namespace: a Role bound
-    // to the same account there.
-    let lease_role = objects
-        .iter()
-        .filter(|o| bound_to_pod(o, "RoleBinding", "csi-provisioner-cfg"))
-        .any(|b| b["metadata"]["namespace"] == namespace);
-    let lease_rules = rules_of("Role", "csi-provisioner-cfg");
     for verb in ["get", "create", "update"] {
-        if !lease_role || !grants(&lease_rules, "coordination.k8s.io", "leases", verb) {
-            problems.push(format!(
-                "{namespace}/{account} may not {verb} its leader-election Lease"
-            ));
+        needed.push((
+            rbac::Scope::OwnNamespace,
+            "coordination.k8s.io",
+            "leases",
+            verb,
+        ));
+    }
+    for (scope, group, resource, verb) in needed {
+        let grant = rbac::Grant {
+            scope,
+            group: group.into(),
+            resource: resource.into(),
+            verb: verb.into(),
+        };
+        if !granted.contains(&grant) {
+            problems.push(format!("{namespace}/{account} lacks {grant}"));
         }
     }
 

@@ -136,23 +136,11 @@ pub fn all_renderings(render: &dyn Fn(&Path) -> Vec<Value>) -> Vec<Rendering> {
         .prefix("deploy-kustomize")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
         .expect("temporary directory");
-    let scratch_dir = scratch.path().canonicalize().expect("canonical tmp");
-    let k = k.canonicalize().expect("canonical deploy/kubernetes");
     for c in COMPONENTS {
-        let dir = scratch_dir.join(c.dir);
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        let base = relative(&dir, &k.join("base"));
-        let comp = relative(&dir, &k.join("components").join(c.dir));
-        std::fs::write(
-            dir.join("kustomization.yaml"),
-            format!(
-                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-                 resources: [{}]\ncomponents: [{}]\n",
-                base.display(),
-                comp.display()
-            ),
-        )
-        .expect("write kustomization");
+        let dir = base_with_component_at(
+            &scratch.path().join(c.dir),
+            &Path::new("components").join(c.dir),
+        );
         out.push(Rendering {
             name: format!("base+components/{}", c.dir),
             components: vec![c.dir],
@@ -165,6 +153,28 @@ pub fn all_renderings(render: &dyn Fn(&Path) -> Vec<Value>) -> Vec<Rendering> {
         objects: render(&k.join("overlays/all-gates")),
     });
     out
+}
+
+/// Writes into `dir` (made if missing) a kustomization of the base with the
+/// Component at `component` (relative to `deploy/kubernetes`), as an
+/// overlay of users would, and returns `dir`'s canonical path.
+pub fn base_with_component_at(dir: &Path, component: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let dir = dir.canonicalize().expect("canonical tmp");
+    let k = kubernetes_dir()
+        .canonicalize()
+        .expect("canonical deploy/kubernetes");
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources: [{}]\ncomponents: [{}]\n",
+            relative(&dir, &k.join("base")).display(),
+            relative(&dir, &k.join(component)).display()
+        ),
+    )
+    .expect("write kustomization");
+    dir
 }
 
 pub fn kind(obj: &Value) -> &str {
