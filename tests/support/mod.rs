@@ -25,6 +25,15 @@
 //! names (see [`Env::class`]), so tests sharing a real cluster cannot see
 //! each other's objects; the same names are used on both backends.
 //! [`e2e!`] declares a scenario once and runs it on each backend.
+//!
+//! Watch lag, on both backends ([`Env::lag_watch`]): the events of the
+//! sidecar's watches of one resource reach it late, as when its watches of
+//! different kinds drift apart. The test server holds them itself
+//! (`TestServer::set_watch_lag`); on the real cluster the sidecar talks to
+//! the API server through a [`controlplane::LagProxy`] (as the same user,
+//! so RBAC and the audit-log checks are unchanged), set up by
+//! [`Env::lag_watch`] or [`Env::through_lag_proxy`] before the sidecar
+//! starts; the sidecars of other tests talk to the API server directly.
 
 #![allow(dead_code)]
 
@@ -34,7 +43,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use controlplane::{ControlPlane, GuardedChild};
+use controlplane::{ControlPlane, GuardedChild, LagProxy};
 use csi_hostpath::faults::{self, Fault, Faults};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
@@ -326,6 +335,9 @@ pub struct Env {
     /// Real cluster: the `csi-snapshotter` next to this test's driver and
     /// its log ([`Env::start_snapshotter`]).
     snapshotter: Option<(GuardedChild, PathBuf)>,
+    /// Real cluster: the proxy the sidecar talks to the API server through
+    /// ([`Env::through_lag_proxy`]), once set up.
+    lag_proxy: std::sync::OnceLock<LagProxy>,
 }
 
 /// The name of the running test (the test harness names each test's
@@ -396,6 +408,7 @@ impl Env {
             expected_refusals: Mutex::new(Vec::new()),
             kubelet: None,
             snapshotter: None,
+            lag_proxy: std::sync::OnceLock::new(),
         };
         env.create_namespace(&env.ns.clone()).await;
         let node = env.node.clone();
@@ -530,6 +543,19 @@ impl Env {
             || async { grants.list(&Default::default()).await.ok().map(|_| ()) },
         )
         .await;
+    }
+
+    /// Waits (20 s at most) for the driver process to exit, as a fault
+    /// such as `Fault::exit_after_backend_change` makes it; fails the test
+    /// with the logs otherwise.
+    pub async fn wait_driver_exited(&mut self) {
+        for _ in 0..200 {
+            if self.driver_exited() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the driver did not exit\n{}", self.logs());
     }
 
     /// A Node with the driver's topology label and its CSINode, as the
@@ -731,7 +757,9 @@ impl Env {
 
     /// The kubeconfig the sidecar runs with. On the real cluster: a user
     /// bound to exactly the RBAC rules of `deploy/` for the gates in
-    /// `args` (the base, plus the component of each gated loop turned on).
+    /// `args` (the base, plus the component of each gated loop turned on);
+    /// through this test's [`LagProxy`] when it has one
+    /// ([`Env::through_lag_proxy`]), as the same user.
     pub async fn sidecar_kubeconfig(&self, args: &[&str]) -> PathBuf {
         match &self.server {
             Server::Test { http, .. } => http.kubeconfig_path().to_owned(),
@@ -739,10 +767,75 @@ impl Env {
                 let user = self.sidecar_user();
                 self.check_refusals_of(&user);
                 self.grant_deploy_rbac(&user, &components_for(args)).await;
+                if let Some(proxy) = self.lag_proxy.get() {
+                    return proxy.kubeconfig().to_owned();
+                }
                 plane
                     .kubeconfig_for(&user, None)
                     .expect("sidecar kubeconfig")
             }
+        }
+    }
+
+    /// Real cluster: from the next [`Env::start_sidecar`] on, the sidecar
+    /// talks to the API server through a [`LagProxy`] that forwards as
+    /// [`Env::sidecar_user`] (so its RBAC, audit-log and request-count
+    /// checks are the same), ready for [`Env::lag_watch`] at any time
+    /// after. Idempotent; nothing on the test server, which lags watches
+    /// itself.
+    pub fn through_lag_proxy(&self) -> Option<&LagProxy> {
+        let plane = self.plane()?;
+        Some(self.lag_proxy.get_or_init(|| {
+            LagProxy::start(plane, &self.sidecar_user(), None).expect("start the lag proxy")
+        }))
+    }
+
+    /// From now on the events of the sidecar's watches of `resource`
+    /// (plural: `volumeattachments`, ...), open or to come, reach it `lag`
+    /// late, in order; lists, gets and writes are not delayed. On the test
+    /// server: `TestServer::set_watch_lag` (remote watchers only: the
+    /// test's own client is not delayed). On the real cluster: the
+    /// sidecar's [`LagProxy`], which must be in place before the sidecar
+    /// starts: call this, or [`Env::through_lag_proxy`], before
+    /// [`Env::start_sidecar`].
+    pub fn lag_watch(&self, resource: &str, lag: Duration) {
+        match &self.server {
+            Server::Test { api, .. } => api.set_watch_lag(resource, lag),
+            Server::Real(_) => {
+                assert!(
+                    self.lag_proxy.get().is_some() || self.sidecar.is_none(),
+                    "Env::lag_watch on the real cluster: the running sidecar does not talk \
+                     through a lag proxy; call Env::lag_watch or Env::through_lag_proxy \
+                     before Env::start_sidecar"
+                );
+                self.through_lag_proxy()
+                    .expect("a lag proxy on the real cluster")
+                    .set_watch_lag(resource, lag);
+            }
+        }
+    }
+
+    /// Ends [`Env::lag_watch`] of `resource`: its events from now on pass
+    /// at once (behind those still held, in order).
+    pub fn clear_watch_lag(&self, resource: &str) {
+        match &self.server {
+            Server::Test { api, .. } => api.clear_watch_lag(resource),
+            Server::Real(_) => {
+                if let Some(proxy) = self.lag_proxy.get() {
+                    proxy.clear_watch_lag(resource);
+                }
+            }
+        }
+    }
+
+    /// How many watch events of `resource` (bookmarks not counted) the lag
+    /// of [`Env::lag_watch`] held back on their way to the sidecar: the
+    /// evidence that the fault struck. The test server's count restarts
+    /// with [`Env::reset_counters`].
+    pub fn watch_events_held(&self, resource: &str) -> u64 {
+        match &self.server {
+            Server::Test { api, .. } => api.watch_events_held(resource),
+            Server::Real(_) => self.lag_proxy.get().map_or(0, |p| p.held(resource)),
         }
     }
 
@@ -856,9 +949,17 @@ impl Env {
 
     /// Real cluster: the user of a kubeconfig that
     /// [`ControlPlane::kubeconfig_for`] wrote (it names the file after the
-    /// user: `<dir>/<user>.kubeconfig`); `None` for any other file.
+    /// user: `<dir>/<user>.kubeconfig`), or of this test's [`LagProxy`]'s
+    /// (the sidecar's user); `None` for any other file.
     fn user_of_kubeconfig(&self, kubeconfig: &Path) -> Option<String> {
         let plane = self.plane()?;
+        if self
+            .lag_proxy
+            .get()
+            .is_some_and(|p| p.kubeconfig() == kubeconfig)
+        {
+            return Some(self.sidecar_user());
+        }
         if kubeconfig.parent() != Some(plane.dir())
             || kubeconfig.extension().is_none_or(|e| e != "kubeconfig")
         {

@@ -24,6 +24,7 @@
 //! tarball, and an `etcd` there or on `PATH`.
 
 pub mod audit;
+pub mod lag_proxy;
 pub mod node;
 mod pki;
 pub mod process;
@@ -37,6 +38,7 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub use lag_proxy::LagProxy;
 pub use process::GuardedChild;
 
 /// The variable naming the folder of binaries.

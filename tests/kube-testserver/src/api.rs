@@ -258,7 +258,7 @@ pub async fn handle(
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("")
                     .to_string();
-                match resource_request(&inner, &r, &query, &accept, &ctype, &body) {
+                match resource_request(&inner, origin, &r, &query, &accept, &ctype, &body) {
                     Ok(resp) => resp,
                     Err(e) => error_response(&e),
                 }
@@ -340,6 +340,7 @@ fn delete_options(body: &[u8], q: &HashMap<String, String>) -> Result<DeleteOpti
 
 fn resource_request(
     inner: &Arc<Inner>,
+    origin: Origin,
     r: &ResourceRequest,
     q: &HashMap<String, String>,
     accept: &str,
@@ -397,7 +398,7 @@ fn resource_request(
             }
             Ok(full(200, "application/json", encode_list(&info, &page)))
         }
-        Verb::Watch => watch_request(inner, r, q),
+        Verb::Watch => watch_request(inner, origin, r, q),
         Verb::Create => {
             let obj = parse_body(body)?;
             let mut st = inner.lock_state();
@@ -522,6 +523,7 @@ fn encode_list(info: &crate::resources::ResourceInfo, page: &crate::ops::ListPag
 
 fn watch_request(
     inner: &Arc<Inner>,
+    origin: Origin,
     r: &ResourceRequest,
     q: &HashMap<String, String>,
 ) -> Result<Response<ResponseBody>, ApiError> {
@@ -555,6 +557,7 @@ fn watch_request(
         start,
         bookmarks: q.get("allowWatchBookmarks").is_some_and(|v| v == "true"),
         timeout,
+        origin,
     };
     let registered = watch::register(&mut inner.lock_state(), &params);
     let body: ResponseBody = match registered {

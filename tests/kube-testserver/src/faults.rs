@@ -1,7 +1,11 @@
-//! Fault injection: failing or delaying requests that match a rule, and a
-//! switchable network partition.
+//! Fault injection: failing or delaying requests that match a rule, a
+//! switchable network partition, and watch lags: the watch events of one
+//! resource reaching remote watchers late.
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::observe::{Origin, Verb};
 
@@ -182,9 +186,91 @@ impl Faults {
     }
 }
 
+/// Watch lags ([`crate::TestServer::set_watch_lag`]): per plural resource
+/// name, how long every message queued to a remote watch of it is held
+/// before it is sent, and how many watch events were held. Kept in the
+/// store's state: messages are queued under its lock, so their delivery
+/// times follow the order of the writes.
+#[derive(Debug, Default)]
+pub struct WatchLags {
+    lags: HashMap<String, Duration>,
+    held: HashMap<String, u64>,
+}
+
+impl WatchLags {
+    /// Lags the watches of `resource` by `lag` (zero: no lag).
+    pub fn set(&mut self, resource: &str, lag: Duration) {
+        if lag.is_zero() {
+            self.lags.remove(resource);
+        } else {
+            self.lags.insert(resource.to_string(), lag);
+        }
+    }
+
+    /// Ends the lag of `resource` (messages already held keep their time).
+    pub fn clear(&mut self, resource: &str) {
+        self.lags.remove(resource);
+    }
+
+    /// Ends every lag.
+    pub fn clear_all(&mut self) {
+        self.lags.clear();
+    }
+
+    /// When a message queued now to a watch of `resource` may be sent:
+    /// `None` for at once (no lag on it, or a watch of the in-process
+    /// client).
+    pub fn due(&self, resource: &str, origin: Origin) -> Option<Instant> {
+        if origin == Origin::InProcess {
+            return None;
+        }
+        self.lags.get(resource).map(|lag| Instant::now() + *lag)
+    }
+
+    /// Counts `n` watch events of `resource` held.
+    pub fn count_held(&mut self, resource: &str, n: u64) {
+        if n > 0 {
+            *self.held.entry(resource.to_string()).or_default() += n;
+        }
+    }
+
+    /// Watch events of `resource` held since the last reset.
+    pub fn held(&self, resource: &str) -> u64 {
+        self.held.get(resource).copied().unwrap_or(0)
+    }
+
+    /// Forgets the counts of held events.
+    pub fn reset_counts(&mut self) {
+        self.held.clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_lag_holds_remote_watches_of_its_resource_only() {
+        let mut lags = WatchLags::default();
+        let lag = Duration::from_millis(300);
+        lags.set("volumeattachments", lag);
+        let before = Instant::now();
+        let due = lags.due("volumeattachments", Origin::Http(1));
+        assert!(due.is_some_and(|d| d >= before + lag), "{due:?}");
+        assert_eq!(lags.due("volumeattachments", Origin::InProcess), None);
+        assert_eq!(lags.due("persistentvolumes", Origin::Http(1)), None);
+        lags.count_held("volumeattachments", 2);
+        lags.count_held("volumeattachments", 0);
+        assert_eq!((lags.held("volumeattachments"), lags.held("nodes")), (2, 0));
+        lags.set("volumeattachments", Duration::ZERO);
+        assert_eq!(lags.due("volumeattachments", Origin::Http(1)), None);
+        lags.set("nodes", lag);
+        lags.clear_all();
+        assert_eq!(lags.due("nodes", Origin::Http(1)), None);
+        assert_eq!(lags.held("volumeattachments"), 2, "counts outlive the lag");
+        lags.reset_counts();
+        assert_eq!(lags.held("volumeattachments"), 0);
+    }
 
     #[test]
     fn a_removed_latency_rule_delays_no_more_and_leaves_the_others() {

@@ -261,9 +261,41 @@ impl TestServer {
         self.inner.lock_faults().remove_latency(m)
     }
 
-    /// Removes all failure and latency rules and ends a partition.
+    /// Removes all failure and latency rules, ends a partition and every
+    /// watch lag ([`TestServer::set_watch_lag`]).
     pub fn clear_faults(&self) {
         self.inner.lock_faults().clear();
+        self.inner.lock_state().watch_lags.clear_all();
+    }
+
+    /// Lags the watches of `resource` (plural, e.g. `"volumeattachments"`)
+    /// by `lag`, for remote watchers only (HTTP clients: the processes
+    /// under test; the in-process client's watches are not held), as
+    /// the watches of different kinds on a real API server are not
+    /// ordered with each other. Every message queued to such a watch
+    /// while the lag is set (events, bookmarks, and the initial events of
+    /// a watch started meanwhile) is sent at its queueing time plus `lag`,
+    /// and never before an earlier message of the same watch; the watches
+    /// of every other resource go on at once, and LIST and GET still
+    /// answer the current state at once. A zero `lag` ends it. Setting it
+    /// again changes the lag of the messages queued from then on.
+    pub fn set_watch_lag(&self, resource: &str, lag: Duration) {
+        self.inner.lock_state().watch_lags.set(resource, lag);
+    }
+
+    /// Ends the watch lag of `resource`. Messages already held keep their
+    /// time; later ones are sent at once but wait behind them (the order
+    /// of a watch is never changed).
+    pub fn clear_watch_lag(&self, resource: &str) {
+        self.inner.lock_state().watch_lags.clear(resource);
+    }
+
+    /// Watch events (ADDED, MODIFIED, DELETED, initial ones included; not
+    /// bookmarks) of `resource` that a watch lag held for a remote watcher,
+    /// since the server started or the last [`TestServer::reset_counters`]:
+    /// whether a lag struck.
+    pub fn watch_events_held(&self, resource: &str) -> u64 {
+        self.inner.lock_state().watch_lags.held(resource)
     }
 
     /// Ends every open watch stream (clients see the stream end and re-watch).
@@ -320,9 +352,11 @@ impl TestServer {
             .sum()
     }
 
-    /// Clears the request log and counters.
+    /// Clears the request log and counters (the counts of
+    /// [`TestServer::watch_events_held`] too).
     pub fn reset_counters(&self) {
         lock(&self.inner.observations).reset();
+        self.inner.lock_state().watch_lags.reset_counts();
     }
 
     // ----- direct access (no request log, no faults) -----

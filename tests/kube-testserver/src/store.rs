@@ -2,15 +2,20 @@
 //! counter, the retained event history, registered watchers and indexes.
 //! Every write goes through [`State::insert`], [`State::replace`] or
 //! [`State::remove`], which bump the counter, record the event and notify
-//! watchers while the state lock is held, so watchers see writes in order.
+//! watchers while the state lock is held, so watchers see writes in order
+//! (a watch lag, [`WatchLags`], holds each message of a lagged resource's
+//! remote watch until its time: the order stays that of the writes).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
+use crate::faults::WatchLags;
 use crate::meta;
+use crate::observe::Origin;
 use crate::resources::Registry;
 use crate::selectors::Selectors;
 
@@ -58,15 +63,33 @@ pub enum WatchMsg {
     Bookmark { rv: u64, initial_events_end: bool },
 }
 
+/// A message in a watch stream's queue, and when it may be sent (`None`:
+/// at once; set by a watch lag). The stream sends its messages in queue
+/// order, each not before its time: a message waits behind an earlier
+/// one that is held, whatever its own time.
+#[derive(Debug, Clone)]
+pub struct Queued {
+    pub msg: WatchMsg,
+    pub due: Option<Instant>,
+}
+
 pub struct Watcher {
     pub id: u64,
     pub res: usize,
     pub namespace: Option<String>,
     pub selectors: Selectors,
-    pub tx: mpsc::UnboundedSender<WatchMsg>,
+    /// Who asked for the watch: watch lags hold remote watches only.
+    pub origin: Origin,
+    pub tx: mpsc::UnboundedSender<Queued>,
 }
 
 impl Watcher {
+    /// Queues `msg`, to be sent not before `due`. False when the stream
+    /// is gone.
+    pub fn send(&self, msg: WatchMsg, due: Option<Instant>) -> bool {
+        self.tx.send(Queued { msg, due }).is_ok()
+    }
+
     fn in_scope(&self, obj: &Value) -> bool {
         self.namespace
             .as_deref()
@@ -111,6 +134,8 @@ pub struct State {
     pub dirty: Vec<Dirty>,
     pub gc_enabled: bool,
     pub controller_enabled: bool,
+    /// Watch lags in force and the events they held.
+    pub watch_lags: WatchLags,
 }
 
 const MAX_SNAPSHOTS: usize = 64;
@@ -133,6 +158,7 @@ impl State {
             dirty: Vec::new(),
             gc_enabled: true,
             controller_enabled: false,
+            watch_lags: WatchLags::default(),
         }
     }
 
@@ -268,15 +294,24 @@ impl State {
             obj,
             prev,
         };
+        let resource = self.plural(res);
+        let lags = &self.watch_lags;
+        let mut held = 0;
         self.watchers.retain(|w| {
             if w.res != res {
                 return true;
             }
             match classify(w, &ev) {
-                Some(msg) => w.tx.send(msg).is_ok(),
+                Some(msg) => {
+                    let due = lags.due(resource, w.origin);
+                    let sent = w.send(msg, due);
+                    held += u64::from(sent && due.is_some());
+                    sent
+                }
                 None => !w.tx.is_closed(),
             }
         });
+        self.watch_lags.count_held(resource, held);
         self.history.push_back(ev);
         while self.history.len() > self.history_limit {
             if let Some(old) = self.history.pop_front() {
@@ -300,6 +335,17 @@ impl State {
 
     pub fn remove_watcher(&mut self, id: u64) {
         self.watchers.retain(|w| w.id != id);
+    }
+
+    /// The plural name of a served resource (`""` if unknown).
+    pub fn plural(&self, res: usize) -> &'static str {
+        self.registry.get(res).map_or("", |info| info.plural)
+    }
+
+    /// When a message queued now to `w` may be sent (its resource's watch
+    /// lag, for a remote watch).
+    pub fn watch_due(&self, w: &Watcher) -> Option<Instant> {
+        self.watch_lags.due(self.plural(w.res), w.origin)
     }
 
     /// Index of a served kind.

@@ -1,5 +1,6 @@
 //! Watch: registration from a resourceVersion and the newline-delimited JSON
-//! event stream.
+//! event stream. A watch lag ([`crate::TestServer::set_watch_lag`]) holds
+//! each queued message of a remote watch until its time, in queue order.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -12,9 +13,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::observe::Origin;
 use crate::resources::ResourceInfo;
 use crate::selectors::Selectors;
-use crate::store::{EventType, State, WatchMsg, Watcher, replay};
+use crate::store::{EventType, Queued, State, WatchMsg, Watcher, replay};
 
 /// Where a watch starts.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,13 +38,15 @@ pub struct WatchParams {
     pub start: WatchStart,
     pub bookmarks: bool,
     pub timeout: Duration,
+    /// Who asked: watch lags hold remote watches only.
+    pub origin: Origin,
 }
 
 /// A registered watch: its queue, or the 410 to send as an ERROR event.
 pub enum Registered {
     Stream {
         id: u64,
-        rx: mpsc::UnboundedReceiver<WatchMsg>,
+        rx: mpsc::UnboundedReceiver<Queued>,
     },
     Gone(ApiError),
 }
@@ -65,6 +69,7 @@ pub fn register(state: &mut State, p: &WatchParams) -> Registered {
         res: p.res,
         namespace: p.namespace.clone(),
         selectors: p.selectors.clone(),
+        origin: p.origin,
         tx,
     };
     let initial: Vec<WatchMsg> = match p.start {
@@ -84,10 +89,17 @@ pub fn register(state: &mut State, p: &WatchParams) -> Registered {
             v
         }
     };
+    // A watch started during a lag sees its initial state no sooner than
+    // the events a lagged watch would have brought.
+    let due = state.watch_due(&w);
+    let mut held = 0;
     for m in initial {
+        held += u64::from(due.is_some() && matches!(m, WatchMsg::Event(..)));
         // The receiver is alive: it is returned below.
-        let _ = w.tx.send(m);
+        let _ = w.send(m, due);
     }
+    let resource = state.plural(p.res);
+    state.watch_lags.count_held(resource, held);
     state.watchers.push(w);
     Registered::Stream { id, rx }
 }
@@ -132,7 +144,9 @@ impl Drop for Guard {
 }
 
 struct StreamState {
-    rx: mpsc::UnboundedReceiver<WatchMsg>,
+    rx: mpsc::UnboundedReceiver<Queued>,
+    /// The next message, received but held until its time.
+    next: Option<Queued>,
     info: ResourceInfo,
     bookmarks: bool,
     bookmark_every: Duration,
@@ -140,13 +154,13 @@ struct StreamState {
     guard: Guard,
 }
 
-/// The body stream of a watch: queued events as they come, a BOOKMARK every
-/// `bookmark_every` when requested, ending at the timeout or when the server
-/// closes the watch.
+/// The body stream of a watch: queued events as they come (each not before
+/// its time), a BOOKMARK every `bookmark_every` when requested, ending at
+/// the timeout or when the server closes the watch.
 pub fn event_stream(
     state: Arc<Mutex<State>>,
     id: u64,
-    rx: mpsc::UnboundedReceiver<WatchMsg>,
+    rx: mpsc::UnboundedReceiver<Queued>,
     info: ResourceInfo,
     bookmarks: bool,
     bookmark_every: Duration,
@@ -154,6 +168,7 @@ pub fn event_stream(
 ) -> impl Stream<Item = Result<Frame<Bytes>, Infallible>> + Send {
     let st = StreamState {
         rx,
+        next: None,
         info,
         bookmarks,
         bookmark_every,
@@ -162,20 +177,35 @@ pub fn event_stream(
     };
     futures_util::stream::unfold(st, |mut st| async move {
         loop {
-            let tick = tokio::time::sleep(st.bookmark_every);
-            tokio::select! {
-                msg = st.rx.recv() => {
-                    let msg = msg?;
-                    let line = encode(&st.info, &msg);
+            // The next message goes out once its time has come; those
+            // behind it wait (in the channel) however early theirs is.
+            let held_until = match st.next.as_ref().map(|q| q.due) {
+                Some(Some(due)) if due > tokio::time::Instant::now() => Some(due),
+                Some(_) => {
+                    let q = st.next.take()?;
+                    let line = encode(&st.info, &q.msg);
                     return Some((Ok(Frame::data(line)), st));
                 }
+                None => None,
+            };
+            let tick = tokio::time::sleep(st.bookmark_every);
+            let release = tokio::time::sleep_until(held_until.unwrap_or(st.deadline));
+            tokio::select! {
+                msg = st.rx.recv(), if held_until.is_none() => {
+                    st.next = Some(msg?);
+                }
+                _ = release, if held_until.is_some() => {}
                 _ = tick, if st.bookmarks => {
                     // Queue the bookmark behind every event already sent to
-                    // this watcher, under the state lock.
+                    // this watcher, under the state lock (held as long, when
+                    // its resource lags: it never overtakes a held event).
                     if let Ok(s) = st.guard.state.lock()
                         && let Some(w) = s.watchers.iter().find(|w| w.id == st.guard.id)
                     {
-                        let _ = w.tx.send(WatchMsg::Bookmark { rv: s.rv, initial_events_end: false });
+                        let _ = w.send(
+                            WatchMsg::Bookmark { rv: s.rv, initial_events_end: false },
+                            s.watch_due(w),
+                        );
                     }
                 }
                 _ = tokio::time::sleep_until(st.deadline) => return None,
