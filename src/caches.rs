@@ -139,6 +139,12 @@ impl Caches {
                 relevance::keep_claim(claim, class.as_deref(), volume.as_deref(), &config)
             });
         }
+        {
+            let driver = config.driver_name.clone();
+            caches
+                .attachments
+                .keep_only(move |attachment| relevance::keep_attachment(attachment, &driver));
+        }
         caches.pods.keep_only(relevance::keep_pod);
         caches.jobs.keep_only(relevance::keep_job);
         Self {

@@ -14,6 +14,7 @@ pub mod http;
 pub mod informer;
 pub mod kube_client;
 pub mod leader;
+pub mod live_batch;
 pub mod logging;
 pub mod memory;
 pub mod metrics;

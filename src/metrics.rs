@@ -153,6 +153,7 @@ struct Metrics {
     remembered: Family<WhatLabels, Gauge>,
     events_coalesced: Family<NoLabels, Counter>,
     patches_refused: Family<WhatLabels, Counter>,
+    live_reads: Family<WhatLabels, Counter>,
     driver_reachable: Family<NoLabels, Gauge>,
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
@@ -220,6 +221,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         capability: Family::default(),
         events_dropped: Family::default(),
         patches_refused: Family::default(),
+        live_reads: Family::default(),
         driver_reachable: Family::default(),
         remembered: Family::default(),
         events_coalesced: Family::default(),
@@ -367,6 +369,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "csi_provisioner_patches_refused",
         "JSON patches the API server refused (422) although their tests still held on the live object, by what they did: an invalid patch, not a stale cache, so they are not retried until the object changes.",
         m.patches_refused.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_live_reads",
+        "Reads sent to the API server because a watch cache could not be shown current for a decision that deletes, releases or exposes data (docs/design.md, \"Reading current state\"), by what was read.",
+        m.live_reads.clone(),
     );
     register(
         &mut registry,
@@ -877,6 +886,17 @@ pub fn set_driver_reachable(reachable: bool) {
 pub fn count_patch_refused(what: &str) {
     METRICS
         .patches_refused
+        .get_or_create(&WhatLabels {
+            what: what.to_owned(),
+        })
+        .inc();
+}
+
+/// A live read made for a decision whose cache could not be shown current
+/// (see the metric's help); `what` is e.g. `list volumeattachments`.
+pub fn count_live_read(what: &str) {
+    METRICS
+        .live_reads
         .get_or_create(&WhatLabels {
             what: what.to_owned(),
         })

@@ -49,6 +49,13 @@ use crate::provision::is_our_claim;
 use crate::provision::{ProvisionerConfig, annotated_provisioner, claim_class_name, is_our_volume};
 use crate::wellknown as wk;
 
+/// Whether the attachment cache keeps `attachment`: only this driver's
+/// (the attacher of a CSI volume is its driver's name); the others can
+/// never hold a volume of ours.
+pub fn keep_attachment(attachment: &crate::projection::VolumeAttachment, driver: &str) -> bool {
+    attachment.spec.attacher == driver
+}
+
 /// Whether the volume cache keeps `pv`.
 pub fn keep_volume(pv: &PersistentVolume, config: &ProvisionerConfig) -> bool {
     is_our_volume(pv, config)

@@ -271,6 +271,7 @@ pub async fn run(
                     shared.client.clone(),
                     Arc::clone(&shared.caches),
                     options.snapshot_orphan_sweep_interval,
+                    Arc::clone(&provisioning) as Arc<dyn crate::snapshot_sweep::RestoresInFlight>,
                 )
             });
         if let Some(settings) = capacity_settings {

@@ -625,3 +625,160 @@ async fn level_one_owner_is_the_pods_statefulset() {
     );
     assert!(logs.contains(&expected), "{logs}");
 }
+
+/// How long the sidecar's watch of one kind is held back below.
+const WATCH_LAG: Duration = Duration::from_secs(4);
+
+/// The log line of a deletion the live read refused (src/capacity/worker.rs).
+const KEPT: &str = "not deleting CSIStorageCapacity";
+
+/// The sidecar's DELETE requests of CSIStorageCapacity objects.
+fn capacity_deletes(env: &Env) -> u64 {
+    env.api().request_count(Verb::Delete, RESOURCE)
+}
+
+/// A class deleted and re-created at once (to change a field that cannot
+/// be updated): while the class watch lags, the sidecar's cache sees the
+/// class gone a second after it is back. Its objects rest on the class, so
+/// the deletion is confirmed by a live read of the class, which exists:
+/// the object stays, and the pods of the class stay schedulable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_recreated_while_its_watch_lags_keeps_its_object() {
+    let mut env = env_with_capacity(true).await;
+    let fast = json!({"kind": "fast"});
+    env.storage_class("wffc", "WaitForFirstConsumer", "Delete", fast.clone())
+        .await;
+    env.start_sidecar(&[
+        "--enable-capacity",
+        "--capacity-poll-interval=1h",
+        "--capacity-ownerref-level=-1",
+    ])
+    .await;
+    let first = wait_capacity(&env, "wffc", "1Gi").await;
+
+    env.lag_watch("storageclasses", WATCH_LAG);
+    env.api()
+        .delete_object("storage.k8s.io/v1", "StorageClass", "", &env.class("wffc"))
+        .expect("delete class");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.storage_class("wffc", "WaitForFirstConsumer", "Delete", fast)
+        .await;
+    // Both events reach the sidecar, a second apart.
+    tokio::time::sleep(WATCH_LAG + Duration::from_secs(2)).await;
+    assert!(
+        env.watch_events_held("storageclasses") >= 2,
+        "the class watch was held back"
+    );
+    assert_eq!(
+        capacity_deletes(&env),
+        0,
+        "no deletion: {:?}\n{}",
+        sidecar_capacity_requests(&env),
+        env.logs()
+    );
+    let now = wait_capacity(&env, "wffc", "1Gi").await;
+    assert_eq!(now.metadata.name, first.metadata.name, "the same object");
+    assert!(env.logs().contains(KEPT), "{}", env.logs());
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+/// The driver re-registers on a node (its CSINode deleted and re-created)
+/// while the CSINode watch lags: the sidecar's cache sees the node's
+/// segment gone a second after it is back. The deletion of the segment's
+/// object is confirmed by a live read of the node's CSINode, which lists
+/// the driver again: the object stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csinode_recreated_while_its_watch_lags_keeps_its_segment() {
+    recreated_while_its_watch_lags_keeps_its_segment("csinodes", "storage.k8s.io/v1", "CSINode")
+        .await;
+}
+
+/// The same with the node's Node object (re-registered by its kubelet)
+/// and the Node watch: confirmed by a live read of the Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_recreated_while_its_watch_lags_keeps_its_segment() {
+    recreated_while_its_watch_lags_keeps_its_segment("nodes", "v1", "Node").await;
+}
+
+async fn recreated_while_its_watch_lags_keeps_its_segment(
+    resource: &str,
+    api_version: &str,
+    kind: &str,
+) {
+    let mut env = env_with_capacity(true).await;
+    env.storage_class(
+        "wffc",
+        "WaitForFirstConsumer",
+        "Delete",
+        json!({"kind": "fast"}),
+    )
+    .await;
+    env.add_node("node-2").await;
+    env.start_sidecar(&[
+        "--enable-capacity",
+        "--capacity-poll-interval=1h",
+        "--capacity-ownerref-level=-1",
+    ])
+    .await;
+    let published = env
+        .wait_for("an object per node", Duration::from_secs(20), || async {
+            let found = of_class(&env, "wffc");
+            (found.len() == 2).then_some(found)
+        })
+        .await;
+    let mut names: Vec<String> = published
+        .iter()
+        .filter_map(|o| o.metadata.name.clone())
+        .collect();
+    names.sort();
+
+    env.lag_watch(resource, WATCH_LAG);
+    let object = env
+        .api()
+        .get_object(api_version, kind, "", "node-2")
+        .expect("node-2's object");
+    env.api()
+        .delete_object(api_version, kind, "", "node-2")
+        .expect("delete");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut again = json!({
+        "apiVersion": api_version, "kind": kind,
+        "metadata": {"name": "node-2", "labels": object["metadata"]["labels"]},
+    });
+    if !object["spec"].is_null() {
+        again["spec"] = object["spec"].clone();
+    }
+    env.create(again).await;
+    tokio::time::sleep(WATCH_LAG + Duration::from_secs(2)).await;
+    assert!(
+        env.watch_events_held(resource) >= 2,
+        "the {resource} watch was held back"
+    );
+    assert_eq!(
+        capacity_deletes(&env),
+        0,
+        "no deletion: {:?}\n{}",
+        sidecar_capacity_requests(&env),
+        env.logs()
+    );
+    let mut now: Vec<String> = of_class(&env, "wffc")
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+        .collect();
+    now.sort();
+    assert_eq!(now, names, "the same objects");
+    assert!(env.logs().contains(KEPT), "{}", env.logs());
+
+    // A segment really gone still goes (the live read agrees).
+    env.clear_watch_lag(resource);
+    env.api()
+        .delete_object(api_version, kind, "", "node-2")
+        .expect("delete");
+    env.wait_for(
+        "node-2's object deleted",
+        Duration::from_secs(20 + WATCH_LAG.as_secs()),
+        || async { (of_class(&env, "wffc").len() == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}

@@ -447,15 +447,7 @@ async fn a_cleanup_asks_again_after_final_errors(backend: Backend) {
     env.start_sidecar(&[]).await;
     env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
         .await;
-    let mut exited = false;
-    for _ in 0..200 {
-        if env.driver_exited() {
-            exited = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(exited, "the driver did not exit\n{}", env.logs());
+    env.wait_driver_exited().await;
     assert_eq!(env.backend_volumes().len(), 1, "the volume was made");
     // The claim goes while the driver is down ...
     env.delete_pvc(&env.ns, "data").await;

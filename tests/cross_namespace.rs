@@ -14,6 +14,7 @@ use support::{Backend, ClusterConfig, Env};
 
 e2e!(ClusterConfig::standard().with_apiserver_feature_gates("CrossNamespaceVolumeDataSource=true");
     a_clone_from_another_namespace_waits_for_a_reference_grant,
+    a_revoked_reference_grant_allows_nothing,
 );
 
 fn handle(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
@@ -104,5 +105,77 @@ async fn a_clone_from_another_namespace_waits_for_a_reference_grant(backend: Bac
     )
     .expect("data copied");
     assert_eq!(copied, "from another namespace");
+    env.assert_consistent().await;
+}
+
+/// A ReferenceGrant revoked a moment ago allows nothing, even while the
+/// sidecar's ReferenceGrant watch has not brought it the deletion (its
+/// events lagged): copying data across namespaces rests on the grants as
+/// the API server has them (docs/design.md, "Reading current state").
+async fn a_revoked_reference_grant_allows_nothing(backend: Backend) {
+    const LAG: Duration = Duration::from_secs(4);
+    const WATCHED: &str = "referencegrants";
+    let mut env = Env::new(backend).await;
+    env.install_reference_grant_crd().await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let source_ns = format!("src-{}", env.id);
+    env.create_namespace(&source_ns).await;
+    env.through_lag_proxy();
+    env.start_sidecar(&[GATE]).await;
+    env.create_pvc(&source_ns, "source", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound(&source_ns, "source").await;
+    env.create(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+        "metadata": {"name": "allow-copy", "namespace": source_ns},
+        "spec": {
+            "from": [{"group": "", "kind": "PersistentVolumeClaim", "namespace": env.ns}],
+            "to": [{"group": "", "kind": "PersistentVolumeClaim", "name": "source"}],
+        },
+    }))
+    .await;
+    // The grant reaches the sidecar's cache before its watch lags.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    env.lag_watch(WATCHED, LAG);
+    env.delete(
+        "gateway.networking.k8s.io/v1beta1",
+        "ReferenceGrant",
+        &source_ns,
+        "allow-copy",
+    )
+    .await;
+    env.create_pvc(
+        &env.ns,
+        "copy",
+        "fast",
+        "5Mi",
+        json!({"spec": {"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "source", "namespace": source_ns}}}),
+    )
+    .await;
+    let message = env.wait_event(&env.ns, "copy", "ProvisioningFailed").await;
+    assert!(message.contains("isn't allowed"), "{message}");
+    let started = std::time::Instant::now();
+    while started.elapsed() < LAG {
+        assert_eq!(
+            env.backend_volumes().len(),
+            1,
+            "({}) the clone was made {:?} after its grant was revoked (the grants' watch lagged \
+             {LAG:?}, {} event(s) held)\n{}",
+            env.backend_name(),
+            started.elapsed(),
+            env.watch_events_held(WATCHED),
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        env.watch_events_held(WATCHED) > 0,
+        "({}) the lag never held a ReferenceGrant event: the fault did not strike",
+        env.backend_name()
+    );
+    env.clear_watch_lag(WATCHED);
+    env.delete_pvc(&env.ns, "copy").await;
     env.assert_consistent().await;
 }

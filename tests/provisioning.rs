@@ -23,6 +23,9 @@ e2e!(ClusterConfig::standard();
     sidecar_killed_during_create_and_claim_deleted_while_down_leaves_nothing,
     final_errors_are_reported_once_and_retried,
     infeasible_requests_wait_for_the_retry_interval_max_or_a_change,
+    a_claim_made_before_its_class_is_provisioned_when_the_class_arrives,
+    a_class_deleted_while_provisioning_is_in_flight_keeps_the_volume,
+    a_node_the_caches_have_not_seen_yet_is_not_rescheduled,
 );
 
 async fn provisions_and_deletes_filesystem_and_block_volumes(backend: Backend) {
@@ -620,4 +623,173 @@ async fn infeasible_requests_wait_for_the_retry_interval_max_or_a_change(backend
     );
     env.wait_bound(&env.ns, "odd").await;
     env.assert_consistent().await;
+}
+
+/// A claim created before its StorageClass waits for it, retried with
+/// backoff; when the class arrives it is provisioned at once, not at its
+/// next retry (a class handler queues the claims that name it).
+async fn a_claim_made_before_its_class_is_provisioned_when_the_class_arrives(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    // Slow retries, so that the next one is far off when the class comes.
+    env.start_sidecar(&["--retry-interval-start=5s", "--retry-interval-max=60s"])
+        .await;
+    // Annotated for the driver, as the PV binder leaves a claim whose
+    // class was deleted and is being re-created (a claim without the
+    // annotation waits for the binder, not for us).
+    env.create_pvc(
+        &env.ns,
+        "early",
+        "late-class",
+        "5Mi",
+        json!({"metadata": {"annotations": {
+            "volume.kubernetes.io/storage-provisioner": env.driver_name.as_str()}}}),
+    )
+    .await;
+    // First attempt at once, the first retry after 5 s, the next 10 s
+    // later: the class arrives between the two.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    env.storage_class("late-class", "Immediate", "Delete", json!({}))
+        .await;
+    let created = std::time::Instant::now();
+    env.wait_for("provisioned", Duration::from_secs(5), || async {
+        let pvc = env.pvc(&env.ns, "early").await?;
+        pvc.spec?
+            .volume_name
+            .filter(|name| !name.is_empty())
+            .map(|_| ())
+    })
+    .await;
+    assert!(created.elapsed() < Duration::from_secs(5));
+    env.delete_pvc(&env.ns, "early").await;
+    env.wait_for("deleted", Duration::from_secs(30), || async {
+        env.backend_volumes().is_empty().then_some(())
+    })
+    .await;
+}
+
+/// The claim's class is deleted while its `CreateVolume` is in flight (it
+/// timed out: the driver may be making the volume). The claim still wants
+/// its volume: upstream answers a missing class with an error and a retry,
+/// and so do we; cleaning up, as for a claim that is no longer ours, would
+/// delete the volume of a claim that still exists (docs/design.md,
+/// "Reading current state", row 3). Once the class is back, the claim is
+/// provisioned with that very volume.
+async fn a_class_deleted_while_provisioning_is_in_flight_keeps_the_volume(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.run_driver_as_process().await;
+    // The driver makes the volume and dies before it answers: the
+    // operation stays in flight (Unavailable is not final).
+    env.set_faults(vec![
+        Fault::exit_after_backend_change("CreateVolume").times(1),
+    ]);
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_driver_exited().await;
+    assert_eq!(env.backend_volumes().len(), 1, "the volume was made");
+    // The class goes while the driver is down; it comes back up.
+    env.delete("storage.k8s.io/v1", "StorageClass", "", &env.class("fast"))
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.start_driver();
+    let volume = env.backend_volumes()[0].id.clone();
+    // Retries go on (the harness retries within a second): none may clean up.
+    let quiet = std::time::Instant::now();
+    while quiet.elapsed() < Duration::from_secs(6) {
+        assert!(
+            env.backend_volumes().iter().any(|v| v.id == volume),
+            "({}) the volume of a claim that still exists was deleted {:?} after its class \
+             went\n{}",
+            env.backend_name(),
+            quiet.elapsed(),
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "data").await;
+    assert_eq!(
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.as_str()),
+        Some(volume.as_str()),
+        "provisioned with the volume made while the class was gone"
+    );
+    assert_eq!(env.backend_volumes().len(), 1);
+    let name = pv.metadata.name.clone().expect("PV name");
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("deleted", Duration::from_secs(30), || async {
+        (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
+    })
+    .await;
+    env.assert_consistent().await;
+}
+
+/// The scheduler picks a node that joined a moment ago; the sidecar's Node
+/// and CSINode watches have not brought it yet (their events lagged). The
+/// claim must not be sent back to the scheduler (its selected-node
+/// annotation removed) on the word of those caches: before a reschedule
+/// the selected node is read live (docs/design.md, "Reading current
+/// state", row 8).
+async fn a_node_the_caches_have_not_seen_yet_is_not_rescheduled(backend: Backend) {
+    const LAG: Duration = Duration::from_secs(6);
+    let mut env = Env::new(backend).await;
+    env.storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    env.through_lag_proxy();
+    env.start_sidecar(&[]).await;
+    // Its caches filled first (their lists come on the watches too).
+    env.wait_for("the sidecar working", Duration::from_secs(30), || async {
+        env.logs()
+            .contains("provisioning loop running")
+            .then_some(())
+    })
+    .await;
+    env.lag_watch("nodes", LAG);
+    env.lag_watch("csinodes", LAG);
+    let node = format!("joined-{}", env.id);
+    env.add_node(&node).await;
+    env.create_pvc(
+        &env.ns,
+        "late",
+        "late",
+        "5Mi",
+        json!({"metadata": {"annotations": {support::SELECTED_NODE: node.as_str()}}}),
+    )
+    .await;
+    // Bound well before the lag ends: planned with the node read live.
+    let started = std::time::Instant::now();
+    env.wait_bound(&env.ns, "late").await;
+    let claim = env.pvc(&env.ns, "late").await.expect("claim");
+    assert_eq!(
+        claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(support::SELECTED_NODE))
+            .map(String::as_str),
+        Some(node.as_str()),
+        "({}) the claim was rescheduled\n{}",
+        env.backend_name(),
+        env.logs()
+    );
+    assert!(
+        started.elapsed() < LAG,
+        "({}) bound only after the caches caught up ({:?})\n{}",
+        env.backend_name(),
+        started.elapsed(),
+        env.logs()
+    );
+    assert!(env.watch_events_held("nodes") + env.watch_events_held("csinodes") > 0);
+    // (The test driver puts every volume on its own node, whatever the
+    // request prefers: the PV's affinity says nothing here.)
+    env.clear_watch_lag("nodes");
+    env.clear_watch_lag("csinodes");
+    env.delete_pvc(&env.ns, "late").await;
+    env.delete("storage.k8s.io/v1", "CSINode", "", &node).await;
+    env.delete("v1", "Node", "", &node).await;
 }

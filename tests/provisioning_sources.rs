@@ -1,11 +1,12 @@
 //! End-to-end: data sources (clone, snapshot restore), a driver that is down
-//! at start, a volume still attached at deletion, and a PV name taken by
+//! at start, a volume still attached at deletion (also while its attachment
+//! is still on its way to the sidecar's cache), and a PV name taken by
 //! another claim (upstream #1469).
 
 mod support;
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use csi_hostpath::ContentSource;
 use csi_proto::v1::CreateSnapshotRequest;
@@ -17,6 +18,8 @@ e2e!(ClusterConfig::standard();
     a_clone_copies_its_source_and_protects_it_meanwhile,
     a_driver_down_at_start_is_waited_for,
     a_volume_still_attached_waits_for_the_detach,
+    an_attachment_still_in_flight_to_the_cache_holds_the_delete,
+    a_reclaim_policy_changed_after_the_release_is_honoured,
     without_attach_support_volume_attachments_are_ignored,
     a_pv_name_taken_by_another_claim_does_not_leak_the_new_volume,
 );
@@ -267,6 +270,176 @@ async fn a_volume_still_attached_waits_for_the_detach(backend: Backend) {
         },
     )
     .await;
+}
+
+/// The sidecar's watches of different kinds are not ordered with each
+/// other: a VolumeAttachment created just before its claim is deleted can
+/// reach the sidecar's cache after the release of the PV (CI once saw
+/// DeleteVolume of an attached volume that way). Here the VolumeAttachment
+/// watch lags 3 s (the test server holds its events; on the real cluster a
+/// proxy in front of the API server does): the volume must still wait for
+/// the detach, for longer than the lag, with the same event as when the
+/// cache already knew the attachment.
+async fn an_attachment_still_in_flight_to_the_cache_holds_the_delete(backend: Backend) {
+    const LAG: Duration = Duration::from_secs(3);
+    const WATCHED: &str = "volumeattachments";
+    let mut env = Env::new_with_driver(backend, |c| c.controller_publish = true).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    // The real cluster's sidecar talks through the lag proxy from the start.
+    env.through_lag_proxy();
+    env.start_sidecar(&[]).await;
+    let (pv, name) = env.provision(&env.ns, "data", "fast").await;
+    let volume = handle(&pv);
+
+    env.lag_watch(WATCHED, LAG);
+    let attachment = format!("attachment-{}", env.id);
+    env.create(
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": attachment},
+        "spec": {"attacher": env.driver_name.as_str(), "nodeName": env.node.as_str(),
+                 "source": {"persistentVolumeName": name}}}),
+    )
+    .await;
+    env.delete_pvc(&env.ns, "data").await;
+    let deleted_claim = Instant::now();
+
+    // Longer than the lag: the volume and its PV stay while attached.
+    let window = LAG + Duration::from_secs(2);
+    while deleted_claim.elapsed() < window {
+        let on_backend = env.backend_volumes().iter().any(|v| v.id == volume);
+        let pv_there = env.pv(&name).await.is_some();
+        if !on_backend || !pv_there {
+            panic!(
+                "({}) {} {:?} after the claim's deletion, while its VolumeAttachment {attachment} \
+                 existed (created before the claim was deleted; its watch lagged {LAG:?}, \
+                 {} event(s) held so far): backend volume {volume} {}, PV {name} {}\n\
+                 PV events: {:?}\n{}",
+                env.backend_name(),
+                if on_backend {
+                    "PV deleted"
+                } else {
+                    "volume deleted"
+                },
+                deleted_claim.elapsed(),
+                env.watch_events_held(WATCHED),
+                if on_backend { "still there" } else { "DELETED" },
+                if pv_there { "still there" } else { "DELETED" },
+                env.pv_events(&name).await,
+                env.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        env.watch_events_held(WATCHED) > 0,
+        "({}) the lag never held a VolumeAttachment event: the fault did not strike\n{}",
+        env.backend_name(),
+        env.logs()
+    );
+    let expected = format!(
+        "persistentvolume {name} is still attached to node {}",
+        env.node
+    );
+    env.wait_for("detach wait reported", Duration::from_secs(20), || async {
+        env.pv_events(&name)
+            .await
+            .iter()
+            .any(|(reason, m)| reason == "VolumeFailedDelete" && *m == expected)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        env.backend_volumes().iter().any(|v| v.id == volume),
+        "not deleted while attached"
+    );
+
+    // Detached (its DELETED event lagged too): now the volume goes.
+    env.delete("storage.k8s.io/v1", "VolumeAttachment", "", &attachment)
+        .await;
+    env.wait_for(
+        "deleted after the detach",
+        Duration::from_secs(30),
+        || async {
+            (env.pv(&name).await.is_none() && env.backend_volumes().is_empty()).then_some(())
+        },
+    )
+    .await;
+}
+
+/// An administrator who turns a Released PV's policy from Delete to Retain
+/// a moment after the release keeps the data, even when the sidecar's PV
+/// watch brings it the release before the change (its events lagged): the
+/// decision to delete is made on the PV as the API server has it, not on
+/// the cache's older copy (docs/design.md, "Reading current state").
+async fn a_reclaim_policy_changed_after_the_release_is_honoured(backend: Backend) {
+    const LAG: Duration = Duration::from_secs(3);
+    const WATCHED: &str = "persistentvolumes";
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.through_lag_proxy();
+    env.start_sidecar(&[]).await;
+    let (pv, name) = env.provision(&env.ns, "data", "fast").await;
+    let volume = handle(&pv);
+
+    env.lag_watch(WATCHED, LAG);
+    env.delete_pvc(&env.ns, "data").await;
+    env.wait_for("PV released", Duration::from_secs(20), || async {
+        let pv = env.pv(&name).await?;
+        (pv.status?.phase.as_deref() == Some("Released")).then_some(())
+    })
+    .await;
+    // Well inside the lag: the sidecar sees the release first, with the
+    // change a second behind it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kube::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(env.client.clone())
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}})),
+        )
+        .await
+        .expect("the administrator's change");
+    let changed = Instant::now();
+    while changed.elapsed() < LAG + Duration::from_secs(2) {
+        assert!(
+            env.backend_volumes().iter().any(|v| v.id == volume),
+            "({}) volume {volume} deleted although its PV {name} was set to Retain {:?} before (the PV watch lagged {LAG:?}, {} event(s) held)\n{}",
+            env.backend_name(),
+            changed.elapsed(),
+            env.watch_events_held(WATCHED),
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        env.watch_events_held(WATCHED) > 0,
+        "({}) the lag never held a PV event: the fault did not strike",
+        env.backend_name()
+    );
+    env.clear_watch_lag(WATCHED);
+    let kept = env.pv(&name).await.expect("Retain keeps the PV");
+    assert_eq!(
+        kept.spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref()),
+        Some("Retain")
+    );
+    // A Retain PV loses our finalizer (nothing left for us to do), so the
+    // administrator can delete it; the volume stays on the backend.
+    env.wait_for("finalizer removed", Duration::from_secs(20), || async {
+        let pv = env.pv(&name).await?;
+        (!pv.metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer"))
+        .then_some(())
+    })
+    .await;
+    env.delete("v1", "PersistentVolume", "", &name).await;
+    assert!(env.backend_volumes().iter().any(|v| v.id == volume));
 }
 
 /// A driver that does not attach volumes has no VolumeAttachments to wait

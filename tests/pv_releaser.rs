@@ -21,6 +21,8 @@ e2e!(ClusterConfig::standard();
     class_annotation_associates_and_delete_policy_is_never_released,
     without_automatic_association_a_managed_claims_volume_is_kept,
     gate_off_releases_nothing,
+    a_class_annotation_removed_but_not_yet_watched_releases_nothing,
+    a_claim_label_removed_but_not_yet_watched_associates_nothing,
 );
 
 const ID: &str = "team-a";
@@ -368,4 +370,179 @@ async fn gate_off_releases_nothing(backend: Backend) {
             .all(|(reason, _)| reason != "Released" && reason != "ErrReleasePV")
     );
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+/// How long the sidecar's watch of one kind is held back in the two tests
+/// below: longer than each test's steps inside the window.
+const WATCH_LAG: Duration = Duration::from_secs(10);
+
+/// The log line of the worker declining a write that the live read of the
+/// class or claim no longer supports (src/releaser/worker.rs).
+const NOT_CONFIRMED: &str = "the cache has not seen a change of the class or claim yet";
+
+/// A release by class annotation rests on the class cache, whose watch is
+/// not ordered with the PV's. An admin removes the annotation and a claim
+/// of the class is deleted at once; the PV's Released event reaches the
+/// sidecar before the class's change (the class watch is held back): the
+/// PV must keep its claimRef, not become Available with its data to any
+/// claim. The release is decided again from a live read of the class.
+async fn a_class_annotation_removed_but_not_yet_watched_releases_nothing(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    annotated_class(&env, "annotated-keep", "Retain").await;
+    // Real cluster: the sidecar's watches pass a lag proxy.
+    env.through_lag_proxy();
+    env.start_sidecar(&args(&gate_on())).await;
+    env.create_pvc(&env.ns, "kept", "annotated-keep", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "kept").await;
+    let name = pv.metadata.name.clone().expect("pv name");
+
+    env.lag_watch("storageclasses", WATCH_LAG);
+    let class_name = env.class("annotated-keep");
+    let mut class = env
+        .get("storage.k8s.io/v1", "StorageClass", "", &class_name)
+        .await
+        .expect("class");
+    class["metadata"]["annotations"]
+        .as_object_mut()
+        .expect("annotations")
+        .remove(CLASS_ANNOTATION);
+    env.replace(class).await;
+    env.delete_pvc(&env.ns, "kept").await;
+    // Released by the binder; without the live read the sidecar removes
+    // the claimRef at once (on the real cluster often before this sees the
+    // Released phase).
+    env.wait_for(
+        &format!("PV {name} Released, or its claimRef removed"),
+        Duration::from_secs(20),
+        || async {
+            let pv = env.pv(&name).await?;
+            (phase(&pv) == Some("Released") || !has_claim_ref(&pv)).then_some(())
+        },
+    )
+    .await;
+    assert_stays(
+        "Released with its claimRef while the class change is on its way",
+        Duration::from_secs(3),
+        || async {
+            env.pv(&name)
+                .await
+                .is_some_and(|pv| phase(&pv) == Some("Released") && has_claim_ref(&pv))
+        },
+    )
+    .await;
+    assert!(
+        env.watch_events_held("storageclasses") > 0,
+        "the class watch was held back"
+    );
+    assert!(
+        env.logs().contains(NOT_CONFIRMED),
+        "the release was declined after the live read: {}",
+        env.logs()
+    );
+    env.clear_watch_lag("storageclasses");
+    // Once the class's event arrives: not associated, left alone through
+    // resyncs.
+    assert_stays(
+        "still Released with its claimRef",
+        Duration::from_secs(2),
+        || async {
+            env.pv(&name)
+                .await
+                .is_some_and(|pv| phase(&pv) == Some("Released") && has_claim_ref(&pv))
+        },
+    )
+    .await;
+    assert_eq!(changes_to(&env, "persistentvolumes", &name), 0);
+    assert!(
+        env.pv_events(&name)
+            .await
+            .iter()
+            .all(|(reason, _)| reason != "Released")
+    );
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+}
+
+/// The automatic association rests on the claim cache (the claim's
+/// managed-by label), whose watch is not ordered with the PV's. The label
+/// is removed while the claim watch is held back, then a PV pre-bound to
+/// the claim appears: the sidecar's cache still shows the label, but the
+/// live claim does not, so the PV is not labelled (a label would release
+/// it, with its data, once the claim goes), and stays Released with its
+/// claimRef when the claim is deleted.
+async fn a_claim_label_removed_but_not_yet_watched_associates_nothing(backend: Backend) {
+    let mut env = Env::new(backend).await;
+    env.through_lag_proxy();
+    env.start_sidecar(&args(&gate_on())).await;
+    let name = format!("static-{}", env.id);
+    // Pre-bound to a PV made below: nothing provisions it (no such class).
+    env.create_pvc(
+        &env.ns,
+        "data",
+        "",
+        "5Mi",
+        json!({
+            "metadata": {"labels": {PVC_LABEL: ID}},
+            "spec": {"storageClassName": env.class("none-such"), "volumeName": name},
+        }),
+    )
+    .await;
+    // The sidecar's claim cache takes the labelled claim (the watch is not
+    // held yet).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    env.lag_watch("persistentvolumeclaims", WATCH_LAG);
+    let mut claim = env
+        .get("v1", "PersistentVolumeClaim", &env.ns, "data")
+        .await
+        .expect("claim");
+    let uid = claim["metadata"]["uid"].as_str().expect("uid").to_owned();
+    claim["metadata"]["labels"]
+        .as_object_mut()
+        .expect("labels")
+        .remove(PVC_LABEL);
+    env.replace(claim).await;
+    env.create(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {"capacity": {"storage": "5Mi"}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": env.class("none-such"),
+            "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                "namespace": env.ns, "name": "data", "uid": uid},
+            "csi": {"driver": env.driver_name, "volumeHandle": name}},
+    }))
+    .await;
+    env.wait_bound(&env.ns, "data").await;
+    assert_stays(
+        "not labelled while the label's removal is on its way",
+        Duration::from_secs(3),
+        || async { env.pv(&name).await.is_some_and(|pv| label(&pv).is_none()) },
+    )
+    .await;
+    assert!(
+        env.watch_events_held("persistentvolumeclaims") > 0,
+        "the claim watch was held back"
+    );
+    assert!(
+        env.logs().contains(NOT_CONFIRMED),
+        "the association was declined after the live read: {}",
+        env.logs()
+    );
+    env.delete_pvc(&env.ns, "data").await;
+    wait_released(&env, &name).await;
+    env.clear_watch_lag("persistentvolumeclaims");
+    assert_stays(
+        "not associated: stays Released with its claimRef",
+        Duration::from_secs(2),
+        || async {
+            env.pv(&name).await.is_some_and(|pv| {
+                phase(&pv) == Some("Released") && has_claim_ref(&pv) && label(&pv).is_none()
+            })
+        },
+    )
+    .await;
+    assert_eq!(changes_to(&env, "persistentvolumes", &name), 0);
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+    env.delete("v1", "PersistentVolume", "", &name).await;
 }

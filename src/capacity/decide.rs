@@ -430,6 +430,15 @@ impl Action {
     }
 }
 
+/// The pair an object publishes; `None` when its nodeTopology is not one we
+/// write ([`Segment::of_selector`]).
+pub fn pair_of(object: &CSIStorageCapacity) -> Option<Pair> {
+    Some(Pair {
+        segment: Segment::of_selector(object.node_topology.as_ref())?,
+        class: object.storage_class_name.clone(),
+    })
+}
+
 /// The diff between what is wanted and what is published.
 ///
 /// `existing` are the objects in our namespace; those we do not manage
@@ -460,16 +469,12 @@ pub fn reconcile(
     let mut adopted: BTreeMap<&Pair, &CSIStorageCapacity> = BTreeMap::new();
     for object in ours {
         let name = object.metadata.name.clone().unwrap_or_default();
-        let Some(segment) = Segment::of_selector(object.node_topology.as_ref()) else {
+        let Some(pair) = pair_of(object) else {
             actions.push(Action::Delete {
                 name,
                 reason: DeleteReason::UnknownTopology,
             });
             continue;
-        };
-        let pair = Pair {
-            segment,
-            class: object.storage_class_name.clone(),
         };
         match wanted.get(&pair) {
             None => actions.push(Action::Delete {
@@ -527,6 +532,252 @@ pub fn reconcile(
         }
     }
     actions
+}
+
+/// How the wanted pairs are derived ([`segments`], [`wanted`]) besides the
+/// objects: the driver, its topology, `--capacity-for-immediate-binding`,
+/// and with `--node-deployment` the one segment published (then the Node
+/// and CSINode objects are not read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wants {
+    pub driver: String,
+    pub topology: bool,
+    pub immediate: bool,
+    pub fixed_segment: Option<Segment>,
+}
+
+impl Wants {
+    /// The segments the objects are published for.
+    pub fn segments(&self, nodes: &[&Node], csi_nodes: &[&CSINode]) -> BTreeSet<Segment> {
+        match &self.fixed_segment {
+            Some(segment) => BTreeSet::from([segment.clone()]),
+            None => segments(&self.driver, self.topology, nodes, csi_nodes),
+        }
+    }
+
+    /// Every wanted pair.
+    pub fn pairs(
+        &self,
+        classes: &[&StorageClass],
+        nodes: &[&Node],
+        csi_nodes: &[&CSINode],
+    ) -> BTreeSet<Pair> {
+        wanted(
+            &self.driver,
+            classes,
+            &self.segments(nodes, csi_nodes),
+            self.immediate,
+        )
+    }
+
+    /// Whether `pair` is wanted.
+    pub fn wants(
+        &self,
+        pair: &Pair,
+        classes: &[&StorageClass],
+        nodes: &[&Node],
+        csi_nodes: &[&CSINode],
+    ) -> bool {
+        let class_ok = classes.iter().any(|class| {
+            class.metadata.name.as_deref() == Some(pair.class.as_str())
+                && class_wanted(class, &self.driver, self.immediate)
+        });
+        class_ok && self.segments(nodes, csi_nodes).contains(&pair.segment)
+    }
+}
+
+/// The one live read that confirms the deletion of an object whose pair is
+/// not wanted ([`DeleteReason::NotWanted`]). The wanted pairs come from the
+/// class, Node and CSINode caches, whose watches are not ordered with each
+/// other nor with our objects' watch: a class or CSINode that exists but
+/// whose event has not arrived would delete an object the scheduler needs
+/// (the pods of its WaitForFirstConsumer class are unschedulable in that
+/// segment until it is back). The read is of the fact the pair's absence
+/// rests on ([`obsolete_because`]); the pair is decided again with it
+/// ([`still_obsolete`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LiveRead {
+    /// Nothing another watch delivers: a segment this sidecar never
+    /// publishes (not its node's, or one with topology off / on). Deleted
+    /// without a read.
+    Nothing,
+    /// The class by name: the class cache has it absent, being deleted, of
+    /// another driver or binding mode.
+    Class(String),
+    /// The CSINode of a cached Node that carries the segment's labels: the
+    /// CSINode cache may not have seen the driver registered there.
+    CsiNode(String),
+    /// The Node of a cached CSINode registering the driver with the
+    /// segment's keys, missing from the Node cache.
+    Node(String),
+    /// Neither cache points at the segment: the nodes carrying its labels
+    /// (a label-selected list, [`LIVE_NODES_LIMIT`] at most), checked
+    /// against the CSINode cache.
+    NodesInSegment(Segment),
+}
+
+/// The most nodes [`LiveRead::NodesInSegment`] reads.
+pub const LIVE_NODES_LIMIT: u32 = 10;
+
+/// What a live read returned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Live {
+    Nothing,
+    /// The class of that name, or `None` (404).
+    Class {
+        name: String,
+        class: Option<StorageClass>,
+    },
+    /// The CSINode of that name, or `None` (404).
+    CsiNode {
+        name: String,
+        csi_node: Option<CSINode>,
+    },
+    /// The Node of that name, or `None` (404).
+    Node {
+        name: String,
+        node: Option<Node>,
+    },
+    /// The nodes listed with the segment's labels.
+    Nodes(Vec<Node>),
+}
+
+/// The label selector of the nodes in `segment` (`k=v,...`).
+pub fn segment_selector(segment: &Segment) -> String {
+    segment
+        .0
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether `node` carries every label of `segment`.
+fn in_segment(node: &Node, segment: &Segment) -> bool {
+    let labels = node.metadata.labels.as_ref();
+    segment
+        .0
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
+/// Whether `csi_node` registers `driver` with exactly the segment's keys.
+fn registers_keys(csi_node: &CSINode, driver: &str, segment: &Segment) -> bool {
+    let keys: BTreeSet<&str> = topology_keys(csi_node, driver)
+        .iter()
+        .map(String::as_str)
+        .collect();
+    !keys.is_empty() && keys == segment.0.keys().map(String::as_str).collect()
+}
+
+/// What the absence of `pair` from the wanted pairs rests on, besides our
+/// own objects: the one object (or label-selected list) to read live
+/// before deleting its object. The class first: when the cache does not
+/// want the class, that is the fact. With the class wanted, the segment is
+/// missing from the Node and CSINode caches: a cached Node in the segment
+/// points at its CSINode, else a cached CSINode with the segment's keys
+/// and no cached Node at its Node, else the nodes carrying the labels.
+pub fn obsolete_because(
+    wants: &Wants,
+    pair: &Pair,
+    classes: &[&StorageClass],
+    nodes: &[&Node],
+    csi_nodes: &[&CSINode],
+) -> LiveRead {
+    let class_ok = classes.iter().any(|class| {
+        class.metadata.name.as_deref() == Some(pair.class.as_str())
+            && class_wanted(class, &wants.driver, wants.immediate)
+    });
+    if !class_ok {
+        return LiveRead::Class(pair.class.clone());
+    }
+    if wants.fixed_segment.is_some() || !wants.topology || pair.segment.0.is_empty() {
+        // Segments that come from no Node or CSINode: the node's own, or
+        // the empty one without topology; any other is never published.
+        return LiveRead::Nothing;
+    }
+    let mut in_it: Vec<&str> = nodes
+        .iter()
+        .filter(|node| in_segment(node, &pair.segment))
+        .filter_map(|node| node.metadata.name.as_deref())
+        .collect();
+    in_it.sort_unstable();
+    if let Some(name) = in_it.first() {
+        return LiveRead::CsiNode((*name).to_owned());
+    }
+    let cached_nodes: BTreeSet<&str> = nodes
+        .iter()
+        .filter_map(|node| node.metadata.name.as_deref())
+        .collect();
+    let mut nodeless: Vec<&str> = csi_nodes
+        .iter()
+        .filter(|csi_node| registers_keys(csi_node, &wants.driver, &pair.segment))
+        .filter_map(|csi_node| csi_node.metadata.name.as_deref())
+        .filter(|name| !cached_nodes.contains(name))
+        .collect();
+    nodeless.sort_unstable();
+    if let Some(name) = nodeless.first() {
+        return LiveRead::Node((*name).to_owned());
+    }
+    LiveRead::NodesInSegment(pair.segment.clone())
+}
+
+/// `cached` with `live` in place of the cached object of its name (`None`:
+/// the object is gone).
+fn overlay<'a, T>(
+    cached: &[&'a T],
+    name: &str,
+    live: Option<&'a T>,
+    name_of: impl Fn(&T) -> Option<&str>,
+) -> Vec<&'a T> {
+    cached
+        .iter()
+        .copied()
+        .filter(|object| name_of(object) != Some(name))
+        .chain(live)
+        .collect()
+}
+
+/// Whether `pair` is still not wanted once the live read replaces the
+/// cached objects it names: only then is its object deleted. A pair wanted
+/// with the live objects is a cache that has not seen a change yet; its
+/// event sweeps again.
+pub fn still_obsolete(
+    wants: &Wants,
+    pair: &Pair,
+    classes: &[&StorageClass],
+    nodes: &[&Node],
+    csi_nodes: &[&CSINode],
+    live: &Live,
+) -> bool {
+    let wanted = match live {
+        Live::Nothing => wants.wants(pair, classes, nodes, csi_nodes),
+        Live::Class { name, class } => {
+            let classes = overlay(classes, name, class.as_ref(), |c| {
+                c.metadata.name.as_deref()
+            });
+            wants.wants(pair, &classes, nodes, csi_nodes)
+        }
+        Live::CsiNode { name, csi_node } => {
+            let csi_nodes = overlay(csi_nodes, name, csi_node.as_ref(), |c| {
+                c.metadata.name.as_deref()
+            });
+            wants.wants(pair, classes, nodes, &csi_nodes)
+        }
+        Live::Node { name, node } => {
+            let nodes = overlay(nodes, name, node.as_ref(), |n| n.metadata.name.as_deref());
+            wants.wants(pair, classes, &nodes, csi_nodes)
+        }
+        Live::Nodes(listed) => {
+            let mut nodes = nodes.to_vec();
+            for node in listed {
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                nodes = overlay(&nodes, name, Some(node), |n| n.metadata.name.as_deref());
+            }
+            wants.wants(pair, classes, &nodes, csi_nodes)
+        }
+    };
+    !wanted
 }
 
 /// Upstream's object gauges, from one [`reconcile`] result.

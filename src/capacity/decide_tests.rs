@@ -932,3 +932,336 @@ fn pairs_touched_by_a_volume() {
         vec![pair("a", "slow"), pair("b", "slow")]
     );
 }
+
+fn wants(topology: bool, fixed: Option<Segment>) -> Wants {
+    Wants {
+        driver: DRIVER.into(),
+        topology,
+        immediate: false,
+        fixed_segment: fixed,
+    }
+}
+
+/// What a deletion of a pair the caches do not want rests on: the one
+/// thing to read live before deleting.
+#[test]
+fn the_live_read_a_deletion_rests_on() {
+    let zone = [ZONE];
+    let wffc = class("wffc", DRIVER, Some("WaitForFirstConsumer"));
+    let imm = class("imm", DRIVER, Some("Immediate"));
+    type Case = (
+        &'static str,
+        Wants,
+        Pair,
+        Vec<StorageClass>,
+        Vec<Node>,
+        Vec<CSINode>,
+        LiveRead,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "class not in the cache: the class",
+            wants(true, None),
+            pair("wffc", "a"),
+            vec![],
+            vec![node("n1", &[(ZONE, "a")])],
+            vec![csi_node("n1", &[(DRIVER, Some(&zone))])],
+            LiveRead::Class("wffc".into()),
+        ),
+        (
+            "class not wanted in the cache (Immediate): the class",
+            wants(true, None),
+            pair("imm", "a"),
+            vec![imm.clone()],
+            vec![],
+            vec![],
+            LiveRead::Class("imm".into()),
+        ),
+        (
+            "a cached node in the segment, its CSINode without the driver: that CSINode",
+            wants(true, None),
+            pair("wffc", "a"),
+            vec![wffc.clone()],
+            vec![node("n2", &[(ZONE, "a")]), node("n1", &[(ZONE, "a")])],
+            vec![csi_node("n1", &[("other.csi", Some(&zone))])],
+            LiveRead::CsiNode("n1".into()),
+        ),
+        (
+            "a cached CSINode with the segment's keys and no cached Node: that Node",
+            wants(true, None),
+            pair("wffc", "a"),
+            vec![wffc.clone()],
+            vec![node("n1", &[(ZONE, "b")])],
+            vec![
+                csi_node("n1", &[(DRIVER, Some(&zone))]),
+                csi_node("n9", &[(DRIVER, Some(&zone))]),
+            ],
+            LiveRead::Node("n9".into()),
+        ),
+        (
+            "neither cache points at the segment: the nodes with its labels",
+            wants(true, None),
+            pair("wffc", "a"),
+            vec![wffc.clone()],
+            vec![node("n1", &[(ZONE, "b")])],
+            vec![csi_node("n1", &[(DRIVER, Some(&zone))])],
+            LiveRead::NodesInSegment(seg(&[(ZONE, "a")])),
+        ),
+        (
+            "node deployment, another segment: never published, nothing to read",
+            wants(true, Some(seg(&[(ZONE, "b")]))),
+            pair("wffc", "a"),
+            vec![wffc.clone()],
+            vec![],
+            vec![],
+            LiveRead::Nothing,
+        ),
+        (
+            "node deployment, class gone: the class",
+            wants(true, Some(seg(&[(ZONE, "a")]))),
+            pair("wffc", "a"),
+            vec![],
+            vec![],
+            vec![],
+            LiveRead::Class("wffc".into()),
+        ),
+        (
+            "no topology, a segment: never published, nothing to read",
+            wants(false, None),
+            pair("wffc", "a"),
+            vec![wffc.clone()],
+            vec![],
+            vec![],
+            LiveRead::Nothing,
+        ),
+    ];
+    for (what, wants, pair, classes, nodes, csi_nodes, want) in cases {
+        let classes: Vec<&StorageClass> = classes.iter().collect();
+        let nodes: Vec<&Node> = nodes.iter().collect();
+        let csi_nodes: Vec<&CSINode> = csi_nodes.iter().collect();
+        assert!(
+            !wants.wants(&pair, &classes, &nodes, &csi_nodes),
+            "{what}: the caches do not want the pair"
+        );
+        assert_eq!(
+            obsolete_because(&wants, &pair, &classes, &nodes, &csi_nodes),
+            want,
+            "{what}"
+        );
+    }
+}
+
+/// The pair decided again with the live read in place of the cached
+/// objects: deleted only when still not wanted.
+#[test]
+fn a_deletion_is_made_only_when_the_live_read_agrees() {
+    let zone = [ZONE];
+    let wffc = class("wffc", DRIVER, Some("WaitForFirstConsumer"));
+    let wants = wants(true, None);
+    let a = pair("wffc", "a");
+    let n1 = node("n1", &[(ZONE, "a")]);
+    let registered = csi_node("n1", &[(DRIVER, Some(&zone))]);
+    let unregistered = csi_node("n1", &[]);
+    type Case = (
+        &'static str,
+        Vec<StorageClass>,
+        Vec<Node>,
+        Vec<CSINode>,
+        Live,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "class re-created: exists live, kept",
+            vec![],
+            vec![n1.clone()],
+            vec![registered.clone()],
+            Live::Class {
+                name: "wffc".into(),
+                class: Some(wffc.clone()),
+            },
+            false,
+        ),
+        (
+            "class gone live too (404): deleted",
+            vec![],
+            vec![n1.clone()],
+            vec![registered.clone()],
+            Live::Class {
+                name: "wffc".into(),
+                class: None,
+            },
+            true,
+        ),
+        (
+            "class Immediate live too: deleted",
+            vec![],
+            vec![n1.clone()],
+            vec![registered.clone()],
+            Live::Class {
+                name: "wffc".into(),
+                class: Some(class("wffc", DRIVER, Some("Immediate"))),
+            },
+            true,
+        ),
+        (
+            "cache still wants the class being deleted live: deleted",
+            vec![wffc.clone()],
+            vec![n1.clone()],
+            vec![registered.clone()],
+            Live::Class {
+                name: "wffc".into(),
+                class: {
+                    let mut c = wffc.clone();
+                    c.metadata.deletion_timestamp = Some(Time(Default::default()));
+                    Some(c)
+                },
+            },
+            true,
+        ),
+        (
+            "driver registered again, the CSINode cache behind: kept",
+            vec![wffc.clone()],
+            vec![n1.clone()],
+            vec![unregistered.clone()],
+            Live::CsiNode {
+                name: "n1".into(),
+                csi_node: Some(registered.clone()),
+            },
+            false,
+        ),
+        (
+            "driver not registered live either: deleted",
+            vec![wffc.clone()],
+            vec![n1.clone()],
+            vec![unregistered.clone()],
+            Live::CsiNode {
+                name: "n1".into(),
+                csi_node: Some(unregistered.clone()),
+            },
+            true,
+        ),
+        (
+            "CSINode gone live: deleted",
+            vec![wffc.clone()],
+            vec![n1.clone()],
+            vec![],
+            Live::CsiNode {
+                name: "n1".into(),
+                csi_node: None,
+            },
+            true,
+        ),
+        (
+            "the Node the cache lacks exists with the labels: kept",
+            vec![wffc.clone()],
+            vec![],
+            vec![registered.clone()],
+            Live::Node {
+                name: "n1".into(),
+                node: Some(n1.clone()),
+            },
+            false,
+        ),
+        (
+            "the Node is gone live too: deleted",
+            vec![wffc.clone()],
+            vec![],
+            vec![registered.clone()],
+            Live::Node {
+                name: "n1".into(),
+                node: None,
+            },
+            true,
+        ),
+        (
+            "the cached Node relabelled live into the segment: kept",
+            vec![wffc.clone()],
+            vec![node("n1", &[(ZONE, "b")])],
+            vec![registered.clone()],
+            Live::Nodes(vec![n1.clone()]),
+            false,
+        ),
+        (
+            "no node carries the labels live: deleted",
+            vec![wffc.clone()],
+            vec![node("n1", &[(ZONE, "b")])],
+            vec![registered.clone()],
+            Live::Nodes(vec![]),
+            true,
+        ),
+        (
+            "a node carries the labels, its CSINode lacks the driver: deleted",
+            vec![wffc.clone()],
+            vec![],
+            vec![unregistered.clone()],
+            Live::Nodes(vec![n1.clone()]),
+            true,
+        ),
+        (
+            "nothing to read: as the caches say",
+            vec![wffc.clone()],
+            vec![],
+            vec![],
+            Live::Nothing,
+            true,
+        ),
+    ];
+    for (what, classes, nodes, csi_nodes, live, obsolete) in cases {
+        let classes: Vec<&StorageClass> = classes.iter().collect();
+        let nodes: Vec<&Node> = nodes.iter().collect();
+        let csi_nodes: Vec<&CSINode> = csi_nodes.iter().collect();
+        assert_eq!(
+            still_obsolete(&wants, &a, &classes, &nodes, &csi_nodes, &live),
+            obsolete,
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn wants_agrees_with_wanted_and_pairs_come_from_objects() {
+    let zone = [ZONE];
+    let classes = [
+        class("wffc", DRIVER, Some("WaitForFirstConsumer")),
+        class("imm", DRIVER, Some("Immediate")),
+    ];
+    let nodes = [node("n1", &[(ZONE, "a")]), node("n2", &[(ZONE, "b")])];
+    let csi_nodes = [
+        csi_node("n1", &[(DRIVER, Some(&zone))]),
+        csi_node("n2", &[(DRIVER, Some(&zone))]),
+    ];
+    let classes: Vec<&StorageClass> = classes.iter().collect();
+    let nodes: Vec<&Node> = nodes.iter().collect();
+    let csi_nodes: Vec<&CSINode> = csi_nodes.iter().collect();
+    for w in [
+        wants(true, None),
+        wants(false, None),
+        wants(true, Some(seg(&[(ZONE, "b")]))),
+    ] {
+        let pairs = w.pairs(&classes, &nodes, &csi_nodes);
+        for class in ["wffc", "imm"] {
+            for segment in [seg(&[(ZONE, "a")]), seg(&[(ZONE, "b")]), seg(&[])] {
+                let p = Pair {
+                    segment,
+                    class: class.into(),
+                };
+                assert_eq!(
+                    w.wants(&p, &classes, &nodes, &csi_nodes),
+                    pairs.contains(&p),
+                    "{w:?} {p}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        segment_selector(&seg(&[(ZONE, "a"), (HOST, "n1")])),
+        format!("{HOST}=n1,{ZONE}=a")
+    );
+    let p = pair("wffc", "a");
+    let o = object("csisc-1", &p, "1Gi", None, 1);
+    assert_eq!(pair_of(&o), Some(p));
+    let mut no_topology = o.clone();
+    no_topology.node_topology = None;
+    assert_eq!(pair_of(&no_topology), None);
+}

@@ -23,7 +23,15 @@
 //!     pairs without a known capacity, without an object, or whose object
 //!     shows other values (someone deleted or edited it). Queued by changes
 //!     of StorageClasses, Nodes, CSINodes and of our CSIStorageCapacity
-//!     objects, and at each poll.
+//!     objects, and at each poll. An object deleted because its pair is
+//!     not wanted is first confirmed by one live read of what that rests on
+//!     (the class, or the segment's CSINode or Node, or the nodes carrying
+//!     the segment's labels: [`decide::obsolete_because`]), read once per
+//!     sweep for all the objects that share it, and the pair decided again
+//!     with it ([`decide::still_obsolete`]): the class, Node and CSINode
+//!     watches are not ordered with each other, and a class or CSINode
+//!     whose event has not arrived must not unpublish a segment the
+//!     scheduler needs.
 //!
 //!   Only one worker handles a given key at a time, and only `Key::Pair`
 //!   creates, so a pair's object is never created twice; the objects we
@@ -71,12 +79,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::projection::CSIStorageCapacity;
+use crate::projection::{CSINode, CSIStorageCapacity, Node, StorageClass};
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerCap;
 use kube::Client;
 use kube::api::Api;
 
-use crate::api_calls::{ApiCall, LIST_WATCH, call, in_own_namespace};
+use crate::api_calls::{ApiCall, call, in_own_namespace};
 use crate::caches::{Caches, Kind};
 use crate::cli::Options;
 use crate::csi::{Driver, DriverInfo};
@@ -84,14 +92,20 @@ use crate::informer::{Change, Informer};
 use crate::queue::WorkQueue;
 use crate::shared::{EmbeddedLoop, Shared};
 
-use decide::{Pair, Publisher, Reported};
+use decide::{Pair, Publisher, Reported, Wants};
 
 /// The API calls of this loop (see [`crate::api_calls`]).
 pub const API_CALLS: &[ApiCall] = &[
-    // The shared caches it decides from (also the provisioner's).
-    call("storage.k8s.io", "storageclasses", LIST_WATCH),
-    call("", "nodes", LIST_WATCH),
-    call("storage.k8s.io", "csinodes", LIST_WATCH),
+    // The shared caches it decides from (also the provisioner's); each is
+    // also read live (get; nodes also a label-selected list) before an
+    // object they no longer want is deleted ([`decide::LiveRead`]).
+    call(
+        "storage.k8s.io",
+        "storageclasses",
+        &["get", "list", "watch"],
+    ),
+    call("", "nodes", &["get", "list", "watch"]),
+    call("storage.k8s.io", "csinodes", &["get", "list", "watch"]),
     // Its objects, in the sidecar's namespace: watched (by label), created,
     // replaced when a value changes, deleted when stale.
     in_own_namespace(
@@ -233,6 +247,8 @@ pub struct Capacity {
     driver: Driver,
     caches: Arc<Caches>,
     publisher: Publisher,
+    /// How the wanted pairs are derived from the caches.
+    wants: Wants,
     settings: Settings,
     informer: Arc<Informer<CSIStorageCapacity>>,
     /// Our objects by name: the watch's view, overlaid with our own writes
@@ -296,6 +312,15 @@ pub async fn new(
             Some(found)
         }
     };
+    let wants = Wants {
+        driver: shared.driver_name.clone(),
+        topology: settings.topology,
+        immediate: settings.immediate_binding,
+        fixed_segment: settings
+            .node
+            .as_ref()
+            .map(|node| decide::Segment(node.segment.clone())),
+    };
     let publisher = Publisher {
         driver: shared.driver_name.clone(),
         managed_by: decide::managed_by(settings.node.as_ref().map(|n| n.name.as_str())),
@@ -352,6 +377,7 @@ pub async fn new(
         driver,
         caches,
         publisher,
+        wants,
         settings,
         informer,
         objects,
@@ -439,26 +465,38 @@ impl Capacity {
 
     /// The wanted pairs, from the shared caches.
     fn wanted(&self) -> BTreeSet<Pair> {
-        let nodes = self.caches.nodes.store().state();
-        let csi_nodes = self.caches.csi_nodes.store().state();
-        let classes = self.caches.classes.store().state();
-        let node_refs: Vec<_> = nodes.iter().map(|n| &**n).collect();
-        let csi_node_refs: Vec<_> = csi_nodes.iter().map(|n| &**n).collect();
-        let class_refs: Vec<_> = classes.iter().map(|c| &**c).collect();
-        let segments = match &self.settings.node {
-            Some(node) => BTreeSet::from([decide::Segment(node.segment.clone())]),
-            None => decide::segments(
-                &self.publisher.driver,
-                self.settings.topology,
-                &node_refs,
-                &csi_node_refs,
-            ),
-        };
-        decide::wanted(
-            &self.publisher.driver,
-            &class_refs,
-            &segments,
-            self.settings.immediate_binding,
+        self.cached().wanted(&self.wants)
+    }
+
+    /// What the shared caches hold of the objects the wanted pairs come
+    /// from.
+    fn cached(&self) -> Cached {
+        Cached {
+            classes: self.caches.classes.store().state(),
+            nodes: self.caches.nodes.store().state(),
+            csi_nodes: self.caches.csi_nodes.store().state(),
+        }
+    }
+}
+
+/// One read of the class, Node and CSINode caches.
+struct Cached {
+    classes: Vec<Arc<StorageClass>>,
+    nodes: Vec<Arc<Node>>,
+    csi_nodes: Vec<Arc<CSINode>>,
+}
+
+impl Cached {
+    fn refs(&self) -> (Vec<&StorageClass>, Vec<&Node>, Vec<&CSINode>) {
+        (
+            self.classes.iter().map(|c| &**c).collect(),
+            self.nodes.iter().map(|n| &**n).collect(),
+            self.csi_nodes.iter().map(|n| &**n).collect(),
         )
+    }
+
+    fn wanted(&self, wants: &Wants) -> BTreeSet<Pair> {
+        let (classes, nodes, csi_nodes) = self.refs();
+        wants.pairs(&classes, &nodes, &csi_nodes)
     }
 }

@@ -1,16 +1,18 @@
 //! The workers' I/O: a pair's `GetCapacity` and its object's create or
 //! update, and the sweep's deletions, each from the diff
-//! [`decide::reconcile`](super::decide::reconcile) makes.
+//! [`decide::reconcile`](super::decide::reconcile) makes. A deletion of an
+//! object whose pair the caches no longer want is confirmed first by one
+//! live read ([`decide::obsolete_because`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::projection::{CSIStorageCapacity, Projection};
-use kube::api::{Api, DeleteParams, PostParams};
+use crate::projection::{CSINode, CSIStorageCapacity, Node, Projection, StorageClass};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::decide::{self, Action, Pair, Reported};
-use super::{Capacity, Key, lock, remember};
+use super::decide::{self, Action, DeleteReason, Live, LiveRead, Pair, Reported};
+use super::{Cached, Capacity, Key, lock, remember};
 
 impl Capacity {
     /// The diff against the current state; updates the object gauges.
@@ -49,11 +51,24 @@ impl Capacity {
     }
 
     async fn sweep(&self) -> Result<(), SyncError> {
-        let wanted = self.wanted();
+        let cached = self.cached();
+        let wanted = cached.wanted(&self.wants);
         let mut first_error = None;
+        // The live reads of this sweep, shared by the objects they confirm.
+        let mut reads: HashMap<LiveRead, Live> = HashMap::new();
         for action in self.actions(&wanted) {
             match action {
                 Action::Delete { name, reason } => {
+                    if reason == DeleteReason::NotWanted {
+                        match self.still_obsolete(&cached, &name, &mut reads).await {
+                            Ok(true) => {}
+                            Ok(false) => continue,
+                            Err(e) => {
+                                first_error.get_or_insert(e);
+                                continue;
+                            }
+                        }
+                    }
                     tracing::info!(csistoragecapacity = %name, "deleting CSIStorageCapacity: {reason}");
                     if let Err(e) = self.delete(&name).await {
                         first_error.get_or_insert(e);
@@ -80,6 +95,80 @@ impl Capacity {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether the object `name`, whose pair the caches do not want, is
+    /// still not wanted once what that rests on is read live
+    /// ([`decide::obsolete_because`], at most one read per sweep for each
+    /// fact, kept in `reads`). `false` also when the object is gone.
+    async fn still_obsolete(
+        &self,
+        cached: &Cached,
+        name: &str,
+        reads: &mut HashMap<LiveRead, Live>,
+    ) -> Result<bool, SyncError> {
+        let Some(pair) = lock(&self.objects)
+            .get(name)
+            .and_then(|object| decide::pair_of(object))
+        else {
+            return Ok(false);
+        };
+        let (classes, nodes, csi_nodes) = cached.refs();
+        let read = decide::obsolete_because(&self.wants, &pair, &classes, &nodes, &csi_nodes);
+        if !reads.contains_key(&read) {
+            let live = self.read_live(&read).await?;
+            reads.insert(read.clone(), live);
+        }
+        let live = &reads[&read];
+        let obsolete =
+            decide::still_obsolete(&self.wants, &pair, &classes, &nodes, &csi_nodes, live);
+        if !obsolete {
+            tracing::info!(csistoragecapacity = %name, %pair, ?read, "not deleting CSIStorageCapacity: the caches no longer want its class and segment, the live read does (a watch event has not arrived yet)");
+        }
+        Ok(obsolete)
+    }
+
+    /// One live read ([`LiveRead`]).
+    async fn read_live(&self, read: &LiveRead) -> Result<Live, SyncError> {
+        let client = || self.client.clone();
+        let failed = |what: String| move |source| SyncError::Read { what, source };
+        Ok(match read {
+            LiveRead::Nothing => Live::Nothing,
+            LiveRead::Class(name) => Live::Class {
+                name: name.clone(),
+                class: Api::<StorageClass>::all(client())
+                    .get_opt(name)
+                    .await
+                    .map_err(failed(format!("StorageClass {name}")))?,
+            },
+            LiveRead::CsiNode(name) => Live::CsiNode {
+                name: name.clone(),
+                csi_node: Api::<CSINode>::all(client())
+                    .get_opt(name)
+                    .await
+                    .map_err(failed(format!("CSINode {name}")))?,
+            },
+            LiveRead::Node(name) => Live::Node {
+                name: name.clone(),
+                node: Api::<Node>::all(client())
+                    .get_opt(name)
+                    .await
+                    .map_err(failed(format!("Node {name}")))?,
+            },
+            LiveRead::NodesInSegment(segment) => {
+                let selector = decide::segment_selector(segment);
+                let params = ListParams::default()
+                    .labels(&selector)
+                    .limit(decide::LIVE_NODES_LIMIT);
+                Live::Nodes(
+                    Api::<Node>::all(client())
+                        .list(&params)
+                        .await
+                        .map_err(failed(format!("the nodes {selector}")))?
+                        .items,
+                )
+            }
+        })
     }
 
     async fn delete(&self, name: &str) -> Result<(), SyncError> {
@@ -185,6 +274,12 @@ pub enum SyncError {
     },
     #[error("GetCapacity for {pair} answered an unusable value: {reason}")]
     BadCapacity { pair: Pair, reason: String },
+    #[error("cannot read {what} to confirm a deletion: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("cannot {verb} CSIStorageCapacity {name}: {source}")]
     Write {
         verb: &'static str,

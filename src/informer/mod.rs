@@ -74,6 +74,9 @@ where
     ready: tokio::sync::watch::Sender<bool>,
     /// Until ready: why not yet.
     waiting: Mutex<Waiting>,
+    /// The highest resourceVersion among the events this cache has applied
+    /// (0: none yet); see [`Informer::wait_for_revision`].
+    applied: tokio::sync::watch::Sender<u64>,
 }
 
 impl<K> Default for Informer<K>
@@ -105,6 +108,7 @@ where
             streaming_refused,
             ready: tokio::sync::watch::Sender::new(false),
             waiting: Mutex::new(Waiting::Listing),
+            applied: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -190,6 +194,51 @@ where
         *self.ready.borrow()
     }
 
+    /// The highest resourceVersion among the events this cache has applied
+    /// (store updated, handlers called); 0 before the first list is in.
+    ///
+    /// The API server's resourceVersions are one counter for every kind
+    /// (etcd's revision), and one watch delivers its kind's events in that
+    /// order: so a cache that applied an event at revision `r` holds every
+    /// change of its kind made before `r` (events of objects it does not
+    /// keep count too: they were seen and dropped). Watches of different
+    /// kinds are not ordered with each other: a decision triggered by an
+    /// object at revision `r` that reads another kind's cache must first
+    /// know that cache is at `r` ([`Self::wait_for_revision`]) or read live
+    /// (docs/design.md, "Reading current state").
+    pub fn applied_revision(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// Waits at most `bound` until this cache has applied an event at or
+    /// past `revision`; whether it has. A kind with no change since
+    /// `revision` never gets there (the API server sends bookmarks about
+    /// once a minute): callers fall back to a live read after `bound`.
+    pub async fn wait_for_revision(&self, revision: u64, bound: Duration) -> bool {
+        let mut applied = self.applied.subscribe();
+        tokio::time::timeout(bound, applied.wait_for(|at| *at >= revision))
+            .await
+            .is_ok_and(|seen| seen.is_ok())
+    }
+
+    /// Tests of the callers: as if an event at `revision` was applied.
+    #[cfg(test)]
+    pub(crate) fn set_applied_revision_for_tests(&self, revision: u64) {
+        self.note_applied(Some(revision));
+    }
+
+    fn note_applied(&self, revision: Option<u64>) {
+        if let Some(revision) = revision {
+            self.applied.send_if_modified(|at| {
+                let newer = revision > *at;
+                if newer {
+                    *at = revision;
+                }
+                newer
+            });
+        }
+    }
+
     /// `None` once ready; else why not yet.
     pub fn waiting(&self) -> Option<Waiting> {
         (!self.is_ready()).then(|| {
@@ -239,6 +288,9 @@ where
                 .boxed()
         };
         let mut before_list: Option<HashMap<ObjectRef<K>, Arc<K>>> = None;
+        // The highest revision among the objects of a list under way: the
+        // cache is at least there once the list is in the store.
+        let mut listed_revision: Option<u64> = None;
         let mut last_error: Option<String> = None;
         let mut resync_timer = resync.map(|period| {
             let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -296,12 +348,21 @@ where
                         Waiting::Failing(text);
                     continue;
                 }
-                Some(Some(Ok(event))) => event,
+                Some(Some(Ok(Revisioned { event, revision }))) => (event, revision),
             };
+            let (event, revision) = event;
             if last_error.take().is_some() {
                 tracing::info!(kind = %K::kind(&()), "watch working again");
             }
+            let listed = matches!(event, Event::InitApply(_));
+            if listed {
+                listed_revision = listed_revision.max(revision);
+            }
             let Some(event) = self.filter(event) else {
+                // Seen and not kept: the cache is as current as if kept.
+                if !listed {
+                    self.note_applied(revision);
+                }
                 continue;
             };
             if matches!(event, Event::Init) {
@@ -315,10 +376,17 @@ where
             }
             writer.apply_watcher_event(&event);
             match &event {
-                Event::Apply(obj) => self.dispatch(Change::Applied(obj)),
-                Event::Delete(obj) => self.dispatch(Change::Deleted(obj)),
+                Event::Apply(obj) => {
+                    self.dispatch(Change::Applied(obj));
+                    self.note_applied(revision);
+                }
+                Event::Delete(obj) => {
+                    self.dispatch(Change::Deleted(obj));
+                    self.note_applied(revision);
+                }
+                Event::Init => listed_revision = None,
                 // Not in the store yet: announced with the whole list.
-                Event::Init | Event::InitApply(_) => {}
+                Event::InitApply(_) => {}
                 Event::InitDone => {
                     for obj in self.store.state() {
                         self.dispatch(Change::Applied(&obj));
@@ -332,6 +400,7 @@ where
                     }
                     // Handlers have seen every listed object by now.
                     self.ready.send_replace(true);
+                    self.note_applied(listed_revision.take());
                     // The list's buffers and the replaced store are free now.
                     crate::memory::release_free_memory();
                 }
@@ -340,17 +409,35 @@ where
     }
 }
 
+/// An event as the cache keeps it, with the revision (resourceVersion) of
+/// the object it carries, when it carries one with a numeric version.
+struct Revisioned<K> {
+    event: Event<K>,
+    revision: Option<u64>,
+}
+
 /// An event of objects read as `W`, with the objects as the cache keeps
-/// them.
-fn kept_as<W, K: From<W>>(
+/// them and the object's revision (read from `W`: the projections a cache
+/// keeps may leave the resourceVersion out of their store keys).
+fn kept_as<W: Resource, K: From<W>>(
     event: Result<Event<W>, watcher::Error>,
-) -> Result<Event<K>, watcher::Error> {
-    event.map(|event| match event {
-        Event::Apply(obj) => Event::Apply(obj.into()),
-        Event::Delete(obj) => Event::Delete(obj.into()),
-        Event::Init => Event::Init,
-        Event::InitApply(obj) => Event::InitApply(obj.into()),
-        Event::InitDone => Event::InitDone,
+) -> Result<Revisioned<K>, watcher::Error> {
+    fn revision_of<W: Resource>(obj: &W) -> Option<u64> {
+        obj.meta().resource_version.as_deref()?.parse().ok()
+    }
+    event.map(|event| {
+        let revision = match &event {
+            Event::Apply(obj) | Event::Delete(obj) | Event::InitApply(obj) => revision_of(obj),
+            Event::Init | Event::InitDone => None,
+        };
+        let event = match event {
+            Event::Apply(obj) => Event::Apply(obj.into()),
+            Event::Delete(obj) => Event::Delete(obj.into()),
+            Event::Init => Event::Init,
+            Event::InitApply(obj) => Event::InitApply(obj.into()),
+            Event::InitDone => Event::InitDone,
+        };
+        Revisioned { event, revision }
     })
 }
 
@@ -592,6 +679,54 @@ mod tests {
     /// Objects that are not kept never reach the store nor a handler; one
     /// that stops being kept leaves the store and is announced as deleted.
     /// The list is a streaming one: no LIST request at all.
+    /// The applied revision: the list's newest object once the list is in,
+    /// then every event's, kept or not; and a waiter for a revision is
+    /// woken by it, or gives up after its bound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_applied_revision_follows_every_event_seen() {
+        let server = kube_testserver::TestServer::new();
+        server.create_object(csi_pv("mine-0", "ours")).expect("pv");
+        let informer: Arc<Informer<PersistentVolume>> = Arc::new(Informer::new());
+        informer.keep_only(|pv| driver_of(pv) == "ours");
+        assert_eq!(informer.applied_revision(), 0);
+        let runner = run_streaming(&informer, &server);
+        tokio::time::timeout(Duration::from_secs(5), informer.wait_until_ready())
+            .await
+            .expect("ready");
+        let listed = server.resource_version();
+        assert_eq!(informer.applied_revision(), listed);
+        assert!(
+            !informer
+                .wait_for_revision(listed + 1, Duration::from_millis(50))
+                .await,
+            "nothing changed: the bound ends the wait"
+        );
+        // Not kept, yet seen: the cache is as current as if it kept it.
+        server
+            .create_object(csi_pv("theirs-0", "theirs"))
+            .expect("pv");
+        let theirs = server.resource_version();
+        assert!(
+            informer
+                .wait_for_revision(theirs, Duration::from_secs(5))
+                .await
+        );
+        server
+            .delete_object("v1", "PersistentVolume", "", "mine-0")
+            .expect("delete");
+        let deleted = server.resource_version();
+        assert!(
+            informer
+                .wait_for_revision(deleted, Duration::from_secs(5))
+                .await
+        );
+        assert!(
+            informer.store().get(&ObjectRef::new("mine-0")).is_none(),
+            "the store had applied the deletion when its revision was announced"
+        );
+        runner.abort();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn objects_not_kept_never_reach_the_store_or_a_handler() {
         use std::sync::Mutex;

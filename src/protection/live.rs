@@ -5,15 +5,14 @@
 //! makes the asker's claim busy: each answer reflects the API server's state
 //! after the question was asked, which is the point of asking it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::live_batch::LiveBatch;
 use crate::projection::Pod;
 use futures_util::future::BoxFuture;
 use kube::Client;
 use kube::api::{Api, ListParams};
-use tokio::sync::watch;
 
 /// Why a live list gave no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,15 +22,10 @@ pub struct LiveListError {
     pub message: String,
 }
 
-type Answer = Option<Result<Arc<Vec<Pod>>, LiveListError>>;
-type Lister = Arc<dyn Fn(String) -> BoxFuture<'static, Result<Vec<Pod>, String>> + Send + Sync>;
-
 /// The batcher. Clones share batches.
 #[derive(Clone)]
 pub struct LivePods {
-    lister: Lister,
-    window: Duration,
-    open: Arc<Mutex<HashMap<String, watch::Receiver<Answer>>>>,
+    batch: LiveBatch<Vec<Pod>>,
 }
 
 impl LivePods {
@@ -54,55 +48,19 @@ impl LivePods {
         lister: impl Fn(String) -> BoxFuture<'static, Result<Vec<Pod>, String>> + Send + Sync + 'static,
     ) -> Self {
         Self {
-            lister: Arc::new(lister),
-            window,
-            open: Arc::default(),
+            batch: LiveBatch::with_reader(window, lister),
         }
     }
 
     /// The pods of `namespace`, from a list sent after this call began.
     pub async fn list(&self, namespace: &str) -> Result<Arc<Vec<Pod>>, LiveListError> {
-        let mut answer = {
-            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-            match open.get(namespace) {
-                Some(batch) => batch.clone(),
-                None => {
-                    let (tx, rx) = watch::channel(None);
-                    open.insert(namespace.to_owned(), rx.clone());
-                    self.spawn_batch(namespace.to_owned(), tx);
-                    rx
-                }
-            }
-        };
-        let closed = || LiveListError {
-            namespace: namespace.to_owned(),
-            message: "the list was abandoned".to_owned(),
-        };
-        let result = answer
-            .wait_for(Option::is_some)
+        self.batch
+            .read(namespace)
             .await
-            .map_err(|_| closed())?
-            .clone();
-        result.ok_or_else(closed)?
-    }
-
-    fn spawn_batch(&self, namespace: String, tx: watch::Sender<Answer>) {
-        let this = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(this.window).await;
-            // Close the batch before the request goes out: whoever asks from
-            // now on gets a list of their own.
-            this.open
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&namespace);
-            let result = (this.lister)(namespace.clone())
-                .await
-                .map(Arc::new)
-                .map_err(|message| LiveListError { namespace, message });
-            // Nobody waiting any more is fine.
-            let _ = tx.send(Some(result));
-        });
+            .map_err(|message| LiveListError {
+                namespace: namespace.to_owned(),
+                message,
+            })
     }
 }
 

@@ -9,7 +9,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::decide::{self, Confirmation, Verdict};
 use super::{ClaimName, Protection};
-use crate::provision::{add_finalizer_patch, claim_class_name, remove_finalizer_patch};
+use crate::provision::{add_finalizer_patch, claim_class_name, guard_uid, remove_finalizer_patch};
 use crate::wellknown as wk;
 
 /// Why a claim is retried with backoff.
@@ -101,16 +101,7 @@ async fn reconcile(ctx: &Protection, key: &ClaimName) -> Result<(), ProtectionEr
         }
         Verdict::AddFinalizer => {
             tracing::info!(claim = %key, "PVC protection: adding finalizer {}", wk::FINALIZER_PVC_PROTECTION);
-            let patch = add_finalizer_patch(
-                claim.metadata.finalizers.as_deref(),
-                wk::FINALIZER_PVC_PROTECTION,
-                claim
-                    .metadata
-                    .resource_version
-                    .as_deref()
-                    .unwrap_or_default(),
-            );
-            apply(ctx, key, patch, "add finalizer").await
+            apply(ctx, key, add_patch(&claim), "add finalizer").await
         }
         Verdict::InUse { pods } => {
             tracing::info!(claim = %key, ?pods, "PVC protection: being deleted but in use, keeping finalizer");
@@ -128,13 +119,43 @@ async fn reconcile(ctx: &Protection, key: &ClaimName) -> Result<(), ProtectionEr
                 }
                 Confirmation::RemoveFinalizer => {
                     tracing::info!(claim = %key, "PVC protection: no pod uses the claim, removing finalizer {}", wk::FINALIZER_PVC_PROTECTION);
-                    let finalizers = claim.metadata.finalizers.as_deref().unwrap_or_default();
-                    let patch = remove_finalizer_patch(finalizers, wk::FINALIZER_PVC_PROTECTION);
-                    apply(ctx, key, patch, "remove finalizer").await
+                    apply(ctx, key, removal_patch(&claim), "remove finalizer").await
                 }
             }
         }
     }
+}
+
+/// The JSON patch adding the protection finalizer to the cached `claim`,
+/// applying only to the claim of its uid ([`guard_uid`]).
+fn add_patch(claim: &PersistentVolumeClaim) -> Option<serde_json::Value> {
+    let patch = add_finalizer_patch(
+        claim.metadata.finalizers.as_deref(),
+        wk::FINALIZER_PVC_PROTECTION,
+        claim
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default(),
+    )?;
+    Some(guard_uid(
+        patch,
+        claim.metadata.uid.as_deref().unwrap_or_default(),
+    ))
+}
+
+/// The JSON patch removing the protection finalizer from the cached
+/// `claim`. Besides the finalizer list it `test`s the claim's uid
+/// ([`guard_uid`]): a claim deleted and re-created under the same name
+/// since the cache read (whose list is often the same) keeps its
+/// protection; the 422 retries from the newer cache.
+fn removal_patch(claim: &PersistentVolumeClaim) -> Option<serde_json::Value> {
+    let finalizers = claim.metadata.finalizers.as_deref().unwrap_or_default();
+    let patch = remove_finalizer_patch(finalizers, wk::FINALIZER_PVC_PROTECTION)?;
+    Some(guard_uid(
+        patch,
+        claim.metadata.uid.as_deref().unwrap_or_default(),
+    ))
 }
 
 /// Applies a JSON patch built from the cached claim. Its `test` fails (422),
@@ -174,5 +195,79 @@ async fn apply(
             Err(ProtectionError::Conflict { what })
         }
         Err(source) => Err(ProtectionError::Api { what, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::provisioner::volumes::patch_applies;
+
+    /// `ns/data` with uid `uid` and `finalizers`, as cached.
+    fn claim(uid: &str, finalizers: &[&str]) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({"metadata": {
+            "name": "data", "namespace": "ns", "uid": uid, "resourceVersion": "7",
+            "finalizers": finalizers,
+        }}))
+        .expect("claim")
+    }
+
+    /// The live object the API server patches.
+    fn live(uid: &str, finalizers: &[&str]) -> serde_json::Value {
+        json!({"metadata": {"name": "data", "namespace": "ns", "uid": uid,
+            "resourceVersion": "9", "finalizers": finalizers}})
+    }
+
+    fn parsed(patch: serde_json::Value) -> json_patch::Patch {
+        serde_json::from_value(patch).expect("a JSON patch")
+    }
+
+    /// The claim was deleted and re-created under its name between the
+    /// cache read and the patch: the same finalizer list, another uid. The
+    /// removal must not apply to it (422), or the new claim loses its
+    /// protection while a pod may use it.
+    #[test]
+    fn the_removal_applies_only_to_the_claim_it_was_decided_for() {
+        let protected = [wk::FINALIZER_PVC_PROTECTION];
+        let cached = claim("uid-1", &protected);
+        let remove = parsed(removal_patch(&cached).expect("a removal"));
+        assert!(patch_applies(&live("uid-1", &protected), &remove));
+        assert!(
+            !patch_applies(&live("uid-2", &protected), &remove),
+            "a same-named claim with another uid keeps its finalizer"
+        );
+        let mut after = live("uid-1", &protected);
+        json_patch::patch(&mut after, &remove).expect("applies");
+        assert_eq!(after["metadata"]["finalizers"], json!([]));
+        assert_eq!(
+            removal_patch(&claim("uid-1", &[])),
+            None,
+            "nothing to remove"
+        );
+    }
+
+    #[test]
+    fn the_addition_applies_only_to_the_claim_it_was_decided_for() {
+        for finalizers in [&[][..], &["other"][..]] {
+            let add = parsed(add_patch(&claim("uid-1", finalizers)).expect("an addition"));
+            let mut same = live("uid-1", finalizers);
+            same["metadata"]["resourceVersion"] = json!("7");
+            if finalizers.is_empty() {
+                same["metadata"]
+                    .as_object_mut()
+                    .expect("meta")
+                    .remove("finalizers");
+            }
+            assert!(patch_applies(&same, &add), "{finalizers:?}");
+            let mut other = same.clone();
+            other["metadata"]["uid"] = json!("uid-2");
+            assert!(!patch_applies(&other, &add), "{finalizers:?}");
+        }
+        assert_eq!(
+            add_patch(&claim("uid-1", &[wk::FINALIZER_PVC_PROTECTION])),
+            None
+        );
     }
 }

@@ -78,6 +78,10 @@ pub struct SourceFinalizer {
     /// the clone finalizer is removed by the clone-protection loop once no
     /// pending claim clones from the source any more.
     pub remove_after_provisioning: bool,
+    /// The uid of the source object the plan was made from: the finalizer
+    /// goes on that object only, never on one re-created under its name
+    /// (whose volume is another). `None`: any object of the name (removal).
+    pub uid: Option<String>,
 }
 
 /// Which object the claim's data source names; `None` without one. An
@@ -162,6 +166,12 @@ pub fn content_source(
         name: source.name.clone(),
         reason: Box::new(reason),
     };
+    let uid = match &objects {
+        DataSourceObjects::Claim { claim, .. } => claim.and_then(|c| c.metadata.uid.clone()),
+        DataSourceObjects::Snapshot { snapshot, .. } => {
+            snapshot.and_then(|s| s.metadata.uid.clone())
+        }
+    };
     let content_type = match (&source.kind, objects) {
         (
             DataSourceKind::Claim,
@@ -203,6 +213,7 @@ pub fn content_source(
             name: source.name.clone(),
             finalizer,
             remove_after_provisioning,
+            uid,
         },
     ))
 }

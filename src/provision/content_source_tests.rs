@@ -166,13 +166,12 @@ fn clone_with(
 
 #[test]
 fn clone_source_is_the_source_volume_handle() {
-    let (content, finalizer) = clone_with(
-        Some(&source_claim()),
-        Some(&source_volume()),
-        &claim(),
-        1 << 30,
-    )
-    .expect("clone");
+    let mut source = source_claim();
+    source.metadata.uid = Some("source-uid".to_owned());
+    // The finalizer names the very source the plan was made from.
+    let source_uid = Some("source-uid".to_owned());
+    let (content, finalizer) =
+        clone_with(Some(&source), Some(&source_volume()), &claim(), 1 << 30).expect("clone");
     assert_eq!(
         content.r#type,
         Some(Type::Volume(VolumeSource {
@@ -187,6 +186,7 @@ fn clone_source_is_the_source_volume_handle() {
             name: "source".to_owned(),
             finalizer: wk::FINALIZER_CLONE_SOURCE,
             remove_after_provisioning: false,
+            uid: source_uid,
         }
     );
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::projection::{PersistentVolume, Projection, Shared, StorageClass, VolumeAttachment};
+use crate::projection::{PersistentVolume, Projection, Shared, StorageClass};
 
 use super::config::ProvisionerConfig;
 use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
@@ -286,19 +286,10 @@ pub fn plan_delete(
     })
 }
 
-/// The node a VolumeAttachment still attaches the PV to, if any: deleting
-/// then would pull the volume from under a node, so the caller waits
-/// (Normal event, requeue) instead of calling `DeleteVolume`.
-pub fn attached_node<'a>(pv_name: &str, attachments: &[&'a VolumeAttachment]) -> Option<&'a str> {
-    attachments
-        .iter()
-        .find(|attachment| {
-            attachment.spec.source.persistent_volume_name.as_deref() == Some(pv_name)
-        })
-        .map(|attachment| attachment.spec.node_name.as_str())
-}
-
-/// Upstream's wording for [`attached_node`].
+/// Upstream's wording for a PV that a VolumeAttachment still attaches to
+/// `node`: deleting then would pull the volume from under a node, so the
+/// caller waits (Warning event, requeue) instead of calling `DeleteVolume`
+/// (`provisioner::attached` tells).
 pub fn still_attached_message(pv_name: &str, node: &str) -> String {
     format!("persistentvolume {pv_name} is still attached to node {node}")
 }

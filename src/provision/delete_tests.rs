@@ -1,9 +1,7 @@
 use super::*;
-use crate::projection::{VolumeAttachmentSource, VolumeAttachmentSpec};
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::provision::config::NodeDeployment;
 use crate::provision::fixtures::{
@@ -634,21 +632,7 @@ fn migrated_delete_plans() {
 }
 
 #[test]
-fn attachments_block_deletion() {
-    let attachment = |pv: &str, node: &str| VolumeAttachment {
-        metadata: ObjectMeta::default(),
-        spec: VolumeAttachmentSpec {
-            attacher: DRIVER.into(),
-            node_name: node.into(),
-            source: VolumeAttachmentSource {
-                persistent_volume_name: Some(pv.into()),
-            },
-        },
-    };
-    let other = attachment("pv-other", "node-a");
-    let ours = attachment(VOLUME, "node-b");
-    assert_eq!(attached_node(VOLUME, &[&other]), None);
-    assert_eq!(attached_node(VOLUME, &[&other, &ours]), Some("node-b"));
+fn the_detach_wait_has_upstreams_wording() {
     assert_eq!(
         still_attached_message(VOLUME, "node-b"),
         format!("persistentvolume {VOLUME} is still attached to node node-b")

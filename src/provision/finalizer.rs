@@ -83,6 +83,20 @@ pub fn remove_finalizer_patch<S: AsRef<str> + Serialize>(
     Some(Value::Array(operations))
 }
 
+/// Makes a JSON patch apply only to the object with `uid`: its first
+/// operation `test`s `/metadata/uid`, so an object deleted and re-created
+/// under the same name between the cache read and the patch fails it (422)
+/// and keeps its finalizers. The finalizer list's own `test` cannot tell
+/// the two apart: a new object often has the same list.
+pub fn guard_uid(patch: Value, uid: &str) -> Value {
+    let mut operations = vec![json!({"op": "test", "path": "/metadata/uid", "value": uid})];
+    match patch {
+        Value::Array(rest) => operations.extend(rest),
+        other => operations.push(other),
+    }
+    Value::Array(operations)
+}
+
 /// A JSON patch adding `finalizer`; `None` when it is present. An existing
 /// list is tested and appended to; a missing list can only be guarded by the
 /// object's `resource_version`, which is tested before the list is created.

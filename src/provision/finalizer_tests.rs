@@ -321,3 +321,15 @@ fn patches_apply_only_to_fresh_state() {
         "a newer object must not be patched"
     );
 }
+
+#[test]
+fn a_uid_guard_comes_first_and_keeps_the_patch() {
+    let patch = remove_finalizer_patch(&["a", wk::FINALIZER_PV], wk::FINALIZER_PV).expect("patch");
+    let guarded = guard_uid(patch.clone(), "u1");
+    let ops = guarded.as_array().expect("array");
+    assert_eq!(
+        ops[0],
+        serde_json::json!({"op": "test", "path": "/metadata/uid", "value": "u1"})
+    );
+    assert_eq!(&ops[1..], patch.as_array().expect("array").as_slice());
+}

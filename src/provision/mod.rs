@@ -64,7 +64,7 @@
 //! and not already handled (deletion timestamp without our finalizer) — then
 //! [`plan_delete`]`(pv, class)` gives the volume id and the secret
 //! ([`deletion_secret_ref`]: PV annotations first, class templates second).
-//! [`attached_node`] says when to wait for a detach instead.
+//! `provisioner::attached` says when to wait for a detach instead.
 //!
 //! # CSI migration
 //!
@@ -125,13 +125,12 @@ pub use content_source::{
     data_source_ref,
 };
 pub use delete::{
-    DeleteDecision, DeleteError, DeletePlan, DeleteSkipReason, attached_node, deletion_secret_ref,
-    is_our_volume, plan_delete, should_delete, still_attached_message, volume_id_of,
-    volume_on_this_node,
+    DeleteDecision, DeleteError, DeletePlan, DeleteSkipReason, deletion_secret_ref, is_our_volume,
+    plan_delete, should_delete, still_attached_message, volume_id_of, volume_on_this_node,
 };
 pub use error::{DataSourceError, ProvisionError};
 pub use finalizer::{
-    FinalizerChange, add_finalizer_patch, pv_finalizer_change, remove_finalizer_patch,
+    FinalizerChange, add_finalizer_patch, guard_uid, pv_finalizer_change, remove_finalizer_patch,
 };
 pub use ours::is_our_claim;
 pub use outcome::{

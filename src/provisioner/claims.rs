@@ -84,8 +84,16 @@ async fn note(ctx: &Context, claim: &PersistentVolumeClaim, note: EventNote) {
 async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     // The upstream duration metric times one attempt, not the claim's age.
     let started = std::time::Instant::now();
-    let Some(claim) = cached_claim(ctx, key) else {
-        return finish_deleted_claim(ctx, key).await;
+    let claim = match cached_claim(ctx, key) {
+        Some(claim) => claim,
+        None => match claim_behind_the_cache(ctx, key).await {
+            Ok(Some(claim)) => claim,
+            Ok(None) => return finish_deleted_claim(ctx, key).await,
+            Err(e) => {
+                tracing::warn!(claim = %key, error = %e, "the claim is not in the cache and reading it failed; will look again");
+                return Next::Retry;
+            }
+        },
     };
     if claim
         .finalizers()
@@ -120,9 +128,32 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         ProvisionDecision::Skip(reason) => {
             if ctx.operations.get(&key.uid).is_some() {
                 // It stopped being ours (bound elsewhere, annotation changed)
-                // while a volume may exist: finish it like a deleted claim.
-                tracing::info!(claim = %key, %reason, "claim no longer ours while provisioning was in flight; cleaning up");
-                return finish_deleted_claim(ctx, key).await;
+                // while a volume may exist: finish it like a deleted claim;
+                // but only when the claim and its class as they are now say
+                // so, not the caches, which may lag (docs/design.md,
+                // "Reading current state").
+                return match skip_confirmed_live(ctx, key, &class_name).await {
+                    Ok(LiveSkip::Confirmed(reason)) => {
+                        tracing::info!(claim = %key, %reason, "claim no longer ours while provisioning was in flight; cleaning up");
+                        finish_deleted_claim(ctx, key).await
+                    }
+                    Ok(LiveSkip::ClaimGone) => finish_deleted_claim(ctx, key).await,
+                    Ok(LiveSkip::ClassMissing(reason)) => {
+                        // Upstream answers a missing class with an error
+                        // and a retry; a volume may exist for the claim,
+                        // which still wants it: keep the operation.
+                        tracing::warn!(claim = %key, %reason, "the claim's class is gone while its provisioning is in flight; keeping the operation and retrying");
+                        Next::Retry
+                    }
+                    Ok(LiveSkip::CacheBehind) => {
+                        tracing::info!(claim = %key, %reason, "the caches say skip but the claim and its class as they are now do not; waiting for the caches");
+                        Next::Retry
+                    }
+                    Err(e) => {
+                        tracing::warn!(claim = %key, error = %e, "cannot read the claim or its class to confirm a skip; will retry");
+                        Next::Retry
+                    }
+                };
             }
             tracing::debug!(claim = %key, %reason, "not provisioning");
             ctx.recorder.forget(&key.uid);
@@ -153,6 +184,91 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
         Attempt::Uncounted(_) => {}
     }
     attempt.next()
+}
+
+/// A claim the cache does not hold (or holds with another uid). With no
+/// `CreateVolume` sent for it there is nothing to lose: `None`, the caller
+/// finishes it as deleted. With one sent, cleaning up deletes the volume,
+/// so the claim is read live first: a claim the cache does not have yet
+/// (a fresh leader's replay, a claim the claims filter dropped while its
+/// class was not cached) is provisioned from its live state instead.
+async fn claim_behind_the_cache(
+    ctx: &Context,
+    key: &ClaimKey,
+) -> Result<Option<Arc<PersistentVolumeClaim>>, kube::Error> {
+    if !ctx
+        .operations
+        .get(&key.uid)
+        .is_some_and(|op| op.create_sent)
+    {
+        return Ok(None);
+    }
+    Ok(live_claim(ctx, key).await?.map(|claim| {
+        tracing::info!(claim = %key, "the claim of an operation in flight is not in the cache but exists: going on from its live state");
+        Arc::new(claim)
+    }))
+}
+
+/// The claim `key` as the API server has it now (`None`: gone, or another
+/// claim of the same name).
+async fn live_claim(
+    ctx: &Context,
+    key: &ClaimKey,
+) -> Result<Option<PersistentVolumeClaim>, kube::Error> {
+    crate::metrics::count_live_read("get persistentvolumeclaims");
+    let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+        Api::namespaced(ctx.client.clone(), &key.namespace);
+    Ok(api
+        .get_opt(&key.name)
+        .await?
+        .map(|wire| wire.object)
+        .filter(|claim| claim.uid().as_deref() == Some(key.uid.as_str())))
+}
+
+/// What the claim and its class as they are now say of a skip the caches
+/// decided for a claim with an operation in flight.
+enum LiveSkip {
+    /// Still skipped, for this reason: the operation is finished as for a
+    /// deleted claim.
+    Confirmed(crate::provision::SkipReason),
+    /// The claim is gone.
+    ClaimGone,
+    /// The class is missing: kept and retried (upstream's error).
+    ClassMissing(crate::provision::SkipReason),
+    /// Not skipped any more: a cache was behind.
+    CacheBehind,
+}
+
+async fn skip_confirmed_live(
+    ctx: &Context,
+    key: &ClaimKey,
+    class_name: &str,
+) -> Result<LiveSkip, kube::Error> {
+    let Some(claim) = live_claim(ctx, key).await? else {
+        return Ok(LiveSkip::ClaimGone);
+    };
+    // The class the claim names now (it may have changed with the claim).
+    let class_name = match crate::provision::claim_class_name(&claim) {
+        name if name.is_empty() => class_name.to_owned(),
+        name => name,
+    };
+    let class = if class_name.is_empty() {
+        None
+    } else {
+        crate::metrics::count_live_read("get storageclasses");
+        Api::<StorageClass>::all(ctx.client.clone())
+            .get_opt(&class_name)
+            .await?
+    };
+    Ok(
+        match should_provision(&claim, class.as_ref(), &ctx.config) {
+            ProvisionDecision::Skip(
+                reason @ crate::provision::SkipReason::StorageClassNotFound { .. },
+            ) => LiveSkip::ClassMissing(reason),
+            ProvisionDecision::Skip(reason) => LiveSkip::Confirmed(reason),
+            ProvisionDecision::Provision | ProvisionDecision::BecomeOwner => LiveSkip::CacheBehind,
+        },
+    )
 }
 
 /// How a pass that got as far as the volume's name ended, as the
@@ -235,7 +351,12 @@ async fn attempt(
     .await;
 
     if let Some(finalizer) = &plan.source_finalizer
-        && let Err(e) = add_source_finalizer(ctx, finalizer).await
+        && let Err(e) = {
+            // With the operation in flight (recorded above) and under the
+            // lock the snapshot sweep takes (`Operations::source_finalizers`).
+            let _guard = ctx.operations.lock_source_finalizers().await;
+            add_source_finalizer(ctx, finalizer).await
+        }
     {
         tracing::warn!(claim = %key, error = %e, "cannot protect the data source");
         return Attempt::Uncounted(Next::Retry);
@@ -535,29 +656,46 @@ async fn release_clone_source(
 ) -> Result<(), kube::Error> {
     let namespace = source.namespace().unwrap_or_default();
     let name = source.name_any();
-    let pending_clone = ctx.caches.claims.store().state().iter().any(|claim| {
-        claim.namespace().as_deref() == Some(namespace.as_str())
-            && clone_source_name(claim).as_deref() == Some(name.as_str())
-            && claim.metadata.deletion_timestamp.is_none()
-            && claim
-                .spec
-                .as_ref()
-                .and_then(|s| s.volume_name.as_deref())
-                .is_none_or(str::is_empty)
-    });
-    let source_volume = source
+    let claim_name = format!("{namespace}/{name}");
+    // Cheap answers first: a pending clone in the cache, or an operation
+    // of this process reading from the source's volume.
+    let cached_pending = ctx
+        .caches
+        .claims
+        .store()
+        .state()
+        .iter()
+        .any(|claim| is_pending_clone_of(claim, &namespace, &name));
+    let source_volume = match source
         .spec
         .as_ref()
         .and_then(|s| s.volume_name.clone())
-        .and_then(|pv| ctx.caches.volumes.store().get(&ObjectRef::new(&pv)))
-        .and_then(|pv| {
-            pv.spec
-                .as_ref()?
-                .csi
-                .as_ref()
-                .map(|c| c.volume_handle.clone())
-        });
-    let in_flight = source_volume.is_some_and(|id| {
+        .filter(|pv| !pv.is_empty())
+    {
+        Some(pv) => match ctx.caches.volumes.store().get(&ObjectRef::new(&pv)) {
+            Some(cached) => Some((*cached).clone()),
+            // Not cached (yet): its volume id decides whether an operation
+            // in flight reads from it, so read it.
+            None => {
+                crate::metrics::count_live_read("get persistentvolumes");
+                Api::<crate::projection::Wire<crate::projection::PersistentVolume>>::all(
+                    ctx.client.clone(),
+                )
+                .get_opt(&pv)
+                .await?
+                .map(|wire| wire.object)
+            }
+        },
+        None => None,
+    };
+    let source_volume_id = source_volume.and_then(|pv| {
+        pv.spec
+            .as_ref()?
+            .csi
+            .as_ref()
+            .map(|c| c.volume_handle.clone())
+    });
+    let in_flight = source_volume_id.is_some_and(|id| {
         ctx.operations
             .source_in_use(&Some(csi_proto::v1::VolumeContentSource {
                 r#type: Some(csi_proto::v1::volume_content_source::Type::Volume(
@@ -565,9 +703,24 @@ async fn release_clone_source(
                 )),
             }))
     });
-    let claim_name = format!("{namespace}/{name}");
-    if pending_clone || in_flight {
-        tracing::debug!(claim = %claim_name, pending_clone, in_flight, "clone source still protected");
+    if cached_pending || in_flight {
+        tracing::debug!(claim = %claim_name, cached_pending, in_flight, "clone source still protected");
+        return Ok(());
+    }
+    // Removing the finalizer lets a source being deleted go: a clone
+    // created a moment ago may not be in the cache yet, so the claims of
+    // the namespace are read as they are now (one list of one namespace,
+    // only when the finalizer is about to go).
+    crate::metrics::count_live_read("list persistentvolumeclaims");
+    let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+        Api::namespaced(ctx.client.clone(), &namespace);
+    let live = api.list(&kube::api::ListParams::default()).await?;
+    if live
+        .items
+        .iter()
+        .any(|claim| is_pending_clone_of(&claim.object, &namespace, &name))
+    {
+        tracing::debug!(claim = %claim_name, "a clone the cache has not seen yet is pending: the source stays protected");
         return Ok(());
     }
     tracing::info!(claim = %claim_name, "no clone of this claim is pending: removing the cloning-protection finalizer");
@@ -579,9 +732,23 @@ async fn release_clone_source(
             name,
             finalizer: wk::FINALIZER_CLONE_SOURCE,
             remove_after_provisioning: false,
+            uid: None,
         },
     )
     .await
+}
+
+/// Whether `claim` is a clone of the claim `name` in `namespace` that is
+/// still to be provisioned (not bound, not being deleted).
+pub fn is_pending_clone_of(claim: &PersistentVolumeClaim, namespace: &str, name: &str) -> bool {
+    claim.namespace().as_deref() == Some(namespace)
+        && clone_source_name(claim).as_deref() == Some(name)
+        && claim.metadata.deletion_timestamp.is_none()
+        && claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .is_none_or(str::is_empty)
 }
 
 pub(super) fn claim_uid_of(pv: &crate::projection::PersistentVolume) -> Option<&str> {
@@ -899,12 +1066,20 @@ async fn remove_source_finalizer(
     edit_source_finalizers(ctx, finalizer, false).await
 }
 
+/// The error of a data source that cannot be protected: the claim waits.
+fn source_unusable(name: &str, why: &str) -> kube::Error {
+    kube::Error::Api(Box::new(kube::core::Status::failure(
+        &format!("the data source {name} cannot be protected: {why}"),
+        "NotFound",
+    )))
+}
+
 async fn edit_source_finalizers(
     ctx: &Context,
     finalizer: &SourceFinalizer,
     add: bool,
 ) -> Result<(), kube::Error> {
-    async fn edit<K>(api: Api<K>, name: &str, finalizer: &str, add: bool) -> Result<(), kube::Error>
+    async fn edit<K>(api: Api<K>, source: &SourceFinalizer, add: bool) -> Result<(), kube::Error>
     where
         K: kube::Resource<DynamicType = ()>
             + Clone
@@ -912,14 +1087,38 @@ async fn edit_source_finalizers(
             + serde::de::DeserializeOwned
             + std::fmt::Debug,
     {
+        let (name, uid, finalizer) = (
+            source.name.as_str(),
+            source.uid.as_deref(),
+            source.finalizer,
+        );
         for _ in 0..5 {
             let Some(obj) = api.get_opt(name).await? else {
-                return Ok(());
+                // Gone: nothing to remove; but nothing to protect either,
+                // and a clone or restore from it must not go on.
+                return if add {
+                    Err(source_unusable(name, "it does not exist"))
+                } else {
+                    Ok(())
+                };
             };
+            if add && uid.is_some_and(|uid| obj.uid().as_deref() != Some(uid)) {
+                // Deleted and re-created under the name since the plan read
+                // it: its volume or snapshot is not the one planned from.
+                return Err(source_unusable(
+                    name,
+                    "it was replaced by a new object of the same name",
+                ));
+            }
             let mut finalizers = obj.finalizers().to_vec();
             let present = finalizers.iter().any(|f| f == finalizer);
             if present == add {
                 return Ok(());
+            }
+            if add && kube::Resource::meta(&obj).deletion_timestamp.is_some() {
+                // The API server refuses new finalizers on an object being
+                // deleted; reading from it now races its deletion.
+                return Err(source_unusable(name, "it is being deleted"));
             }
             if add {
                 finalizers.push(finalizer.to_owned());
@@ -947,12 +1146,12 @@ async fn edit_source_finalizers(
         DataSourceKind::Claim => {
             let api: Api<crate::projection::Wire<PersistentVolumeClaim>> =
                 Api::namespaced(ctx.client.clone(), &finalizer.namespace);
-            edit(api, &finalizer.name, finalizer.finalizer, add).await
+            edit(api, finalizer, add).await
         }
         DataSourceKind::Snapshot => {
             let api: Api<VolumeSnapshot> =
                 Api::namespaced(ctx.client.clone(), &finalizer.namespace);
-            edit(api, &finalizer.name, finalizer.finalizer, add).await
+            edit(api, finalizer, add).await
         }
     }
 }

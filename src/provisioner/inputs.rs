@@ -64,24 +64,47 @@ pub(super) async fn plan(
         .with_unwatched_selected_node(ctx, selected)
         .await
         .map_err(PlanError::SelectedNode)?;
-    let nodes = topology.nodes();
-    let csi_nodes = topology.csi_nodes();
     let vac = attributes_class(ctx, claim)
         .await
         .map_err(PlanError::AttributesClass)?;
-    let inputs = ProvisionInputs {
-        claim,
-        class,
-        selected_node: topology.selected_node(),
-        selected_csi_node: topology.selected_csi_node(),
-        nodes: &nodes,
-        csi_nodes: &csi_nodes,
-        data_source: fetched.objects(),
-        data_source_granted: data_source_granted(ctx, claim, source.as_ref()),
-        volume_attributes_class: vac.as_deref(),
-        decided_volume_name,
+    let data_source_granted = data_source_granted(ctx, claim, source.as_ref())
+        .await
+        .map_err(PlanError::Source)?;
+    let plan_with = |topology: &TopologyObjects| {
+        let nodes = topology.nodes();
+        let csi_nodes = topology.csi_nodes();
+        let inputs = ProvisionInputs {
+            claim,
+            class,
+            selected_node: topology.selected_node(),
+            selected_csi_node: topology.selected_csi_node(),
+            nodes: &nodes,
+            csi_nodes: &csi_nodes,
+            data_source: fetched.objects(),
+            data_source_granted,
+            volume_attributes_class: vac.as_deref(),
+            decided_volume_name,
+        };
+        plan_provision(&inputs, &ctx.config)
     };
-    Ok(plan_provision(&inputs, &ctx.config)?)
+    match plan_with(&topology) {
+        // A reschedule sends the claim back to the scheduler on the word
+        // of the Node and CSINode caches, which may not have seen the node
+        // the scheduler (with its own, fresher watch) chose: a node that
+        // just joined, a driver that just registered there. Asked live
+        // before that (two GETs, on this failure only).
+        Err(error) if error.wants_reschedule() && topology.selected_from_caches(ctx) => {
+            let Some(selected) = selected else {
+                return Err(error.into());
+            };
+            let live = topology
+                .with_live_selected_node(ctx, selected)
+                .await
+                .map_err(PlanError::SelectedNode)?;
+            Ok(plan_with(&live)?)
+        }
+        planned => Ok(planned?),
+    }
 }
 
 /// The claim's VolumeAttributesClass: the cache's, or, when the classes
@@ -96,12 +119,24 @@ async fn attributes_class(
     let Some(name) = volume_attributes_class_name(claim, &ctx.config) else {
         return Ok(None);
     };
-    if ctx.config.volume_attributes_classes_watched {
-        return Ok(ctx
+    if ctx.config.volume_attributes_classes_watched
+        && let Some(cached) = ctx
             .caches
             .attributes_classes
             .store()
-            .get(&ObjectRef::new(name)));
+            .get(&ObjectRef::new(name))
+    {
+        return Ok(Some(cached));
+    }
+    if ctx.config.volume_attributes_classes_watched {
+        // Not cached: created a moment ago and still on its way, or truly
+        // missing. Asked live, as the Go image always does, rather than
+        // failing the claim on the cache's word.
+        crate::metrics::count_live_read("get volumeattributesclasses");
+        return Api::<VolumeAttributesClass>::all(ctx.client.clone())
+            .get_opt(name)
+            .await
+            .map(|class| class.map(Arc::new));
     }
     if !ctx.config.capabilities.modify_volume {
         return Ok(None);
@@ -114,26 +149,35 @@ async fn attributes_class(
 
 /// Whether a ReferenceGrant allows the claim's data source in another
 /// namespace (false for a source in the claim's own namespace, which
-/// needs none, and when ReferenceGrants cannot be read).
-fn data_source_granted(
+/// needs none, and when ReferenceGrants cannot be read). Copying data
+/// across namespaces exposes it: the grants of the source's namespace are
+/// read as they are now (one list of one namespace, only for a
+/// cross-namespace source), so that a grant revoked a moment ago, whose
+/// deletion the cache has not seen, allows nothing (docs/design.md,
+/// "Reading current state").
+async fn data_source_granted(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
     source: Option<&DataSourceRef>,
-) -> bool {
+) -> Result<bool, kube::Error> {
     let Some(source) = source.filter(|s| s.cross_namespace) else {
-        return false;
+        return Ok(false);
     };
     if !ctx.config.reference_grants_readable {
-        return false;
+        return Ok(false);
     }
     let api_group = claim
         .spec
         .as_ref()
         .and_then(|s| s.data_source_ref.as_ref())
         .and_then(|r| r.api_group.as_deref());
-    let grants = ctx.caches.reference_grants.store().state();
-    let refs: Vec<&ReferenceGrant> = grants.iter().map(AsRef::as_ref).collect();
-    is_granted(
+    crate::metrics::count_live_read("list referencegrants");
+    let grants = Api::<ReferenceGrant>::namespaced(ctx.client.clone(), &source.namespace)
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items;
+    let refs: Vec<&ReferenceGrant> = grants.iter().collect();
+    Ok(is_granted(
         &CrossNamespaceSource {
             claim_namespace: claim.metadata.namespace.as_deref().unwrap_or_default(),
             api_group,
@@ -142,7 +186,7 @@ fn data_source_granted(
             namespace: &source.namespace,
         },
         &refs,
-    )
+    ))
 }
 
 /// The data source objects, fetched (claims from the cache, snapshots from
@@ -180,16 +224,33 @@ async fn fetch_source(
         return Ok(FetchedSource::None);
     };
     match source.kind {
+        // Read live, as a restore's snapshot is: the clone copies the
+        // source's volume, so the decision rests on the source as it is
+        // now, not on caches that may not have seen it deleted, re-created
+        // or re-bound (docs/design.md, "Reading current state"). Once per
+        // operation: a retry reuses the plan.
         DataSourceKind::Claim => {
-            let claim = ctx
-                .caches
-                .claims
-                .store()
-                .get(&ObjectRef::new(&source.name).within(&source.namespace));
-            let volume = claim
+            crate::metrics::count_live_read("get persistentvolumeclaims");
+            let claims: Api<crate::projection::Wire<PersistentVolumeClaim>> =
+                Api::namespaced(ctx.client.clone(), &source.namespace);
+            let claim = claims
+                .get_opt(&source.name)
+                .await?
+                .map(|w| Arc::new(w.object));
+            let volume_name = claim
                 .as_ref()
                 .and_then(|c| c.spec.as_ref()?.volume_name.clone())
-                .and_then(|v| ctx.caches.volumes.store().get(&ObjectRef::new(&v)));
+                .filter(|v| !v.is_empty());
+            let volume = match volume_name {
+                Some(name) => {
+                    crate::metrics::count_live_read("get persistentvolumes");
+                    Api::<crate::projection::Wire<PersistentVolume>>::all(ctx.client.clone())
+                        .get_opt(&name)
+                        .await?
+                        .map(|w| Arc::new(w.object))
+                }
+                None => None,
+            };
             Ok(FetchedSource::Claim(claim, volume))
         }
         DataSourceKind::Snapshot => {
@@ -277,6 +338,57 @@ impl TopologyObjects {
             .await?
             .map(Arc::new);
         Ok(self)
+    }
+
+    /// Whether the selected Node and CSINode came from the caches (topology
+    /// on, not node mode), so that a live read may differ.
+    fn selected_from_caches(&self, ctx: &Context) -> bool {
+        ctx.config.topology_enabled && ctx.local_topology.is_none()
+    }
+
+    /// The same objects with the selected Node and CSINode read live.
+    async fn with_live_selected_node(
+        &self,
+        ctx: &Context,
+        selected: &str,
+    ) -> Result<TopologyObjects, kube::Error> {
+        crate::metrics::count_live_read("get nodes");
+        let node = Api::<Node>::all(ctx.client.clone())
+            .get_opt(selected)
+            .await?
+            .map(Arc::new);
+        crate::metrics::count_live_read("get csinodes");
+        let csi_node = Api::<CSINode>::all(ctx.client.clone())
+            .get_opt(selected)
+            .await?
+            .map(Arc::new);
+        tracing::info!(node = %selected, node_found = node.is_some(), csi_node_found = csi_node.is_some(), "re-planning with the selected node read live before a reschedule");
+        // The selected node's objects as read, in place of the cached ones
+        // (or beside the others, when the cache has none yet): the
+        // requisite topology is computed from every node.
+        let named = |name: Option<&str>| name == Some(selected);
+        let mut nodes: Vec<Arc<Node>> = self
+            .nodes
+            .iter()
+            .filter(|n| !named(n.metadata.name.as_deref()))
+            .cloned()
+            .collect();
+        let mut csi_nodes: Vec<Arc<CSINode>> = self
+            .csi_nodes
+            .iter()
+            .filter(|n| !named(n.metadata.name.as_deref()))
+            .cloned()
+            .collect();
+        if !self.nodes.is_empty() || !self.csi_nodes.is_empty() {
+            nodes.extend(node.clone());
+            csi_nodes.extend(csi_node.clone());
+        }
+        Ok(TopologyObjects {
+            selected_node: node,
+            selected_csi_node: csi_node,
+            nodes,
+            csi_nodes,
+        })
     }
 
     fn selected_node(&self) -> Option<&Node> {

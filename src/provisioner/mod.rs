@@ -34,6 +34,7 @@
 //! only written to, except for Secrets and snapshot objects, which are read
 //! when a claim needs them.
 
+mod attached;
 pub mod claims;
 pub mod infeasible;
 mod inputs;
@@ -223,6 +224,9 @@ pub struct Context {
     /// Claims held back after an infeasible `CreateVolume` (upstream's
     /// slow retry).
     pub infeasible: InfeasibleClaims,
+    /// The attachment check before `DeleteVolume`, for drivers that
+    /// attach volumes.
+    attachments: Option<attached::Attachments>,
     /// Node deployment: claim uid → attempts to take it so far (the
     /// exponent of the wait before the next one).
     owner_attempts: Mutex<HashMap<String, u32>>,
@@ -296,6 +300,27 @@ impl Context {
     }
 }
 
+impl crate::snapshot_sweep::RestoresInFlight for Context {
+    fn snapshot_ids(&self) -> std::collections::BTreeSet<String> {
+        self.operations.snapshot_sources()
+    }
+
+    fn source_finalizers(&self) -> &tokio::sync::Mutex<()> {
+        self.operations.source_finalizers()
+    }
+}
+
+/// Whether `claim` names the class `class_name` and has no volume yet: a
+/// claim the class's arrival may let go on.
+pub fn waits_for_class(claim: &PersistentVolumeClaim, class_name: &str) -> bool {
+    crate::provision::claim_class_name(claim) == class_name
+        && claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .is_none_or(str::is_empty)
+}
+
 /// Prepares provisioning: registers the cache handlers. Makes no API call,
 /// so it may run before the leader election is won. Call [`Context::run`]
 /// once the caches are filled and this process leads.
@@ -330,6 +355,32 @@ pub async fn new(
     caches.want(&kinds);
     let claims = WorkQueue::new("claims", shared.backoff);
     let volumes = WorkQueue::new("volumes", shared.backoff);
+
+    // A claim that arrived before its StorageClass waits for it
+    // (`SkipReason::StorageClassNotFound`, retried with backoff): provision
+    // it when the class arrives rather than at its next retry, which may
+    // be minutes away after a few.
+    {
+        let queue = claims.clone();
+        let claims_store = caches.claims.store();
+        let filter_config = config.clone();
+        caches.classes.on_change(move |change| {
+            let Change::Applied(class) = change else {
+                return;
+            };
+            let Some(class_name) = class.metadata.name.as_deref() else {
+                return;
+            };
+            for claim in claims_store.state() {
+                if waits_for_class(&claim, class_name)
+                    && is_annotated_for_us(&claim, &filter_config)
+                    && let Some(key) = ClaimKey::of(&claim)
+                {
+                    queue.add(key);
+                }
+            }
+        });
+    }
 
     // A ReferenceGrant created or changed may allow a claim that was
     // refused: retry the waiting claims whose source lives in the grant's
@@ -440,7 +491,16 @@ pub async fn new(
         });
     }
 
+    let attachments = config.capabilities.publish_unpublish_volume.then(|| {
+        attached::Attachments::new(
+            &caches.attachments,
+            shared.client.clone(),
+            &config.driver_name,
+        )
+    });
+
     let ctx = Arc::new(Context {
+        attachments,
         recorder: Arc::clone(&shared.recorder),
         client: shared.client.clone(),
         driver,
@@ -666,5 +726,61 @@ mod finalizer_writes_tests {
         writes.wrote("u1", "9");
         writes.forget("u1");
         assert!(!writes.written("u1", "9"), "the PV went");
+    }
+}
+
+#[cfg(test)]
+mod waiting_claims_tests {
+    use super::claims::is_pending_clone_of;
+    use super::waits_for_class;
+    use crate::provision::fixtures::claim;
+
+    fn with(spec: serde_json::Value) -> crate::projection::PersistentVolumeClaim {
+        let mut claim = claim();
+        claim.spec = Some(serde_json::from_value(spec).expect("spec"));
+        claim
+    }
+
+    #[test]
+    fn a_class_arriving_wakes_the_claims_that_wait_for_it() {
+        let waiting = with(serde_json::json!({"storageClassName": "fast"}));
+        assert!(waits_for_class(&waiting, "fast"));
+        assert!(!waits_for_class(&waiting, "slow"), "another class");
+        let bound = with(serde_json::json!({"storageClassName": "fast", "volumeName": "pv-1"}));
+        assert!(!waits_for_class(&bound, "fast"), "already has its volume");
+    }
+
+    #[test]
+    fn a_pending_clone_is_one_of_this_source_not_yet_bound_nor_deleted() {
+        let clone = with(
+            serde_json::json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": "src"}}),
+        );
+        assert!(is_pending_clone_of(&clone, "ns", "src"));
+        assert!(
+            !is_pending_clone_of(&clone, "other-ns", "src"),
+            "same name elsewhere"
+        );
+        assert!(
+            !is_pending_clone_of(&clone, "ns", "another"),
+            "another source"
+        );
+        let bound = with(serde_json::json!({
+            "dataSource": {"kind": "PersistentVolumeClaim", "name": "src"}, "volumeName": "pv"}));
+        assert!(!is_pending_clone_of(&bound, "ns", "src"), "provisioned");
+        let mut deleted = clone.clone();
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(!is_pending_clone_of(&deleted, "ns", "src"), "being deleted");
+        let by_ref = with(serde_json::json!({
+            "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "src"}}));
+        assert!(is_pending_clone_of(&by_ref, "ns", "src"));
+        let snapshot = with(serde_json::json!({
+            "dataSource": {"kind": "VolumeSnapshot", "apiGroup": "snapshot.storage.k8s.io", "name": "src"}}));
+        assert!(
+            !is_pending_clone_of(&snapshot, "ns", "src"),
+            "a restore is no clone"
+        );
     }
 }

@@ -116,6 +116,12 @@ impl Drop for Withdraw<'_> {
 pub struct Operations {
     in_flight: Mutex<HashMap<String, InFlight>>,
     journal: Journal,
+    /// Held while a source-protection finalizer is added for an operation
+    /// in flight, and by the snapshot sweep while it decides and removes
+    /// one: a restore that starts while the sweep removes the finalizer
+    /// either is in flight when the sweep looks, or adds the finalizer
+    /// back after the removal (`snapshot_sweep::worker`).
+    source_finalizers: tokio::sync::Mutex<()>,
 }
 
 impl Operations {
@@ -123,6 +129,7 @@ impl Operations {
         Operations {
             in_flight: Mutex::default(),
             journal,
+            source_finalizers: tokio::sync::Mutex::const_new(()),
         }
     }
 
@@ -234,6 +241,30 @@ impl Operations {
                 .map()
                 .values()
                 .any(|op| &op.frozen.request.volume_content_source == source)
+    }
+
+    /// The backend snapshot ids that operations in flight restore from.
+    pub fn snapshot_sources(&self) -> std::collections::BTreeSet<String> {
+        use csi_proto::v1::volume_content_source::Type;
+        self.map()
+            .values()
+            .filter_map(|op| match &op.frozen.request.volume_content_source {
+                Some(VolumeContentSource {
+                    r#type: Some(Type::Snapshot(snapshot)),
+                }) => Some(snapshot.snapshot_id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// See the field `source_finalizers`.
+    pub async fn lock_source_finalizers(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.source_finalizers.lock().await
+    }
+
+    /// The lock itself, for the snapshot sweep.
+    pub fn source_finalizers(&self) -> &tokio::sync::Mutex<()> {
+        &self.source_finalizers
     }
 
     /// Claim uid and volume name of every operation in flight.

@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 
-use crate::projection::VolumeAttachment;
 use crate::projection::{PersistentVolume, Shared};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -22,8 +21,8 @@ use kube::runtime::reflector::ObjectRef;
 use super::{Context, DeletedVolume};
 use crate::provision::events as notes;
 use crate::provision::{
-    DeleteDecision, FinalizerChange, add_finalizer_patch, attached_node, plan_delete,
-    pv_finalizer_change, remove_finalizer_patch, should_delete, volume_on_this_node,
+    DeleteDecision, FinalizerChange, add_finalizer_patch, plan_delete, pv_finalizer_change,
+    remove_finalizer_patch, should_delete, volume_on_this_node,
 };
 use crate::wellknown as wk;
 
@@ -96,23 +95,52 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         return Ok(());
     }
     if already_deleted.is_none() {
+        // The release arrived on the PV watch, possibly behind an
+        // administrator's change of the reclaim policy (Delete → Retain)
+        // made a moment later: the decision to delete data is made on the
+        // PV as it is now, one GET (docs/design.md, "Reading current
+        // state").
+        let pv = match live_volume(&api, name, &uid).await? {
+            Some(live) => live,
+            None => {
+                tracing::info!(volume = %name, "the PV is gone or was replaced since the cache saw it; nothing to delete");
+                return Ok(());
+            }
+        };
+        if let DeleteDecision::Skip(reason) = should_delete(&pv, &ctx.config) {
+            tracing::info!(volume = %name, ?reason, "the PV changed since the cache saw it: not deleting the volume");
+            return Ok(());
+        }
         let class_name = pv
             .spec
             .as_ref()
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default();
-        if ctx.config.capabilities.publish_unpublish_volume {
-            let attachments: Vec<Arc<VolumeAttachment>> = ctx.caches.attachments.store().state();
-            let refs: Vec<&VolumeAttachment> = attachments.iter().map(AsRef::as_ref).collect();
-            if let Some(node) = attached_node(name, &refs) {
-                // Upstream #1574: a failed delete as upstream reports it
-                // (Warning VolumeFailedDelete, counted), retried with
-                // backoff; the event once per transition, not per retry.
-                crate::metrics::delete_failed(&class_name);
-                ctx.recorder
-                    .record_note(&*pv, &notes::delete_waiting_for_detach(name, node))
-                    .await;
-                return Err(Retry::Backoff);
+        if let Some(attachments) = &ctx.attachments {
+            let revision = pv
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|rv| rv.parse().ok());
+            match attachments
+                .attached_node(&ctx.caches.attachments, name, revision)
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(node)) => {
+                    // Upstream #1574: a failed delete as upstream reports it
+                    // (Warning VolumeFailedDelete, counted), retried with
+                    // backoff; the event once per transition, not per retry.
+                    crate::metrics::delete_failed(&class_name);
+                    ctx.recorder
+                        .record_note(&*pv, &notes::delete_waiting_for_detach(name, &node))
+                        .await;
+                    return Err(Retry::Backoff);
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %name, error = %e, "cannot tell whether the volume is still attached (listing VolumeAttachments failed); not deleting it yet");
+                    return Err(Retry::Backoff);
+                }
             }
         }
         let started = std::time::Instant::now();
@@ -239,6 +267,26 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
         }
     }
     Ok(())
+}
+
+/// The PV `name` as the API server has it now, if it is still the one with
+/// `uid`; `None` when it is gone or another PV took the name.
+async fn live_volume(
+    api: &Api<crate::projection::Wire<PersistentVolume>>,
+    name: &str,
+    uid: &str,
+) -> Result<Option<Arc<PersistentVolume>>, Retry> {
+    crate::metrics::count_live_read("get persistentvolumes");
+    match api.get_opt(name).await {
+        Ok(Some(live)) if live.object.uid().as_deref() == Some(uid) => {
+            Ok(Some(Arc::new(live.object)))
+        }
+        Ok(_) => Ok(None),
+        Err(e) => {
+            tracing::warn!(volume = %name, error = %e, "reading the PV before deleting its volume failed");
+            Err(Retry::Backoff)
+        }
+    }
 }
 
 /// Whether the cache still holds the PV `name` with `uid`.

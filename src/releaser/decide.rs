@@ -134,6 +134,54 @@ pub fn decide(
     }
 }
 
+/// What a writing verdict rests on besides the PV itself, to be read live
+/// right before the write. The PV is guarded by the resourceVersion the
+/// patch carries; its class and claim come from other watches, which are not
+/// ordered with the PV's: the class cache may still show an annotation an
+/// admin removed a moment ago, the claim cache a label or a claim that is
+/// gone. A release makes the PV's data claimable by anyone, so it is never
+/// written on the word of another kind's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveRead<'a> {
+    /// The PV's StorageClass by name: a release by class annotation.
+    Class(&'a str),
+    /// The claim the PV's claimRef names: the automatic association rests
+    /// on its managed-by label.
+    Claim { namespace: &'a str, name: &'a str },
+}
+
+/// The live read `verdict` needs before it is written ([`LiveRead`]);
+/// `None` for verdicts that write nothing or rest on the PV alone (a
+/// release by the PV's own label). A name missing where one is needed is
+/// empty: the worker reads nothing then, and the verdict decided again
+/// without the object does not write.
+pub fn live_read<'a>(pv: &'a PersistentVolume, verdict: &Verdict) -> Option<LiveRead<'a>> {
+    match verdict {
+        Verdict::Release {
+            association: Association::ClassAnnotation,
+            ..
+        } => Some(LiveRead::Class(
+            pv.spec
+                .as_ref()
+                .and_then(|spec| spec.storage_class_name.as_deref())
+                .unwrap_or_default(),
+        )),
+        Verdict::Associate => {
+            let (namespace, name) = claim_ref_name(pv).unwrap_or_default();
+            Some(LiveRead::Claim { namespace, name })
+        }
+        _ => None,
+    }
+}
+
+/// Whether the verdict decided again from the live objects still writes
+/// what the cached one would: only then is the write made. Anything else is
+/// a cache that has not seen a change yet; the change's own watch event
+/// queues the PV again.
+pub fn confirmed(cached: &Verdict, live: &Verdict) -> bool {
+    cached == live
+}
+
 /// Whether the last state of a departed claim, kept for the PV
 /// (`Releaser::departed`, src/releaser/mod.rs), is still kept once the PV
 /// got `verdict`. Only [`Verdict::Associate`] still needs it: until the

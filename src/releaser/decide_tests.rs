@@ -753,3 +753,157 @@ fn the_claim_the_claim_ref_names_by_uid_is_decided_with() {
     assert_eq!(verdict, Verdict::Associate);
     assert!(keep_departed(&verdict));
 }
+
+/// A write that rests on another kind's cache names the one object to read
+/// live; the others (no write, or the PV's own label) need nothing.
+#[test]
+fn the_live_read_a_verdict_rests_on() {
+    use Association::{ClassAnnotation, Label};
+    let cases: &[(&str, Verdict, Option<LiveRead>)] = &[
+        (
+            "release by class annotation: the class",
+            Verdict::Release {
+                association: ClassAnnotation,
+                remove_label: false,
+            },
+            Some(LiveRead::Class("keep")),
+        ),
+        (
+            "association: the claim the claimRef names",
+            Verdict::Associate,
+            Some(LiveRead::Claim {
+                namespace: "ns",
+                name: "data",
+            }),
+        ),
+        (
+            "release by the PV's own label: the PV alone",
+            Verdict::Release {
+                association: Label,
+                remove_label: true,
+            },
+            None,
+        ),
+        ("nothing written", Verdict::NotAssociated, None),
+        ("nothing written", Verdict::RefuseDeletePolicy, None),
+        (
+            "nothing written",
+            Verdict::NotReleased {
+                association: ClassAnnotation,
+            },
+            None,
+        ),
+    ];
+    let pv = pv();
+    for (what, verdict, want) in cases {
+        assert_eq!(live_read(&pv, verdict), *want, "{what}");
+    }
+    // Names missing: empty, so nothing is read and nothing confirmed.
+    let mut bare = without_claim_ref(pv.clone());
+    if let Some(spec) = bare.spec.as_mut() {
+        spec.storage_class_name = None;
+    }
+    assert_eq!(
+        live_read(
+            &bare,
+            &Verdict::Release {
+                association: ClassAnnotation,
+                remove_label: false
+            }
+        ),
+        Some(LiveRead::Class(""))
+    );
+    assert_eq!(
+        live_read(&bare, &Verdict::Associate),
+        Some(LiveRead::Claim {
+            namespace: "",
+            name: ""
+        })
+    );
+}
+
+/// The worker's two confirmations, decided again from what the live read
+/// returns: only an unchanged verdict is written.
+#[test]
+fn a_verdict_from_a_lagging_cache_is_not_confirmed_by_the_live_objects() {
+    let release = Verdict::Release {
+        association: Association::ClassAnnotation,
+        remove_label: false,
+    };
+    let cached = decide(&pv(), Some(&class("keep", Some(ID))), None, &config(true));
+    assert_eq!(cached, release);
+    let live_cases: &[(&str, Option<StorageClass>, bool)] = &[
+        (
+            "annotation still there",
+            Some(class("keep", Some(ID))),
+            true,
+        ),
+        ("annotation removed", Some(class("keep", None)), false),
+        (
+            "annotated for another id",
+            Some(class("keep", Some("team-b"))),
+            false,
+        ),
+        ("class deleted (404)", None, false),
+    ];
+    for (what, live, write) in live_cases {
+        let again = decide(&pv(), live.as_ref(), None, &config(true));
+        assert_eq!(confirmed(&cached, &again), *write, "{what}: {again:?}");
+    }
+    // The annotation removed, but the claim (departed, or cached) is
+    // managed: the live verdict is an association, not the release the
+    // cache asked for; nothing is written now (the class's event queues
+    // the PV, and the association is confirmed from the claim then).
+    let again = decide(
+        &pv(),
+        Some(&class("keep", None)),
+        Some(&claim(Some(ID))),
+        &config(true),
+    );
+    assert_eq!(again, Verdict::Associate);
+    assert!(!confirmed(&cached, &again));
+    assert!(keep_departed(&again), "the departed claim is kept for it");
+
+    let cached = decide(&pv(), None, Some(&claim(Some(ID))), &config(true));
+    assert_eq!(cached, Verdict::Associate);
+    let departed = claim(Some(ID));
+    let live_claims: &[(
+        &str,
+        Option<PersistentVolumeClaim>,
+        Option<&PersistentVolumeClaim>,
+        bool,
+    )] = &[
+        ("label still there", Some(claim(Some(ID))), None, true),
+        ("label removed", Some(claim(None)), None, false),
+        (
+            "relabelled for another id",
+            Some(claim(Some("team-b"))),
+            None,
+            false,
+        ),
+        ("deleted, deletion not seen yet", None, None, false),
+        (
+            "re-created under its name, no departed state",
+            Some(recreated(claim(Some(ID)))),
+            None,
+            false,
+        ),
+        (
+            "deleted, its last state departed",
+            None,
+            Some(&departed),
+            true,
+        ),
+        (
+            "re-created, the departed state is the claimRef's",
+            Some(recreated(claim(Some(ID)))),
+            Some(&departed),
+            true,
+        ),
+    ];
+    for (what, live, departed, write) in live_claims {
+        let chosen = claim_to_decide_with(&pv(), live.as_ref(), *departed);
+        let again = decide(&pv(), None, chosen, &config(true));
+        assert_eq!(confirmed(&cached, &again), *write, "{what}: {again:?}");
+    }
+}

@@ -14,6 +14,11 @@
 //! Delete is never released: the provisioner is deleting it.
 //!
 //! Decisions are pure ([`decide`]); [`worker`] reads the caches and writes.
+//! A release by class annotation, and an automatic association, rest on
+//! another kind's cache (the class's, the claim's), whose watch is not
+//! ordered with the PV's: before writing, the worker reads that one object
+//! live and decides again, and writes only if the verdict holds (an
+//! annotation removed a moment ago must not make a PV's data claimable).
 //! A managed claim deleted before its PV was labelled (a pod that finished
 //! at once; a slow or retried association) still counts: the last state of
 //! such a claim is kept per PV ([`Releaser::departed`]) until the PV is
@@ -36,7 +41,7 @@ use std::time::Duration;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 
-use crate::api_calls::{ApiCall, LIST_WATCH, call};
+use crate::api_calls::{ApiCall, call};
 use crate::caches::{Caches, Kind};
 use crate::events::Recorder;
 use crate::informer::Change;
@@ -48,11 +53,16 @@ pub use decide::{Association, ReleaserConfig, Verdict};
 
 /// The API calls of this loop (see [`crate::api_calls`]): watches, and
 /// merge patches of PV labels and claim references ([`worker`]); events on
-/// PVs.
+/// PVs. Before a write that rests on a class or a claim, that one object is
+/// read live (`get`, [`decide::live_read`]).
 pub const API_CALLS: &[ApiCall] = &[
     call("", "persistentvolumes", &["list", "watch", "patch"]),
-    call("", "persistentvolumeclaims", LIST_WATCH),
-    call("storage.k8s.io", "storageclasses", LIST_WATCH),
+    call("", "persistentvolumeclaims", &["get", "list", "watch"]),
+    call(
+        "storage.k8s.io",
+        "storageclasses",
+        &["get", "list", "watch"],
+    ),
     // The shared recorder (`src/events.rs`).
     call("", "events", &["create", "patch"]),
 ];

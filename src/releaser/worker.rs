@@ -1,9 +1,12 @@
 //! The PV worker: reads one PV, its class and its claim from the caches,
-//! asks [`decide`](super::decide) and writes the result.
+//! asks [`decide`](super::decide) and writes the result. A write that rests
+//! on the class or the claim is decided again from a live read of that one
+//! object first ([`decide::live_read`]): their watches are not ordered with
+//! the PV's.
 
 use std::sync::Arc;
 
-use crate::projection::PersistentVolume;
+use crate::projection::{PersistentVolume, PersistentVolumeClaim, StorageClass, Wire};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
@@ -73,12 +76,24 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
         written_from.remove(name);
     }
 
-    let verdict = decide::decide(&pv, class.as_deref(), claim, &ctx.config);
+    let cached_verdict = decide::decide(&pv, class.as_deref(), claim, &ctx.config);
+    let inputs = Inputs {
+        class: class.as_deref(),
+        claim,
+        departed: departed.as_deref(),
+    };
+    let verdict = decide_live(ctx, &pv, &cached_verdict, inputs)
+        .await?
+        .unwrap_or_else(|| cached_verdict.clone());
     if departed.is_some() && !decide::keep_departed(&verdict) {
         ctx.departed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name);
+    }
+    if !decide::confirmed(&cached_verdict, &verdict) {
+        tracing::info!(volume = %name, cached = ?cached_verdict, live = ?verdict, "PV releaser: the cache has not seen a change of the class or claim yet; not writing (its event queues the PV again)");
+        return Ok(());
     }
     match verdict {
         Verdict::NotOurs => {
@@ -166,6 +181,64 @@ async fn reconcile(ctx: &Releaser, name: &str) -> Result<(), ReleaseError> {
             result
         }
     }
+}
+
+/// What a PV was decided with, from the caches.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    class: Option<&'a StorageClass>,
+    /// [`decide::claim_to_decide_with`] of the cached and the departed claim.
+    claim: Option<&'a PersistentVolumeClaim>,
+    departed: Option<&'a PersistentVolumeClaim>,
+}
+
+/// The verdict decided again with the live state of what `verdict` rests on
+/// besides the PV ([`decide::live_read`]): one GET of the class, or of the
+/// claim the claimRef names. `None` when the verdict needs no live read.
+/// A claim that is gone (404) or replaced by another uid leaves the departed
+/// claim's last state, as in the cached decision.
+async fn decide_live(
+    ctx: &Releaser,
+    pv: &PersistentVolume,
+    verdict: &Verdict,
+    cached: Inputs<'_>,
+) -> Result<Option<Verdict>, ReleaseError> {
+    let Some(read) = decide::live_read(pv, verdict) else {
+        return Ok(None);
+    };
+    let again = match read {
+        decide::LiveRead::Class(class_name) => {
+            let live = if class_name.is_empty() {
+                None
+            } else {
+                Api::<StorageClass>::all(ctx.client.clone())
+                    .get_opt(class_name)
+                    .await
+                    .map_err(|source| ReleaseError::Api {
+                        what: "read the class",
+                        source,
+                    })?
+            };
+            decide::decide(pv, live.as_ref(), cached.claim, &ctx.config)
+        }
+        decide::LiveRead::Claim { namespace, name } => {
+            let live: Option<PersistentVolumeClaim> = if namespace.is_empty() || name.is_empty() {
+                None
+            } else {
+                Api::<Wire<PersistentVolumeClaim>>::namespaced(ctx.client.clone(), namespace)
+                    .get_opt(name)
+                    .await
+                    .map_err(|source| ReleaseError::Api {
+                        what: "read the claim",
+                        source,
+                    })?
+                    .map(Into::into)
+            };
+            let claim = decide::claim_to_decide_with(pv, live.as_ref(), cached.departed);
+            decide::decide(pv, cached.class, claim, &ctx.config)
+        }
+    };
+    Ok(Some(again))
 }
 
 /// Applies a merge patch guarded by the resourceVersion the verdict was made

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use crate::projection::PersistentVolumeClaim;
 
-use crate::api::snapshot::VolumeSnapshot;
+use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::wellknown as wk;
 
 /// `namespace/name` of the snapshot a claim restores from, when it does.
@@ -48,6 +48,26 @@ pub fn pending_snapshots<'a>(
         })
         .filter_map(snapshot_source)
         .collect()
+}
+
+/// Whether an operation in flight, restoring from one of the backend
+/// snapshots `in_flight`, reads the snapshot of `content` (its handle:
+/// the status's, or the spec's for a pre-provisioned content). A missing
+/// content restores nothing.
+pub fn restored_by(content: Option<&VolumeSnapshotContent>, in_flight: &BTreeSet<String>) -> bool {
+    let Some(content) = content else {
+        return false;
+    };
+    [
+        content
+            .status
+            .as_ref()
+            .and_then(|s| s.snapshot_handle.as_deref()),
+        content.spec.source.snapshot_handle.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .any(|handle| in_flight.contains(handle))
 }
 
 /// Whether `snapshot` carries our finalizer that no pending claim needs.

@@ -64,3 +64,38 @@ fn which_claims_keep_a_snapshot_protected() {
     ));
     assert!(!is_orphaned(&snap("s3", &[]), &pending));
 }
+
+/// A restore replayed from the journal is no pending claim, but its
+/// `CreateVolume` reads the snapshot: the handle of the snapshot's content
+/// tells whether it is one an operation in flight restores from.
+#[test]
+fn an_operation_in_flight_keeps_its_snapshot_protected() {
+    let content = |status: Option<&str>, spec: Option<&str>| {
+        serde_json::from_value::<VolumeSnapshotContent>(json!({
+            "metadata": {"name": "c"},
+            "spec": {"driver": "d", "deletionPolicy": "Delete",
+                     "source": spec.map_or(json!({"volumeHandle": "v"}), |h| json!({"snapshotHandle": h}))},
+            "status": status.map(|h| json!({"snapshotHandle": h})),
+        }))
+        .expect("content")
+    };
+    let in_flight: BTreeSet<String> = ["snap-1".to_owned()].into();
+    assert!(restored_by(
+        Some(&content(Some("snap-1"), None)),
+        &in_flight
+    ));
+    assert!(
+        restored_by(Some(&content(None, Some("snap-1"))), &in_flight),
+        "pre-provisioned"
+    );
+    assert!(!restored_by(
+        Some(&content(Some("snap-2"), None)),
+        &in_flight
+    ));
+    assert!(!restored_by(Some(&content(None, None)), &in_flight));
+    assert!(!restored_by(None, &in_flight), "no content, no restore");
+    assert!(!restored_by(
+        Some(&content(Some("snap-1"), None)),
+        &BTreeSet::new()
+    ));
+}

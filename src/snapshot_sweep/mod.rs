@@ -42,6 +42,13 @@ pub const API_CALLS: &[ApiCall] = &[
         &["list", "patch"],
     ),
     call("", "persistentvolumeclaims", &["list"]),
+    // A candidate's content, when an operation in flight restores from a
+    // snapshot: its handle says whether it is that one.
+    call(
+        "snapshot.storage.k8s.io",
+        "volumesnapshotcontents",
+        &["get"],
+    ),
 ];
 
 pub struct Sweep {
@@ -49,6 +56,22 @@ pub struct Sweep {
     caches: Arc<Caches>,
     interval: Duration,
     stop: tokio::sync::watch::Sender<bool>,
+    /// The restores of this process's provisioning loop.
+    restores: Arc<dyn RestoresInFlight>,
+}
+
+/// What the sweep must know of the provisioning loop's operations in
+/// flight: a restore replayed from the journal (its claim deleted, the
+/// volume being made again to be deleted) is no pending claim, yet its
+/// `CreateVolume` reads the snapshot (docs/design.md, "Reading current
+/// state").
+pub trait RestoresInFlight: Send + Sync {
+    /// The backend snapshot ids that operations in flight restore from.
+    fn snapshot_ids(&self) -> std::collections::BTreeSet<String>;
+    /// Held from the check of [`Self::snapshot_ids`] to the end of the
+    /// finalizer's removal; the provisioning loop holds it while it adds
+    /// the finalizer for an operation in flight.
+    fn source_finalizers(&self) -> &tokio::sync::Mutex<()>;
 }
 
 impl EmbeddedLoop for Sweep {
@@ -86,12 +109,18 @@ impl EmbeddedLoop for Sweep {
 }
 
 impl Sweep {
-    pub fn new(client: Client, caches: Arc<Caches>, interval: Duration) -> Arc<Sweep> {
+    pub fn new(
+        client: Client,
+        caches: Arc<Caches>,
+        interval: Duration,
+        restores: Arc<dyn RestoresInFlight>,
+    ) -> Arc<Sweep> {
         Arc::new(Sweep {
             client,
             caches,
             interval,
             stop: tokio::sync::watch::Sender::new(false),
+            restores,
         })
     }
 }

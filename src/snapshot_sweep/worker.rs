@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use kube::api::{Api, ListParams};
 
 use super::{Sweep, decide};
-use crate::api::snapshot::VolumeSnapshot;
+use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::projection::PersistentVolumeClaim;
 use crate::wellknown as wk;
 
@@ -29,6 +29,28 @@ impl Sweep {
                 None => return Ok(pending),
             }
         }
+    }
+
+    /// Whether an operation in flight of this process restores from
+    /// `snapshot`: its content's snapshot handle is one they read. The
+    /// content is read only when some operation restores at all.
+    async fn restored_in_flight(&self, snapshot: &VolumeSnapshot) -> Result<bool, kube::Error> {
+        let in_flight = self.restores.snapshot_ids();
+        if in_flight.is_empty() {
+            return Ok(false);
+        }
+        let Some(content) = snapshot
+            .status
+            .as_ref()
+            .and_then(|s| s.bound_volume_snapshot_content_name.as_deref())
+        else {
+            // Not bound to a content: no restore can have started from it.
+            return Ok(false);
+        };
+        let content = Api::<VolumeSnapshotContent>::all(self.client.clone())
+            .get_opt(content)
+            .await?;
+        Ok(decide::restored_by(content.as_ref(), &in_flight))
     }
 
     /// One sweep; returns how many finalizers it removed.
@@ -79,6 +101,19 @@ impl Sweep {
         {
             let namespace = snapshot.metadata.namespace.clone().unwrap_or_default();
             let name = snapshot.metadata.name.clone().unwrap_or_default();
+            // Held to the end of this snapshot's patch (the loop body).
+            let _guard = self.restores.source_finalizers().lock().await;
+            match self.restored_in_flight(snapshot).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::info!(snapshot = %format!("{namespace}/{name}"), "an operation in flight restores from this snapshot: its source-protection finalizer stays");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(snapshot = %format!("{namespace}/{name}"), error = %e, "cannot tell whether an operation in flight restores from this snapshot; next sweep");
+                    continue;
+                }
+            }
             let finalizers: Vec<&String> = snapshot
                 .metadata
                 .finalizers
