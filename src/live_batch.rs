@@ -23,7 +23,11 @@ type Reader<T> = Arc<dyn Fn(String) -> BoxFuture<'static, Result<T, String>> + S
 pub struct LiveBatch<T> {
     reader: Reader<T>,
     window: Duration,
+    /// The least time between the starts of two reads of one key (their
+    /// cost bound: a batch waits out the rest, and gathers meanwhile).
+    min_interval: Duration,
     open: Arc<Mutex<HashMap<String, watch::Receiver<Answer<T>>>>>,
+    last_start: Arc<Mutex<HashMap<String, tokio::time::Instant>>>,
 }
 
 impl<T> Clone for LiveBatch<T> {
@@ -31,7 +35,9 @@ impl<T> Clone for LiveBatch<T> {
         Self {
             reader: Arc::clone(&self.reader),
             window: self.window,
+            min_interval: self.min_interval,
             open: Arc::clone(&self.open),
+            last_start: Arc::clone(&self.last_start),
         }
     }
 }
@@ -45,8 +51,17 @@ impl<T: Send + Sync + 'static> LiveBatch<T> {
         Self {
             reader: Arc::new(reader),
             window,
+            min_interval: Duration::ZERO,
             open: Arc::default(),
+            last_start: Arc::default(),
         }
+    }
+
+    /// Starts two reads of one key at least `interval` apart: the reads
+    /// asked for meanwhile wait and share the next one.
+    pub fn at_most_every(mut self, interval: Duration) -> Self {
+        self.min_interval = interval;
+        self
     }
 
     /// The answer for `key`, from a read sent after this call began.
@@ -78,6 +93,19 @@ impl<T: Send + Sync + 'static> LiveBatch<T> {
         // does not take the others' read with it.
         tokio::spawn(async move {
             tokio::time::sleep(this.window).await;
+            let previous = this
+                .last_start
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&key)
+                .copied();
+            if let Some(previous) = previous {
+                tokio::time::sleep_until(previous + this.min_interval).await;
+            }
+            this.last_start
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.clone(), tokio::time::Instant::now());
             // Close the batch before the request goes out: whoever asks from
             // now on gets a read of their own.
             this.open
@@ -88,5 +116,38 @@ impl<T: Send + Sync + 'static> LiveBatch<T> {
             // Nobody waiting any more is fine.
             let _ = tx.send(Some(result));
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Reads of one key start at least the interval apart; the askers of
+    /// the meantime share one read, sent after they asked.
+    #[tokio::test(start_paused = true)]
+    async fn reads_of_a_key_are_spaced_and_shared() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let batch = {
+            let calls = Arc::clone(&calls);
+            LiveBatch::with_reader(Duration::from_millis(20), move |_| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async move { Ok(n) })
+            })
+            .at_most_every(Duration::from_secs(1))
+        };
+        let started = tokio::time::Instant::now();
+        assert_eq!(*batch.read("k").await.expect("first"), 0);
+        let (a, b) = tokio::join!(batch.read("k"), batch.read("k"));
+        assert_eq!(
+            (*a.expect("a"), *b.expect("b")),
+            (1, 1),
+            "one read for both"
+        );
+        assert!(started.elapsed() >= Duration::from_secs(1), "spaced");
+        assert_eq!(*batch.read("other").await.expect("other"), 2, "keys apart");
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
 }

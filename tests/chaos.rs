@@ -16,9 +16,10 @@
 //! every replica's `/healthz`; `GetCapacity`, with capacity tracking on; and
 //! the start-up calls, each met by a restart), and either API answers 409 /
 //! 500 / 429 (watches: 500 / 429 / 410), latency on every request or one
-//! resource's, network partitions, dropped watches and compaction (our API
-//! test server) or restarts of kube-apiserver (also after an etcd
-//! compaction), SIGKILL and restart of etcd and restarts of
+//! resource's, one resource's watches lagging behind the others' (while
+//! LIST and GET answer at once), network partitions, dropped watches and
+//! compaction (our API test server) or restarts of kube-apiserver (also
+//! after an etcd compaction), SIGKILL and restart of etcd and restarts of
 //! kube-controller-manager (a real control plane). Once quiet, nothing may
 //! be leaked, lost or stuck (`chaos/invariants.rs`), the published
 //! CSIStorageCapacity objects show the driver's capacity and every
@@ -47,7 +48,8 @@
 //!
 //! A run prints, per fault rule (`plan::Fault::rule`), how often it was
 //! injected and how often it struck, as observed, never assumed: a
-//! request or call it failed or delayed; a sidecar seen to exit by its
+//! request or call it failed or delayed; a watch event a lag held (the
+//! test server's count); a sidecar seen to exit by its
 //! SIGKILL or SIGTERM; a Lease seen to change hands while its leader was
 //! frozen; a watch seen to start again (closed watches, a restarted
 //! kube-apiserver) or to be refused as too old (compaction). A run of at
@@ -415,6 +417,7 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> (Tally, R
         Err(e) => Err(vec![e]),
     };
     run.disarm_driver_faults();
+    run.end_watch_lags(true);
     run.count_api_firings();
     // What went wrong on the way (an exit other than a lost lease, a bad
     // graceful shutdown, a write of a frozen leader) fails the seed even if
@@ -501,6 +504,8 @@ struct Run {
     armed_driver_faults: Vec<ArmedFault>,
     /// API latencies in force (test server), each ended at its instant.
     latencies: Vec<Latency>,
+    /// Watch lags in force (test server), each ended at its instant.
+    watch_lags: Vec<WatchLag>,
     /// Replica → the `--http-endpoint` port of its current process.
     ports: Vec<u16>,
     /// Replica → the start-up calls ([`plan::STARTUP_METHODS`]) a driver
@@ -570,6 +575,15 @@ struct Latency {
     until: Instant,
 }
 
+/// A watch lag in force (`Fault::WatchLag`).
+struct WatchLag {
+    rule: String,
+    resource: &'static str,
+    /// The server's count of held events of `resource` when it began.
+    held_before: u64,
+    until: Instant,
+}
+
 impl Run {
     async fn new(plan: Plan, backend: Backend) -> Run {
         let mut env = Env::new(backend).await;
@@ -628,6 +642,7 @@ impl Run {
             kept: BTreeMap::new(),
             armed_driver_faults: Vec::new(),
             latencies: Vec::new(),
+            watch_lags: Vec::new(),
             ports: Vec::new(),
             startup_faults: Vec::new(),
             driver_gone: Vec::new(),
@@ -835,8 +850,29 @@ impl Run {
         }
     }
 
+    /// Ends the watch lags whose time is up (all with `all`).
+    fn end_watch_lags(&mut self, all: bool) {
+        let now = Instant::now();
+        let (ended, kept): (Vec<WatchLag>, Vec<WatchLag>) = std::mem::take(&mut self.watch_lags)
+            .into_iter()
+            .partition(|l| all || l.until <= now);
+        self.watch_lags = kept;
+        for lag in ended {
+            self.end_watch_lag(lag);
+        }
+    }
+
+    /// Ends a watch lag (what it held stays held until its time), counting
+    /// the events of the sidecars' watches it held.
+    fn end_watch_lag(&mut self, lag: WatchLag) {
+        self.env.api().clear_watch_lag(lag.resource);
+        let held = self.env.api().watch_events_held(lag.resource);
+        self.fired(lag.rule, held.saturating_sub(lag.held_before));
+    }
+
     async fn revive_exited(&mut self) {
         self.end_latencies(false);
+        self.end_watch_lags(false);
         if let Some(plane) = self.env.plane() {
             match tokio::task::spawn_blocking(move || plane.revive_controller_manager()).await {
                 Ok(Ok(true)) => {
@@ -1066,6 +1102,32 @@ impl Run {
                     rule,
                     matcher,
                     until: Instant::now() + Duration::from_millis(for_ms),
+                });
+            }
+            Fault::WatchLag {
+                resource,
+                lag_ms,
+                hold_ms,
+            } => {
+                // The sidecars' watches only (over HTTP; the runner's own
+                // client is in-process). One in force on the same resource
+                // ends first: each lag counts what it held.
+                let (same, others): (Vec<WatchLag>, Vec<WatchLag>) =
+                    std::mem::take(&mut self.watch_lags)
+                        .into_iter()
+                        .partition(|l| l.resource == resource);
+                self.watch_lags = others;
+                for lag in same {
+                    self.end_watch_lag(lag);
+                }
+                let api = self.env.api();
+                let held_before = api.watch_events_held(resource);
+                api.set_watch_lag(resource, Duration::from_millis(lag_ms));
+                self.watch_lags.push(WatchLag {
+                    rule,
+                    resource,
+                    held_before,
+                    until: Instant::now() + Duration::from_millis(hold_ms),
                 });
             }
             Fault::Partition { ms } => {
@@ -2580,7 +2642,10 @@ impl Run {
     /// the work it was aimed at. Returns how long that took, or what still
     /// failed at the end.
     async fn settle(&mut self) -> Result<Duration, Vec<String>> {
-        // The API is fast again once the workload is done.
+        // The API is fast again once the workload is done. Watch lags run
+        // their course: they only make the sidecars see late (ended on
+        // time by `revive_exited`, the rest once settled), and one aimed
+        // at a restart needs the restarted process's watches.
         if matches!(self.plan.backend, plan::Backend::TestServer) {
             self.end_latencies(true);
         }

@@ -38,6 +38,13 @@ pub const CACHE_WAIT: Duration = Duration::from_millis(200);
 /// How long the first asker of a live list waits for others to join.
 const LIVE_WINDOW: Duration = Duration::from_millis(20);
 
+/// The least time between two live lists: while the attachment watch is
+/// quiet every delete needs one (its PV is newer than any list before it),
+/// so during a wave of deletes they would run back to back, each a read of
+/// every VolumeAttachment. Spaced, the deletes of the meantime share one,
+/// each waiting a second at most.
+pub const LIVE_LIST_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Page size of the live list, as the caches' own lists.
 const PAGE: u32 = 500;
 
@@ -168,7 +175,8 @@ impl Attachments {
         }
         Self {
             index,
-            live: LiveBatch::with_reader(LIVE_WINDOW, move |_| lister()),
+            live: LiveBatch::with_reader(LIVE_WINDOW, move |_| lister())
+                .at_most_every(LIVE_LIST_INTERVAL),
             last_list: Mutex::default(),
         }
     }

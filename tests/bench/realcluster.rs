@@ -11,6 +11,11 @@
 //! BENCH_SMOKE=1 cargo bench --bench realcluster        # tiny sizes (CI)
 //! BENCH_SCENARIOS=scale BENCH_DRIVERS=csi-hostpath cargo bench --bench realcluster
 //!                                   # memory at 0, 10k, 50k objects (scale.rs)
+//! BENCH_SCENARIOS=delete-attached BENCH_DELETE_ATTACHED=1000 cargo bench --bench realcluster
+//!                                   # deletes next to as many attached volumes, with
+//!                                   # the attachment watch quiet, then busy
+//! BENCH_BINARIES=ours BENCH_RS_BIN=/tmp/before/csi-provisioner cargo bench --bench realcluster
+//!                                   # another build of ours (before/after), alone
 //! ```
 //!
 //! Needs the binaries of `../shared/k8s/install.sh target/k8s` (or
@@ -149,6 +154,10 @@ struct World {
     state_dir: PathBuf,
     driver_stop: Option<tokio::sync::oneshot::Sender<()>>,
     driver_process: Option<GuardedChild>,
+    /// The driver advertises PUBLISH_UNPUBLISH_VOLUME (set before
+    /// `start_driver`): the sidecar then checks VolumeAttachments before
+    /// each `DeleteVolume`.
+    attach: bool,
 }
 
 impl World {
@@ -169,6 +178,7 @@ impl World {
             dir,
             driver_stop: None,
             driver_process: None,
+            attach: false,
         };
         world
             .create(
@@ -283,6 +293,7 @@ impl World {
                 config.node_id = self.node.clone();
                 config.endpoint = self.socket.clone();
                 config.state_dir = self.state_dir.clone();
+                config.controller_publish = self.attach;
                 let (tx, rx) = tokio::sync::oneshot::channel::<()>();
                 self.driver_stop = Some(tx);
                 tokio::spawn(async move {
@@ -299,6 +310,7 @@ impl World {
                     .arg(format!("-nodeid={}", self.node))
                     .arg(format!("-statedir={}", self.state_dir.display()))
                     .arg(format!("-drivername={}", self.driver))
+                    .arg(format!("-enable-attach={}", self.attach))
                     .arg("-v=1");
                 self.driver_process = Some(
                     GuardedChild::spawn("hostpathplugin", cmd, &self.dir.path().join("driver.log"))
@@ -330,7 +342,7 @@ impl World {
             .kubeconfig_for(&user, Some("system:masters"))
             .expect("kubeconfig");
         let path = match binary {
-            Binary::Ours => PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
+            Binary::Ours => ours_binary(),
             Binary::Upstream => self.plane.binaries().path("csi-provisioner"),
         };
         let mut cmd = match profiled(binary, &self.tag) {
@@ -352,6 +364,17 @@ impl World {
         let child = GuardedChild::spawn(binary.name(), cmd, &log).expect("sidecar");
         (child, user)
     }
+}
+
+/// Our sidecar: this build's, or `BENCH_RS_BIN` (another build of it, such
+/// as the one of an earlier commit, for a before/after comparison).
+fn ours_binary() -> PathBuf {
+    std::env::var_os("BENCH_RS_BIN")
+        .filter(|p| !p.is_empty())
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
+            PathBuf::from,
+        )
 }
 
 /// `BENCH_PERF_DIR`: each run of either binary runs under `perf record`
@@ -730,15 +753,66 @@ async fn steady(
 /// N bound claims deleted at once; time until every PV and backend volume
 /// is gone.
 async fn delete(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n: usize) -> Value {
-    let tag = run_tag(format!("de{}{}", &binary.name()[..1], &driver.name()[..1]));
+    delete_run(plane, binary, driver, n, None).await
+}
+
+/// What `delete-attached` adds to `delete`: the driver attaches volumes
+/// (PUBLISH_UNPUBLISH_VOLUME), so the sidecar checks VolumeAttachments
+/// before each `DeleteVolume` (docs/design.md, "Reading current state",
+/// row 1); other volumes of the driver, provisioned first and kept, are
+/// attached, one VolumeAttachment each, so half of all volumes are attached
+/// and the attachment collection is as large as the deletion. The claims
+/// deleted are not attached.
+#[derive(Clone, Copy, Debug)]
+struct Attached {
+    /// Volumes provisioned before the deletion and kept, each attached.
+    volumes: usize,
+    /// The harness patches one attachment every 100 ms during the
+    /// deletion, so the attachment watch moves (`delete-attached-busy`).
+    busy: bool,
+}
+
+/// The VolumeAttachment resource.
+fn attachment_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "storage.k8s.io",
+        "v1",
+        "VolumeAttachment",
+    ))
+}
+
+/// `delete`, and with `attached` `delete-attached(-busy)`.
+async fn delete_run(
+    plane: &Arc<ControlPlane>,
+    binary: Binary,
+    driver: DriverKind,
+    n: usize,
+    attached: Option<Attached>,
+) -> Value {
+    let (scenario, prefix) = match attached {
+        None => ("delete", "de"),
+        Some(a) if a.busy => ("delete-attached-busy", "db"),
+        Some(_) => ("delete-attached", "da"),
+    };
+    let tag = run_tag(format!(
+        "{prefix}{}{}",
+        &binary.name()[..1],
+        &driver.name()[..1]
+    ));
+    let kept = attached.map_or(0, |a| a.volumes);
     let mut world = World::new(plane, &tag, driver).await;
+    world.attach = attached.is_some();
     world.start_driver();
     let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
     let (mut sidecar, user) = world.start_sidecar(binary, &args("1000", "2000")).await;
-    let claims: Vec<Value> = (0..n).map(|i| world.claim(&format!("c{i}"))).collect();
+    // The kept claims are `k<i>`, the deleted ones `c<i>`.
+    let claims: Vec<Value> = (0..kept)
+        .map(|i| world.claim(&format!("k{i}")))
+        .chain((0..n).map(|i| world.claim(&format!("c{i}"))))
+        .collect();
     world.create_many(claims).await;
     let provisioned = wait_until("all PVs", Duration::from_secs(600), || {
-        pvs.seen().len() >= n
+        pvs.seen().len() >= n + kept
     })
     .await;
     // Bound by the controller-manager, then deleted.
@@ -751,16 +825,84 @@ async fn delete(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n
             .iter()
             .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
             .count()
-            >= n
+            >= n + kept
         {
             bound = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Let the provisioning's trailing events and journal writes settle, so
-    // only the deletion is counted.
+    // One VolumeAttachment per kept volume, to this world's node.
+    let attachments: Api<DynamicObject> =
+        Api::all_with(world.admin.clone(), &attachment_resource());
+    let labelled = kube::api::ListParams::default().labels(&format!("bench={tag}"));
+    if kept > 0 {
+        let all: Api<PersistentVolume> = Api::all(world.admin.clone());
+        let kept_pvs: Vec<String> = all
+            .list(&Default::default())
+            .await
+            .expect("list PVs")
+            .items
+            .into_iter()
+            .filter(|pv| {
+                let spec = pv.spec.as_ref();
+                spec.and_then(|s| s.csi.as_ref())
+                    .is_some_and(|c| c.driver == world.driver)
+                    && spec
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .and_then(|c| c.name.as_deref())
+                        .is_some_and(|c| c.starts_with('k'))
+            })
+            .filter_map(|pv| pv.metadata.name)
+            .collect();
+        let objects: Vec<Value> = kept_pvs
+            .iter()
+            .enumerate()
+            .map(|(i, pv)| {
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+                    "metadata": {"name": format!("{tag}-va-{i}"), "labels": {"bench": tag}},
+                    "spec": {"attacher": world.driver, "nodeName": world.node,
+                             "source": {"persistentVolumeName": pv}}})
+            })
+            .collect();
+        world.create_many(objects).await;
+    }
+    // Let the provisioning's trailing events and journal writes settle (and
+    // the attachments reach the sidecar's cache), so only the deletion is
+    // counted.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let attachments_before = if kept > 0 {
+        attachments
+            .list_metadata(&labelled)
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    // The busy variant: one attachment patched every 100 ms.
+    let touches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let toucher = attached.filter(|a| a.busy && a.volumes > 0).map(|_| {
+        let attachments = attachments.clone();
+        let name = format!("{tag}-va-0");
+        let touches = Arc::clone(&touches);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let i = touches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let _ = attachments
+                    .patch(
+                        &name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(
+                            json!({"metadata": {"annotations": {"bench/touch": i.to_string()}}}),
+                        ),
+                    )
+                    .await;
+            }
+        })
+    });
     let before = requests(&world.plane, &user);
     let started = Instant::now();
     stream::iter(0..n)
@@ -775,12 +917,15 @@ async fn delete(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n
         .await;
     let world_ref = &world;
     let done = wait_until("every PV and volume gone", Duration::from_secs(600), || {
-        pvs.gone_count() >= n && world_ref.backend_volumes() == 0
+        pvs.gone_count() >= n && world_ref.backend_volumes() <= kept
     })
     .await;
     let seconds = started.elapsed().as_secs_f64();
     // Trailing events of the deletion belong to it.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    if let Some(t) = toucher {
+        t.abort();
+    }
     let after = requests(&world.plane, &user);
     let during: BTreeMap<String, usize> = after
         .2
@@ -788,8 +933,8 @@ async fn delete(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n
         .map(|(k, v)| (k.clone(), v - before.2.get(k).copied().unwrap_or(0)))
         .filter(|(_, v)| *v > 0)
         .collect();
-    let out = json!({
-        "scenario": "delete",
+    let mut out = json!({
+        "scenario": scenario,
         "requests": during,
         "binary": binary.name(),
         "driver": driver.name(),
@@ -803,8 +948,38 @@ async fn delete(plane: &Arc<ControlPlane>, binary: Binary, driver: DriverKind, n
         "peak_rss_mib": mib(status_kib(sidecar.id(), "VmHWM:")),
         "completed": provisioned && bound && done,
     });
+    if binary == Binary::Ours
+        && let Some(bin) = std::env::var_os("BENCH_RS_BIN").filter(|p| !p.is_empty())
+    {
+        out["ours_binary"] = json!(bin.to_string_lossy());
+    }
+    if attached.is_some() {
+        let count = |key: &str| during.get(key).copied().unwrap_or(0);
+        let attachments_after = attachments
+            .list_metadata(&labelled)
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0);
+        out["attached_volumes"] = json!(kept);
+        out["attachments"] = json!(attachments_before);
+        out["attachments_at_end"] = json!(attachments_after);
+        out["list_volumeattachments"] = json!(count("list volumeattachments"));
+        out["get_persistentvolumes"] = json!(count("get persistentvolumes"));
+        out["touches"] = json!(touches.load(std::sync::atomic::Ordering::Relaxed));
+        // Someone else (the attach-detach controller) removing attachments
+        // would make the check cheaper than it is: count it as failed.
+        if attachments_after < attachments_before || attachments_before < kept {
+            out["completed"] = json!(false);
+        }
+    }
     sidecar.stop(Duration::from_secs(10));
     watch_task.abort();
+    keep_log(&world, binary, scenario, driver);
+    if kept > 0 {
+        let _ = attachments
+            .delete_collection(&DeleteParams::default(), &labelled)
+            .await;
+    }
     out
 }
 
@@ -1222,7 +1397,7 @@ fn headline(result: &Value) -> Option<(&'static str, f64, bool)> {
     // (metric, value, higher is better)
     let scenario = result["scenario"].as_str()?;
     match scenario {
-        "backlog" | "throttled" | "delete" => {
+        "backlog" | "throttled" | "delete" | "delete-attached" | "delete-attached-busy" => {
             Some(("vol_per_s", result["vol_per_s"].as_f64()?, true))
         }
         "steady" => Some(("p99_ms", result["p99_ms"].as_f64()?, false)),
@@ -1263,9 +1438,19 @@ async fn main() {
             .expect("control plane"),
     );
     let wanted: Vec<String> = std::env::var("BENCH_SCENARIOS")
-        .unwrap_or_else(|_| "backlog,steady,throttled,delete,idle,adopt,startup,scale".into())
+        .unwrap_or_else(|_| {
+            "backlog,steady,throttled,delete,delete-attached,idle,adopt,startup,scale".into()
+        })
         .split(',')
-        .map(|s| s.trim().to_owned())
+        // `delete-attached` is measured with the attachment watch quiet and
+        // busy: two scenarios.
+        .flat_map(|s| match s.trim() {
+            "delete-attached" => vec![
+                "delete-attached".to_owned(),
+                "delete-attached-busy".to_owned(),
+            ],
+            other => vec![other.to_owned()],
+        })
         .collect();
     let drivers: Vec<DriverKind> = std::env::var("BENCH_DRIVERS")
         .unwrap_or_else(|_| "hostpathplugin,csi-hostpath".into())
@@ -1279,6 +1464,14 @@ async fn main() {
     let backlog_n = env_usize("BENCH_BACKLOG", 1000, 20);
     let throttled_n = env_usize("BENCH_THROTTLED", 100, 10);
     let delete_n = env_usize("BENCH_DELETE", 1000, 20);
+    let delete_attached_n = env_usize("BENCH_DELETE_ATTACHED", 1000, 10);
+    // `BENCH_BINARIES=ours` (or `upstream`): one binary only, such as an
+    // earlier build of ours named by `BENCH_RS_BIN`; no ratio then.
+    let binaries: Vec<String> = std::env::var("BENCH_BINARIES")
+        .unwrap_or_else(|_| "upstream,ours".into())
+        .split(',')
+        .map(|b| b.trim().to_owned())
+        .collect();
     let idle_n = env_usize("BENCH_IDLE_OBJECTS", 10_000, 50);
     let idle_pods = env_usize("BENCH_IDLE_PODS", 2000, 20);
     let adopt_n = env_usize("BENCH_ADOPT", 10_000, 20);
@@ -1300,6 +1493,9 @@ async fn main() {
             let mut rounds: Vec<Value> = Vec::new();
             for round in 0..runs {
                 for binary in scale::order(round) {
+                    if !binaries.iter().any(|b| b == binary.name()) {
+                        continue;
+                    }
                     next_run();
                     let result = match scenario.as_str() {
                         "backlog" => {
@@ -1326,6 +1522,14 @@ async fn main() {
                         }
                         "steady" => steady(&plane, binary, *driver, steady_rate, steady_s).await,
                         "delete" => delete(&plane, binary, *driver, delete_n).await,
+                        "delete-attached" | "delete-attached-busy" => {
+                            let attached = Attached {
+                                volumes: delete_attached_n,
+                                busy: scenario == "delete-attached-busy",
+                            };
+                            delete_run(&plane, binary, *driver, delete_attached_n, Some(attached))
+                                .await
+                        }
                         "idle" => {
                             idle(&plane, binary, *driver, (idle_n, idle_n, idle_pods), false).await
                         }

@@ -186,6 +186,17 @@ pub enum Fault {
     Partition {
         ms: u64,
     },
+    /// Every message of the sidecar's watches of `resource` (events,
+    /// bookmarks, a new watch's initial events) reaches it `lag_ms` late,
+    /// in order, while the lag is in force (`hold_ms`); its watches of
+    /// every other resource, and every LIST and GET, go on at once: the
+    /// watches of different kinds are not ordered with each other on a
+    /// real API server either. Test server only.
+    WatchLag {
+        resource: &'static str,
+        lag_ms: u64,
+        hold_ms: u64,
+    },
     /// Every watch stream ends (clients re-watch from their resourceVersion).
     CloseWatches,
     /// Watch history forgotten and watches ended: every re-watch gets 410.
@@ -312,6 +323,22 @@ fn api_statuses(verb: ApiVerb) -> &'static [u16] {
 /// write).
 const LATENCY_TARGETS: [Option<&str>; 3] = [None, Some("persistentvolumes"), Some("configmaps")];
 
+/// The resources whose watches [`Fault::WatchLag`] holds, each aimed at
+/// what brings its watch events ([`Fault::aimed_at`]): PVs at a new
+/// claim's provisioning (the sidecar writes the PV and must not count on
+/// seeing it at once), claims at a deletion (the claim's DELETED behind
+/// its PV's release), classes at a sidecar's start (they never change
+/// during a run: only a new process's streaming list brings their
+/// events). Not VolumeAttachments: no run makes one (and a run's driver
+/// does not attach, so the sidecar does not watch them); not Nodes and
+/// CSINodes: made once before the sidecars start, and watched with
+/// capacity tracking only, so a lag on them would never strike.
+const WATCH_LAG_TARGETS: [&str; 3] = [
+    "persistentvolumes",
+    "persistentvolumeclaims",
+    "storageclasses",
+];
+
 /// The Lease is renewed only with leader election: two-replica seeds.
 const LEASE_TARGETS: [(ApiVerb, &str); 1] = [(ApiVerb::Update, "leases")];
 
@@ -326,6 +353,7 @@ impl Fault {
             Fault::DriverExit { method, .. } => format!("DriverExit {method}"),
             Fault::Api { verb, resource, .. } => api_rule(*verb, resource),
             Fault::ApiLatency { resource, .. } => latency_rule(*resource),
+            Fault::WatchLag { resource, .. } => watch_lag_rule(resource),
             other => format!("{other:?}")
                 .split([' ', '{', '('])
                 .next()
@@ -356,7 +384,8 @@ pub enum AimedAt {
     /// A re-watch of every cache: the plan ends every watch right after.
     Rewatch,
     /// A sidecar's start-up (`GetPluginInfo` and the capability calls are
-    /// made then only): the plan restarts the leader right after.
+    /// made then only; its caches' first lists): the plan restarts the
+    /// leader right after.
     Restart,
     /// New claims that the fault makes itself, at its own moment
     /// ([`Fault::FreezeLeader`]): the plan counts them as its claims.
@@ -384,6 +413,11 @@ impl Fault {
                 _ => AimedAt::Provisioning,
             },
             Fault::ApiLatency { .. } => AimedAt::Provisioning,
+            Fault::WatchLag { resource, .. } => match *resource {
+                "persistentvolumeclaims" => AimedAt::Deletion,
+                "storageclasses" => AimedAt::Restart,
+                _ => AimedAt::Provisioning,
+            },
             Fault::FreezeLeader { .. } => AimedAt::ItsOwnClaims,
             _ => AimedAt::Anything,
         }
@@ -398,6 +432,11 @@ pub fn api_rule(verb: ApiVerb, resource: &str) -> String {
 /// The rule of an API latency on `resource` (`None`: every request).
 pub fn latency_rule(resource: Option<&str>) -> String {
     format!("ApiLatency {}", resource.unwrap_or("all"))
+}
+
+/// The rule of a watch lag on `resource`.
+pub fn watch_lag_rule(resource: &str) -> String {
+    format!("WatchLag {resource}")
 }
 
 /// Every rule a plan against `backend` may hold.
@@ -421,6 +460,7 @@ pub fn rules(backend: Backend) -> Vec<String> {
         Backend::TestServer => {
             rules.extend(["CloseWatches", "Compact", "Partition"].map(str::to_owned));
             rules.extend(LATENCY_TARGETS.map(latency_rule));
+            rules.extend(WATCH_LAG_TARGETS.map(watch_lag_rule));
             for (verb, resource) in API_TARGETS.iter().chain(&LEASE_TARGETS) {
                 rules.push(api_rule(*verb, resource));
             }
@@ -501,6 +541,7 @@ enum Kind {
     Compact,
     Partition,
     Latency(Option<&'static str>),
+    WatchLag(&'static str),
     Api(ApiVerb, &'static str),
     RestartApiServer,
     CompactEtcd,
@@ -545,6 +586,17 @@ impl Kind {
                 delay_ms: rng.between(100, 1500),
                 for_ms: rng.between(1000, 4000),
             },
+            // Held long enough to meet what it is aimed at: the classes'
+            // lag (aimed at a restart) may wait for a graceful shutdown
+            // (`--timeout` and a 2 s drain) and a start-up first.
+            Kind::WatchLag(resource) => Fault::WatchLag {
+                resource,
+                lag_ms: rng.between(100, 1500),
+                hold_ms: match resource {
+                    "storageclasses" => rng.between(5000, 8000),
+                    _ => rng.between(1000, 4000),
+                },
+            },
             Kind::Api(verb, resource) => Fault::Api {
                 verb,
                 resource,
@@ -578,6 +630,7 @@ fn scheduled_kinds(backend: Backend) -> (Vec<Kind>, Vec<Kind>) {
             others.extend([Kind::CloseWatches, Kind::Compact, Kind::Partition]);
             others.extend(LATENCY_TARGETS.map(Kind::Latency));
             others.extend(API_TARGETS.map(|(verb, resource)| Kind::Api(verb, resource)));
+            others.extend(WATCH_LAG_TARGETS.map(Kind::WatchLag));
         }
         Backend::Real => others.extend([
             Kind::RestartApiServer,
@@ -914,11 +967,12 @@ fn random_kind(rng: &mut Rng, backend: Backend, replicas: usize) -> Kind {
         6 if replicas == 2 && rng.chance(50) => Kind::TermLeader,
         6 => Kind::TermSidecar,
         _ => match backend {
-            Backend::TestServer => match rng.below(6) {
+            Backend::TestServer => match rng.below(7) {
                 0 => Kind::CloseWatches,
                 1 => Kind::Compact,
                 2 => Kind::Latency(rng.pick(&LATENCY_TARGETS)),
                 3 => Kind::Partition,
+                4 => Kind::WatchLag(rng.pick(&WATCH_LAG_TARGETS)),
                 _ => {
                     let (verb, resource) = if replicas == 2 && rng.chance(30) {
                         rng.pick(&LEASE_TARGETS)
@@ -992,6 +1046,7 @@ mod tests {
             "CompactEtcd",
             "RestartControllerManager",
             "ApiLatency",
+            "WatchLag",
             "Partition",
             "KillEtcd",
         ] {
@@ -1091,6 +1146,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A watch lag is planned on the test server only (the real cluster
+    /// has no such switch), and held long enough for what it is aimed at.
+    #[test]
+    fn watch_lags_strike_the_test_server_only() {
+        let mut resources = std::collections::BTreeSet::new();
+        for seed in 0..500 {
+            for backend in [Backend::TestServer, Backend::Real] {
+                for step in plan(seed, backend).steps {
+                    let Step::Fault(
+                        fault @ Fault::WatchLag {
+                            resource, hold_ms, ..
+                        },
+                    ) = step
+                    else {
+                        continue;
+                    };
+                    assert_eq!(backend, Backend::TestServer, "seed {seed}: {fault:?}");
+                    let at_least = match fault.aimed_at() {
+                        AimedAt::Restart => 5000,
+                        _ => 1000,
+                    };
+                    assert!(hold_ms >= at_least, "seed {seed}: {fault:?}");
+                    resources.insert(resource);
+                }
+            }
+        }
+        assert_eq!(resources, WATCH_LAG_TARGETS.into());
     }
 
     /// A fault is followed by the work it is aimed at.
