@@ -398,9 +398,11 @@ where
                             }
                         }
                     }
+                    // Before readiness: a waiter woken by it reads the
+                    // revision next (CI once saw it still 0 in between).
+                    self.note_applied(listed_revision.take());
                     // Handlers have seen every listed object by now.
                     self.ready.send_replace(true);
-                    self.note_applied(listed_revision.take());
                     // The list's buffers and the replaced store are free now.
                     crate::memory::release_free_memory();
                 }
