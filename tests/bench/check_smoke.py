@@ -10,9 +10,13 @@ with `binary` "ours" or "upstream" (the Go csi-provisioner), per (scenario,
 driver) one or more `{"ratio": scenario, "driver", "metric", "ours",
 "upstream", "ours_better_by"}` lines (one per metric), and `{"skipped": why}` alone when it ran nothing.
 
-The scenarios are taken from the output, not from a list: every scenario
-that appears must have, for every driver that appears, a result of both
-binaries (none of them `"completed": false`) and a ratio with numbers. An
+The scenarios are taken from the output, not from a list: every
+(scenario, driver) pair that appears must have a result of both binaries
+(none of them `"completed": false`) and a ratio with numbers. The smoke run
+takes the drivers in turn, one per scenario, so a scenario need not appear
+with every driver; but when the output names more than one driver, each of
+them must have run at least two scenarios, so a driver that stopped working
+cannot drop out unseen. An
 output without any scenario, or with a `skipped` line, fails. Exit code 0
 when all holds, 1 (after saying what is missing) when not, 2 on bad usage.
 """
@@ -79,41 +83,48 @@ def check(lines):
                     f"line {n}: {key[0]} / {key[1]} / {binary}: did not complete"
                 )
 
-    scenarios = sorted({s for s, _ in results} | {s for s, _ in ratios})
-    if not scenarios:
+    pairs = sorted(set(results) | set(ratios))
+    if not pairs:
         problems.append("no scenario in the output: the benchmark ran nothing")
-    summary = []
-    for scenario in scenarios:
+    if len(drivers) > 1:
         for driver in sorted(drivers):
-            key = (scenario, driver)
-            what = f"{scenario} / {driver}"
-            by_binary = results.get(key, {})
-            if scenario in OURS_ONLY:
-                if "ours" not in by_binary:
-                    problems.append(f"{what}: no result of ours")
-                continue
-            for binary in BINARIES:
-                if binary not in by_binary:
-                    problems.append(f"{what}: no result of {binary}")
-            by_metric = ratios.get(key)
-            if not by_metric:
-                problems.append(f"{what}: no ratio line")
-                continue
-            for ratio in by_metric.values():
-                bad = [
-                    f
-                    for f in ("ours", "upstream", "ours_better_by")
-                    if not number(ratio.get(f))
-                ]
-                if bad:
-                    problems.append(
-                        f"{what}: ratio without a number for {', '.join(bad)}: {ratio}"
-                    )
-                    continue
-                summary.append(
-                    f"{what}: {ratio.get('metric')} ours {ratio['ours']} upstream "
-                    f"{ratio['upstream']} (ours better by {ratio['ours_better_by']})"
+            ran = {s for s, d in pairs if d == driver}
+            if len(ran) < 2:
+                problems.append(
+                    f"driver {driver}: ran {len(ran)} scenario(s) ({', '.join(sorted(ran))}); "
+                    "each driver named must run at least two"
                 )
+    summary = []
+    for scenario, driver in pairs:
+        key = (scenario, driver)
+        what = f"{scenario} / {driver}"
+        by_binary = results.get(key, {})
+        if scenario in OURS_ONLY:
+            if "ours" not in by_binary:
+                problems.append(f"{what}: no result of ours")
+            continue
+        for binary in BINARIES:
+            if binary not in by_binary:
+                problems.append(f"{what}: no result of {binary}")
+        by_metric = ratios.get(key)
+        if not by_metric:
+            problems.append(f"{what}: no ratio line")
+            continue
+        for ratio in by_metric.values():
+            bad = [
+                f
+                for f in ("ours", "upstream", "ours_better_by")
+                if not number(ratio.get(f))
+            ]
+            if bad:
+                problems.append(
+                    f"{what}: ratio without a number for {', '.join(bad)}: {ratio}"
+                )
+                continue
+            summary.append(
+                f"{what}: {ratio.get('metric')} ours {ratio['ours']} upstream "
+                f"{ratio['upstream']} (ours better by {ratio['ours_better_by']})"
+            )
     return problems, summary
 
 
