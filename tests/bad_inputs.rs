@@ -410,7 +410,7 @@ catalogue! {
     };
     driver_oversized_answer: Case {
         input: Input::CreateReply { reply: |_| Reply { padding_bytes: 5 << 20, ..Reply::default() }, times: 1 },
-        expect: Expect::EventThenBound { reason: "ProvisioningFailed", message: "rpc error: code = OutOfRange desc = Error, decoded message length too large: found " },
+        expect: Expect::EventThenBound { reason: "ProvisioningFailed", message: "rpc error: code = ResourceExhausted desc = Error, decoded message length too large: found " },
     };
     driver_unknown_capability_enums: Case {
         input: Input::UnknownCapability,

@@ -48,11 +48,35 @@ where
 /// died after creating a volume but before answering must leave the
 /// operation in flight, or its volume leaks (found by the chaos harness).
 /// A status the driver sent has no source.
+///
+/// Two more statuses are tonic's own, made from an answer the driver did
+/// send, with a code that would make the failure final although the volume
+/// may exist (docs/driver-habits.md, gaps 1 and 2):
+/// - an answer above the decoding limit comes back as `OutOfRange`
+///   ("decoded message length too large"); grpc-go, and so upstream, says
+///   `ResourceExhausted` for it, which is not final: the driver answered,
+///   so it may have created the volume;
+/// - an error whose message is not UTF-8 comes back as `Unknown`
+///   ("Error deserializing status message header") and the driver's code is
+///   lost; it becomes `Unavailable`, the side that keeps the request (and
+///   so the volume) in hand until the driver answers readably.
 fn local_failure_as_unavailable(status: tonic::Status) -> tonic::Status {
-    if status.code() == tonic::Code::Unknown && is_local_failure(&status) {
-        tonic::Status::unavailable(status.message().to_owned())
-    } else {
-        status
+    const TOO_LARGE: &str = "Error, decoded message length too large";
+    const UNREADABLE: &str = "Error deserializing status message header";
+    match status.code() {
+        tonic::Code::Unknown if is_local_failure(&status) => {
+            tonic::Status::unavailable(status.message().to_owned())
+        }
+        tonic::Code::OutOfRange if status.message().starts_with(TOO_LARGE) => {
+            tonic::Status::resource_exhausted(status.message().to_owned())
+        }
+        tonic::Code::Unknown if status.message().starts_with(UNREADABLE) => {
+            tonic::Status::unavailable(format!(
+                "the driver's error could not be read, its code is lost: {}",
+                status.message()
+            ))
+        }
+        _ => status,
     }
 }
 
@@ -120,10 +144,32 @@ mod tests {
             tonic::Code::Unknown,
             tonic::Code::Internal,
             tonic::Code::NotFound,
+            tonic::Code::OutOfRange,
         ] {
             let sent = tonic::Status::new(code, "driver says no");
             assert_eq!(local_failure_as_unavailable(sent).code(), code);
         }
+    }
+
+    #[test]
+    fn tonics_own_statuses_about_an_answer_keep_the_operation_in_flight() {
+        use crate::csi::error::{ErrorClass, classify};
+        // The texts of tonic's codec (decode.rs) and status header parser.
+        let too_large = tonic::Status::out_of_range(
+            "Error, decoded message length too large: found 5242912 bytes, the limit is: 4194304 bytes",
+        );
+        let mapped = local_failure_as_unavailable(too_large);
+        assert_eq!(mapped.code(), tonic::Code::ResourceExhausted);
+        assert!(mapped.message().contains("found 5242912 bytes"));
+        assert_eq!(classify(mapped.code()), ErrorClass::NonFinal);
+
+        let unreadable = tonic::Status::unknown(
+            "Error deserializing status message header: invalid utf-8 sequence of 1 bytes from index 3",
+        );
+        let mapped = local_failure_as_unavailable(unreadable);
+        assert_eq!(mapped.code(), tonic::Code::Unavailable);
+        assert!(mapped.message().contains("its code is lost"));
+        assert_eq!(classify(mapped.code()), ErrorClass::NonFinal);
     }
 
     #[tokio::test]

@@ -46,7 +46,8 @@ pub fn may_reschedule(topology_enabled: bool, selected_node: Option<&str>) -> bo
 /// [`Code::Unavailable`]: we cannot know whether an earlier attempt is running.
 ///
 /// `ResourceExhausted` without rescheduling is treated as in background, on
-/// purpose: the code is also what gRPC reports for oversized messages,
+/// purpose: the code is also what gRPC reports for oversized messages
+/// (tonic says `OutOfRange`; src/csi/mod.rs turns it into this code),
 /// and keeping the request frozen is the side that cannot leak. (Upstream
 /// treats it as final.)
 pub fn classify_create_volume_error(code: Code, may_reschedule: bool) -> CreateVolumeOutcome {
