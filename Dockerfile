@@ -27,9 +27,13 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends make \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# What `--version` prints (build.rs): the context has no .git to describe,
+# so pass it, e.g. --build-arg CSI_PROVISIONER_VERSION=$(git describe
+# --tags --always --dirty); without it, the crate version.
+ARG CSI_PROVISIONER_VERSION=
 # The whole workspace: Cargo needs every member's manifest to load it. No
 # system protoc is needed (proto/ is compiled by the pure-Rust protox).
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY src ./src
 COPY csi-sanity ./csi-sanity

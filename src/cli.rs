@@ -68,6 +68,20 @@ fn label_list(value: &str) -> Result<Vec<(String, String)>, String> {
         .collect()
 }
 
+/// The version `--version` prints and the start-up log names: `git
+/// describe` of the build's commit, or an override, or the crate version
+/// (`build.rs`).
+pub const VERSION: &str = match option_env!("CSI_PROVISIONER_BUILD_VERSION") {
+    Some(version) => version,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
+/// What `--version` prints, as the Go image (`fmt.Println(os.Args[0],
+/// version)`): the name the process was started by, and the version.
+pub fn version_line(argv0: &str, version: &str) -> String {
+    format!("{argv0} {version}")
+}
+
 /// Parsed and validated command line.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -283,7 +297,7 @@ pub struct Options {
     #[arg(long, default_value = "", value_parser = parse_vmodule, value_name = "PATTERN=N,...", hide_default_value = true)]
     pub vmodule: VModule,
 
-    /// Sets the log format. Permitted formats: "json" (one JSON object per line with klog's keys), "text".
+    /// Sets the log format. Permitted formats: "json" (one JSON object per line with klog's keys), "text" (klog's text format). Beyond the Go image: "human" (for reading at a terminal, in color there).
     #[arg(long, default_value = "text", value_parser = parse_log_format, value_name = "FORMAT")]
     pub logging_format: LogFormat,
 
@@ -291,7 +305,7 @@ pub struct Options {
     #[arg(long, default_value = "5s", value_parser = go_duration, value_name = "DURATION")]
     pub log_flush_frequency: Duration,
 
-    /// In text format, write error messages to stderr and info messages to stdout. The default is to write a single stream to stderr.
+    /// In text format (and human), write error messages to stderr and info messages to stdout. The default is to write a single stream to stderr.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
     pub log_text_split_stream: bool,
 
@@ -548,7 +562,7 @@ impl Options {
             .filter(|(flag, _)| set(flag))
             .collect();
         match self.logging_format {
-            LogFormat::Text if set("log-json-split-stream") => {
+            LogFormat::Text | LogFormat::Human if set("log-json-split-stream") => {
                 out.push((
                     "log-json-split-stream",
                     "it applies to --logging-format=json only",
@@ -557,7 +571,7 @@ impl Options {
             LogFormat::Json if set("log-text-split-stream") => {
                 out.push((
                     "log-text-split-stream",
-                    "it applies to --logging-format=text only",
+                    "it applies to --logging-format=text and human only",
                 ));
             }
             _ => {}
@@ -572,7 +586,7 @@ impl Options {
             verbosity: self.verbosity,
             vmodule: self.vmodule.clone(),
             split_stream: match self.logging_format {
-                LogFormat::Text => self.log_text_split_stream,
+                LogFormat::Text | LogFormat::Human => self.log_text_split_stream,
                 LogFormat::Json => self.log_json_split_stream,
             },
         }
@@ -782,6 +796,15 @@ mod tests {
         assert!(o.extra_create_metadata);
         let o = ok(&["--version"]);
         assert!(o.version);
+        assert_eq!(
+            version_line("target/k8s/csi-provisioner", "v6.3.0-56-g0688604fa"),
+            "target/k8s/csi-provisioner v6.3.0-56-g0688604fa"
+        );
+        assert_eq!(
+            version_line("/csi-provisioner", "5830c16"),
+            "/csi-provisioner 5830c16"
+        );
+        assert!(!VERSION.is_empty() && !VERSION.contains(char::is_whitespace));
         assert!(!ok(&["--version=false"]).version);
         // A repeated flag: the last one wins, as in Go.
         let o = ok(&[
@@ -1072,6 +1095,19 @@ mod tests {
                 .log_settings()
                 .split_stream
         );
+        // The human format is a text format: the text flag splits it.
+        let human = ok(&["--logging-format=human", "--log-text-split-stream"]);
+        assert_eq!(human.log_settings().format, LogFormat::Human);
+        assert!(human.log_settings().split_stream);
+        assert!(human.set_without_effect().is_empty());
+        assert_eq!(
+            ok(&["--logging-format=human", "--log-json-split-stream"]).set_without_effect(),
+            vec![(
+                "log-json-split-stream",
+                "it applies to --logging-format=json only"
+            )]
+        );
+        assert!(parse(&["--logging-format=klog"]).is_err());
         for (value, bytes) in [
             ("0", 0),
             ("512", 512),

@@ -161,7 +161,7 @@ async fn handle(routes: &Routes, req: Request<Incoming>) -> Response<Full<Bytes>
                 .get(http::header::ACCEPT)
                 .and_then(|v| v.to_str().ok()),
         );
-        let mut response = text(StatusCode::OK, crate::metrics::encode_as(exposition));
+        let mut response = text(StatusCode::OK, crate::metrics::scrape(exposition));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static(exposition.content_type()),

@@ -2,14 +2,19 @@
 //! `-v`, `--vmodule`, `--logging-format=text|json` and the split-stream
 //! options, so a Deployment written for the Go image starts unchanged.
 //!
-//! - `text` is tracing's human format (not klog's header, which nothing
-//!   parses by machine);
+//! - `text` (the default) is klog's text format, as the Go image writes it
+//!   ([`encode_text_line`]): the header `Lmmdd hh:mm:ss.uuuuuu pid
+//!   file:line] `, then the quoted message and `key="value"` pairs, so
+//!   log pipelines and greps written for the Go sidecar keep working;
 //! - `json` is one object per line with klog's JSON keys (`ts` in epoch
 //!   milliseconds, `caller`, `msg`, `v` for non-errors, `err`, then the
 //!   structured fields), which log pipelines written for the Go sidecar
 //!   parse;
+//! - `human`, beyond the Go image, is tracing's format for reading at a
+//!   terminal (in color there);
 //! - `-v` and `--vmodule` choose what is written (a decision per call site,
-//!   [`max_level`]); `RUST_LOG`, when set, replaces both.
+//!   [`max_level`]); `RUST_LOG`, when set, replaces both. Both, and the
+//!   split stream, apply to every format.
 //!
 //! Everything is written unbuffered, line by line, so the flush and buffer
 //! options have nothing to do here (they are accepted and named at start).
@@ -28,9 +33,12 @@ use tracing_subscriber::registry::LookupSpan;
 /// `--logging-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
+    /// klog's text format.
     #[default]
     Text,
     Json,
+    /// tracing's format, for a terminal (not in the Go image).
+    Human,
 }
 
 /// Parses `--logging-format` (component-base's wording on error).
@@ -38,8 +46,9 @@ pub fn parse_log_format(value: &str) -> Result<LogFormat, String> {
     match value {
         "text" => Ok(LogFormat::Text),
         "json" => Ok(LogFormat::Json),
+        "human" => Ok(LogFormat::Human),
         other => Err(format!(
-            "format: Invalid value: {other:?}: Unsupported log format (use \"text\" or \"json\")"
+            "format: Invalid value: {other:?}: Unsupported log format (use \"text\", \"json\" or \"human\")"
         )),
     }
 }
@@ -263,6 +272,210 @@ pub fn encode_json_line(
     out
 }
 
+/// klog's severity letter: `E` for errors, `W` for warnings, `I` for the
+/// rest (klog has no debug or trace severity: they are `I` at a higher
+/// `-v`).
+pub fn klog_severity(level: Level) -> char {
+    match level {
+        Level::ERROR => 'E',
+        Level::WARN => 'W',
+        _ => 'I',
+    }
+}
+
+/// klog's `file:line` of the header: the file's base name (`claims.rs`),
+/// or `???` and line 1 where the call site is unknown, as klog writes when
+/// Go's `runtime.Caller` fails.
+pub fn klog_file(file: Option<&str>, line: Option<u32>) -> (&str, u32) {
+    match file {
+        Some(file) => (file.rsplit('/').next().unwrap_or(file), line.unwrap_or(0)),
+        None => ("???", 1),
+    }
+}
+
+/// The wall clock of klog's header, in local time (as klog's `time.Now()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClockTime {
+    pub month: u32,
+    pub day: u32,
+    pub hour: u32,
+    pub minute: u32,
+    pub second: u32,
+    pub micros: u32,
+}
+
+/// The local time of `now`, as the C library reads the zone (`TZ`, else
+/// `/etc/localtime`, as Go); UTC where it cannot tell.
+pub fn local_clock(now: SystemTime) -> ClockTime {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = libc::time_t::try_from(since.as_secs()).unwrap_or(libc::time_t::MAX);
+    // SAFETY: `localtime_r` only writes the `tm` it is given, which is
+    // plain data; a null return (out of range) leaves it zeroed.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call's duration.
+    let converted = !unsafe { libc::localtime_r(&secs, &mut tm) }.is_null();
+    let field = |v: libc::c_int| u32::try_from(v).unwrap_or(0);
+    ClockTime {
+        month: if converted { field(tm.tm_mon) + 1 } else { 1 },
+        day: if converted { field(tm.tm_mday) } else { 1 },
+        hour: field(tm.tm_hour),
+        minute: field(tm.tm_min),
+        second: field(tm.tm_sec),
+        micros: since.subsec_micros(),
+    }
+}
+
+/// klog's header: `Lmmdd hh:mm:ss.uuuuuu ppppppp file:line] `, the pid
+/// right-aligned in 7 columns (klog keeps its last 7 digits).
+pub fn klog_header(severity: char, time: &ClockTime, pid: u32, file: &str, line: u32) -> String {
+    let pid = if pid >= 10_000_000 {
+        format!("{:07}", pid % 10_000_000)
+    } else if pid == 0 {
+        " ".repeat(7)
+    } else {
+        format!("{pid:>7}")
+    };
+    format!(
+        "{severity}{:02}{:02} {:02}:{:02}:{:02}.{:06} {pid} {file}:{line}] ",
+        time.month % 100,
+        time.day % 100,
+        time.hour % 100,
+        time.minute % 100,
+        time.second % 100,
+        time.micros % 1_000_000,
+    )
+}
+
+/// Go's `strconv.Quote`: double quotes around the text, `\"` and `\\`,
+/// the C escapes (`\a \b \f \n \r \t \v`), `\xNN` for the other ASCII
+/// controls and DEL, `\uNNNN` / `\UNNNNNNNN` for the non-printable
+/// characters beyond ASCII (spaces other than U+0020, controls, format
+/// characters, private use, noncharacters); printable text as it is.
+pub fn go_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            ' '..='~' => out.push(c),
+            c if c.is_ascii() => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c if go_printable(c) => out.push(c),
+            c if u32::from(c) < 0x10000 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => {
+                let _ = write!(out, "\\U{:08x}", u32::from(c));
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Go's `unicode.IsPrint` beyond ASCII, as far as Rust can tell without
+/// Unicode's category tables: not controls, not spaces (other than U+0020,
+/// which is ASCII), not format characters, private use or noncharacters.
+/// Unassigned code points pass (Go escapes them).
+fn go_printable(c: char) -> bool {
+    let n = u32::from(c);
+    let format = matches!(
+        n,
+        0xAD | 0x600..=0x605
+            | 0x61C
+            | 0x6DD
+            | 0x70F
+            | 0x890..=0x891
+            | 0x8E2
+            | 0x180E
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x2064
+            | 0x2066..=0x206F
+            | 0xFEFF
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0001
+            | 0xE0020..=0xE007F
+    );
+    let private = matches!(n, 0xE000..=0xF8FF | 0xF0000..=0xFFFFD | 0x100000..=0x10FFFD);
+    let noncharacter = matches!(n, 0xFDD0..=0xFDEF) || n & 0xFFFE == 0xFFFE;
+    !(c.is_control() || c.is_whitespace() || format || private || noncharacter)
+}
+
+/// One value of klog's key/value pairs, `=` included: a string quoted
+/// ([`go_quote`]), or, when it holds a line break, klog's multi-line form
+/// (`=<`, each line after a tab, ` >` on a line of its own); numbers and
+/// booleans bare, as Go's `%+v` (floats as Go's shortest form).
+fn klog_value(out: &mut String, value: &serde_json::Value) {
+    match value {
+        serde_json::Value::String(s) if s.contains('\n') => {
+            out.push_str("=<\n");
+            let mut rest = s.as_str();
+            while let Some(i) = rest.find('\n') {
+                out.push('\t');
+                out.push_str(&rest[..=i]);
+                rest = &rest[i + 1..];
+            }
+            if rest.is_empty() {
+                out.push_str(" >");
+            } else {
+                out.push('\t');
+                out.push_str(rest);
+                out.push_str("\n >");
+            }
+        }
+        serde_json::Value::String(s) => {
+            out.push('=');
+            out.push_str(&go_quote(s));
+        }
+        serde_json::Value::Number(n) if n.is_f64() => {
+            out.push('=');
+            out.push_str(&crate::metrics::go_float(n.as_f64().unwrap_or_default()));
+        }
+        // As the Go image writes a nil value (`err=null`).
+        serde_json::Value::Null => out.push_str("=null"),
+        other => {
+            let _ = write!(out, "={other}");
+        }
+    }
+}
+
+/// One line of klog's text format (without the newline; a multi-line
+/// value makes it several): [`klog_header`], the quoted message, then
+/// ` key=value` for each field in the order given, the conventional
+/// `error` field written as klog's `err`.
+pub fn encode_text_line(
+    level: Level,
+    time: &ClockTime,
+    pid: u32,
+    (file, line): (&str, u32),
+    message: &str,
+    fields: &[(String, serde_json::Value)],
+) -> String {
+    let mut out = klog_header(klog_severity(level), time, pid, file, line);
+    out.push_str(&go_quote(message));
+    for (key, value) in fields {
+        out.push(' ');
+        out.push_str(if key == "error" { "err" } else { key });
+        klog_value(&mut out, value);
+    }
+    out
+}
+
 fn json_string(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
 }
@@ -318,11 +531,32 @@ impl Visit for JsonFields {
     }
 }
 
-/// The `--logging-format=json` event format.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct KlogJson;
+/// klog's event formats: `--logging-format=text` ([`encode_text_line`])
+/// and `json` ([`encode_json_line`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Klog {
+    json: bool,
+    /// The header's pid (text).
+    pid: u32,
+}
 
-impl<S, N> FormatEvent<S, N> for KlogJson
+impl Klog {
+    pub fn text() -> Self {
+        Klog {
+            json: false,
+            pid: std::process::id(),
+        }
+    }
+
+    pub fn json() -> Self {
+        Klog {
+            json: true,
+            pid: std::process::id(),
+        }
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for Klog
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -336,22 +570,31 @@ where
         let meta = event.metadata();
         let mut fields = JsonFields::default();
         event.record(&mut fields);
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64() * 1000.0)
-            .unwrap_or_default();
-        let caller = klog_caller(meta.file(), meta.line());
-        writeln!(
-            writer,
-            "{}",
+        let now = SystemTime::now();
+        let line = if self.json {
+            let ts = now
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64() * 1000.0)
+                .unwrap_or_default();
+            let caller = klog_caller(meta.file(), meta.line());
             encode_json_line(
                 ts,
                 *meta.level(),
                 caller.as_deref(),
                 &fields.message,
-                &fields.fields
+                &fields.fields,
             )
-        )
+        } else {
+            encode_text_line(
+                *meta.level(),
+                &local_clock(now),
+                self.pid,
+                klog_file(meta.file(), meta.line()),
+                &fields.message,
+                &fields.fields,
+            )
+        };
+        writeln!(writer, "{line}")
     }
 }
 
@@ -362,8 +605,8 @@ pub struct LogSettings {
     pub verbosity: u8,
     pub vmodule: VModule,
     /// Errors to stderr, everything else to stdout
-    /// (`--log-text-split-stream` / `--log-json-split-stream` for the
-    /// format in use).
+    /// (`--log-text-split-stream` for `text` and `human`,
+    /// `--log-json-split-stream` for `json`).
     pub split_stream: bool,
 }
 
@@ -393,12 +636,17 @@ pub fn init(settings: &LogSettings) {
     };
     let layer: Box<dyn Layer<Registry> + Send + Sync> = match settings.format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .event_format(Klog::text())
+            .with_writer(writer)
+            .with_ansi(false)
+            .boxed(),
+        LogFormat::Human => tracing_subscriber::fmt::layer()
             .with_writer(writer)
             .with_target(false)
             .with_ansi(ansi)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
-            .event_format(KlogJson)
+            .event_format(Klog::json())
             .with_writer(writer)
             .with_ansi(false)
             .boxed(),
@@ -423,7 +671,9 @@ mod tests {
     fn formats() {
         assert_eq!(parse_log_format("text"), Ok(LogFormat::Text));
         assert_eq!(parse_log_format("json"), Ok(LogFormat::Json));
-        for bad in ["", "JSON", "xml"] {
+        assert_eq!(parse_log_format("human"), Ok(LogFormat::Human));
+        assert_eq!(LogFormat::default(), LogFormat::Text);
+        for bad in ["", "JSON", "Text", "xml", "klog"] {
             let err = parse_log_format(bad).expect_err(bad);
             assert!(err.contains("Unsupported log format"), "{err}");
         }
@@ -578,10 +828,301 @@ mod tests {
         assert_eq!(klog_caller(None, Some(1)), None);
     }
 
-    /// The formatter end to end through a real subscriber: one parseable
-    /// object per line, fields typed.
+    fn clock(month: u32, day: u32, hour: u32, minute: u32, second: u32, micros: u32) -> ClockTime {
+        ClockTime {
+            month,
+            day,
+            hour,
+            minute,
+            second,
+            micros,
+        }
+    }
+
     #[test]
-    fn json_format_through_a_subscriber() {
+    fn klog_headers() {
+        let t = clock(11, 29, 8, 50, 32, 13_368);
+        for (severity, time, pid, file, line, want) in [
+            // As the Go image wrote it.
+            (
+                'I',
+                t,
+                7672,
+                "csi-provisioner.go",
+                156,
+                "I1129 08:50:32.013368    7672 csi-provisioner.go:156] ",
+            ),
+            (
+                'E',
+                clock(1, 2, 3, 4, 5, 6),
+                1,
+                "claims.rs",
+                7,
+                "E0102 03:04:05.000006       1 claims.rs:7] ",
+            ),
+            (
+                'W',
+                clock(12, 31, 23, 59, 59, 999_999),
+                1_234_567,
+                "mod.rs",
+                0,
+                "W1231 23:59:59.999999 1234567 mod.rs:0] ",
+            ),
+            // More than 7 digits: klog keeps the last 7, zeros included.
+            (
+                'I',
+                t,
+                10_000_001,
+                "a.rs",
+                1,
+                "I1129 08:50:32.013368 0000001 a.rs:1] ",
+            ),
+            (
+                'I',
+                t,
+                41_943_040,
+                "a.rs",
+                1,
+                "I1129 08:50:32.013368 1943040 a.rs:1] ",
+            ),
+            ('I', t, 0, "???", 1, "I1129 08:50:32.013368         ???:1] "),
+            (
+                'I',
+                clock(0, 0, 0, 0, 0, 0),
+                99,
+                "a.rs",
+                4_294_967_295,
+                "I0000 00:00:00.000000      99 a.rs:4294967295] ",
+            ),
+        ] {
+            assert_eq!(klog_header(severity, &time, pid, file, line), want);
+        }
+        for (level, want) in [
+            (Level::ERROR, 'E'),
+            (Level::WARN, 'W'),
+            (Level::INFO, 'I'),
+            (Level::DEBUG, 'I'),
+            (Level::TRACE, 'I'),
+        ] {
+            assert_eq!(klog_severity(level), want, "{level}");
+        }
+        assert_eq!(
+            klog_file(Some("src/provisioner/claims.rs"), Some(42)),
+            ("claims.rs", 42)
+        );
+        assert_eq!(
+            klog_file(
+                Some("/root/.cargo/registry/src/x/kube-client/src/client/mod.rs"),
+                Some(3)
+            ),
+            ("mod.rs", 3)
+        );
+        assert_eq!(klog_file(Some("main.rs"), None), ("main.rs", 0));
+        assert_eq!(klog_file(None, Some(9)), ("???", 1));
+    }
+
+    #[test]
+    fn local_clock_keeps_the_microseconds() {
+        let t = local_clock(UNIX_EPOCH + std::time::Duration::from_micros(1_500_250));
+        assert_eq!(t.micros, 500_250);
+        assert!(
+            (1..=12).contains(&t.month) && (1..=31).contains(&t.day),
+            "{t:?}"
+        );
+        assert!(t.hour < 24 && t.minute < 60 && t.second < 61, "{t:?}");
+        let now = local_clock(SystemTime::now());
+        assert!((1..=12).contains(&now.month), "{now:?}");
+    }
+
+    /// Go's `strconv.Unquote` for what [`go_quote`] writes.
+    fn go_unquote(quoted: &str) -> String {
+        let inner = quoted
+            .strip_prefix('"')
+            .and_then(|q| q.strip_suffix('"'))
+            .expect("quoted");
+        let mut out = String::new();
+        let mut chars = inner.chars();
+        while let Some(c) = chars.next() {
+            assert!(c != '"', "bare quote in {quoted}");
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            let hex = |chars: &mut std::str::Chars<'_>, n: usize| -> char {
+                let digits: String = chars.take(n).collect();
+                char::from_u32(u32::from_str_radix(&digits, 16).expect("hex")).expect("char")
+            };
+            out.push(match chars.next().expect("escape") {
+                'a' => '\u{7}',
+                'b' => '\u{8}',
+                'f' => '\u{c}',
+                'n' => '\n',
+                'r' => '\r',
+                't' => '\t',
+                'v' => '\u{b}',
+                '"' => '"',
+                '\\' => '\\',
+                'x' => hex(&mut chars, 2),
+                'u' => hex(&mut chars, 4),
+                'U' => hex(&mut chars, 8),
+                other => panic!("unknown escape \\{other} in {quoted}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn quoting_follows_go_strconv_quote() {
+        for (text, want) in [
+            ("", r#""""#),
+            ("calling CreateVolume", r#""calling CreateVolume""#),
+            (r#"a "b" \c"#, r#""a \"b\" \\c""#),
+            ("\u{0}\u{1}\u{1f}\u{7f}", r#""\x00\x01\x1f\x7f""#),
+            ("\u{7}\u{8}\u{c}\n\r\t\u{b}", r#""\a\b\f\n\r\t\v""#),
+            ("line 1\nline 2", r#""line 1\nline 2""#),
+            ("it's {ok} <1> ~`", r#""it's {ok} <1> ~`""#),
+            // Printable beyond ASCII stays as it is...
+            ("é ü 日本 🙂 ∑", r#""é ü 日本 🙂 ∑""#),
+            // ...the rest is escaped.
+            ("\u{a0}", r#""\u00a0""#),
+            ("\u{85}", r#""\u0085""#),
+            ("\u{9f}", r#""\u009f""#),
+            ("\u{ad}", r#""\u00ad""#),
+            ("\u{200b}", r#""\u200b""#),
+            ("\u{2028}\u{2029}", r#""\u2028\u2029""#),
+            ("\u{3000}", r#""\u3000""#),
+            ("\u{feff}", r#""\ufeff""#),
+            ("\u{e000}", r#""\ue000""#),
+            ("\u{fffe}", r#""\ufffe""#),
+            ("\u{f0000}", r#""\U000f0000""#),
+            ("\u{e0001}", r#""\U000e0001""#),
+            ("\u{10ffff}", r#""\U0010ffff""#),
+        ] {
+            assert_eq!(go_quote(text), want, "{text:?}");
+            assert_eq!(go_unquote(want), text, "{want}");
+        }
+        // Every ASCII character: printable ones as they are (but `"` and
+        // `\`), the others escaped; and the first planes round-trip, with
+        // nothing but printable ASCII or unescaped printable text left.
+        for n in 0u32..=0x7f {
+            let c = char::from_u32(n).expect("ascii");
+            let quoted = go_quote(&c.to_string());
+            let kept = (0x20..=0x7e).contains(&n) && c != '"' && c != '\\';
+            assert_eq!(quoted == format!("\"{c}\""), kept, "{n:#x}: {quoted}");
+            assert_eq!(go_unquote(&quoted), c.to_string(), "{n:#x}");
+        }
+        for n in (0x80u32..0x3_0000).chain(0xE_0000..0x11_0000).step_by(7) {
+            let Some(c) = char::from_u32(n) else { continue };
+            let quoted = go_quote(&c.to_string());
+            assert_eq!(go_unquote(&quoted), c.to_string(), "{n:#x}");
+            assert!(
+                quoted.chars().all(|q| q == c || (' '..='~').contains(&q)),
+                "{n:#x}: {quoted}"
+            );
+        }
+    }
+
+    fn values(pairs: &[(&str, serde_json::Value)]) -> Vec<(String, serde_json::Value)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn text_lines_are_klogs() {
+        let t = clock(11, 29, 8, 50, 32, 13_368);
+        // The Go image's own line, rebuilt.
+        assert_eq!(
+            encode_text_line(
+                Level::INFO,
+                &t,
+                7672,
+                ("csi-provisioner.go", 156),
+                "Version",
+                &values(&[("version", serde_json::json!("v6.3.0-56-g0688604fa"))]),
+            ),
+            r#"I1129 08:50:32.013368    7672 csi-provisioner.go:156] "Version" version="v6.3.0-56-g0688604fa""#
+        );
+        for (level, message, fields, want) in [
+            (
+                Level::INFO,
+                "provisioned",
+                vec![],
+                r#"I1129 08:50:32.013368      42 claims.rs:7] "provisioned""#,
+            ),
+            (
+                Level::WARN,
+                "saving the PV failed",
+                values(&[
+                    ("claim", serde_json::json!("ns/data")),
+                    ("attempt", serde_json::json!(3)),
+                    ("error", serde_json::json!("boom \"quoted\"")),
+                ]),
+                r#"W1129 08:50:32.013368      42 claims.rs:7] "saving the PV failed" claim="ns/data" attempt=3 err="boom \"quoted\"""#,
+            ),
+            (
+                Level::ERROR,
+                "lost\nline \"x\"",
+                values(&[
+                    ("ok", serde_json::json!(true)),
+                    ("negative", serde_json::json!(-5)),
+                    ("big", serde_json::json!(u64::MAX)),
+                    ("ratio", serde_json::json!(2.5)),
+                    ("million", serde_json::json!(1e6)),
+                    ("small", serde_json::json!(0.00001)),
+                    ("whole", serde_json::json!(3.0)),
+                    ("none", serde_json::Value::Null),
+                    ("empty", serde_json::json!("")),
+                    ("spaced", serde_json::json!("a b=c")),
+                ]),
+                r#"E1129 08:50:32.013368      42 claims.rs:7] "lost\nline \"x\"" ok=true negative=-5 big=18446744073709551615 ratio=2.5 million=1e+06 small=1e-05 whole=3 none=null empty="" spaced="a b=c""#,
+            ),
+            // klog's multi-line values: each line after a tab, then ` >`.
+            (
+                Level::INFO,
+                "m",
+                values(&[
+                    ("v", serde_json::json!("a\nb")),
+                    ("k", serde_json::json!(1)),
+                ]),
+                "I1129 08:50:32.013368      42 claims.rs:7] \"m\" v=<\n\ta\n\tb\n > k=1",
+            ),
+            (
+                Level::INFO,
+                "m",
+                values(&[("v", serde_json::json!("a\n"))]),
+                "I1129 08:50:32.013368      42 claims.rs:7] \"m\" v=<\n\ta\n >",
+            ),
+            (
+                Level::INFO,
+                "m",
+                values(&[("v", serde_json::json!("\n\n"))]),
+                "I1129 08:50:32.013368      42 claims.rs:7] \"m\" v=<\n\t\n\t\n >",
+            ),
+            (
+                Level::INFO,
+                "m",
+                values(&[("v", serde_json::json!("x\ty \"q\"\nz"))]),
+                "I1129 08:50:32.013368      42 claims.rs:7] \"m\" v=<\n\tx\ty \"q\"\n\tz\n >",
+            ),
+        ] {
+            assert_eq!(
+                encode_text_line(level, &t, 42, ("claims.rs", 7), message, &fields),
+                want
+            );
+        }
+    }
+
+    /// What `format` writes for the events `emit` sends, through a real
+    /// subscriber at `-v 0` with `vmodule`.
+    fn written<E>(format: E, vmodule: VModule, emit: impl FnOnce()) -> String
+    where
+        E: FormatEvent<Registry, tracing_subscriber::fmt::format::DefaultFields>
+            + Send
+            + Sync
+            + 'static,
+    {
         use std::sync::{Arc, Mutex};
         use tracing_subscriber::Layer;
         use tracing_subscriber::layer::SubscriberExt;
@@ -601,21 +1142,67 @@ mod tests {
         let writer = buffer.clone();
         let subscriber = tracing_subscriber::registry().with(
             tracing_subscriber::fmt::layer()
-                .event_format(KlogJson)
+                .event_format(format)
                 .with_writer(move || writer.clone())
                 .with_filter(VerbosityFilter {
                     verbosity: 0,
-                    vmodule: VModule::default(),
+                    vmodule,
                 }),
         );
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber, emit);
+        let bytes = buffer.0.lock().expect("lock").clone();
+        String::from_utf8(bytes).expect("utf-8")
+    }
+
+    /// The text format end to end through a real subscriber.
+    #[test]
+    fn text_format_through_a_subscriber() {
+        let text = written(
+            Klog::text(),
+            parse_vmodule("logging=2").expect("valid"),
+            || {
+                let e = std::io::Error::other("disk full");
+                tracing::info!(claim = %"ns/a", retries = 2u64, ok = true, delay = ?std::time::Duration::from_millis(1500), "provisioned {}", "pvc-1");
+                tracing::debug!("written: --vmodule raises this file");
+                tracing::trace!("not written");
+                tracing::warn!(error = %e, "retrying");
+                tracing::error!("stopping");
+            },
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        let pid = std::process::id();
+        for (line, severity, rest) in [
+            (
+                lines[0],
+                'I',
+                r#""provisioned pvc-1" claim="ns/a" retries=2 ok=true delay="1.5s""#,
+            ),
+            (lines[1], 'I', r#""written: --vmodule raises this file""#),
+            (lines[2], 'W', r#""retrying" err="disk full""#),
+            (lines[3], 'E', r#""stopping""#),
+        ] {
+            let (header, body) = line.split_once("] ").expect("header");
+            assert!(header.starts_with(severity), "{line}");
+            let (start, line_number) = header.split_at(30);
+            assert!(start.ends_with(&format!(" {pid:>7} ")), "{line}");
+            let digits = line_number.strip_prefix("logging.rs:").expect("file");
+            assert!(digits.parse::<u32>().is_ok(), "{line}");
+            assert_eq!(body, rest, "{line}");
+        }
+    }
+
+    /// The formatter end to end through a real subscriber: one parseable
+    /// object per line, fields typed.
+    #[test]
+    fn json_format_through_a_subscriber() {
+        let text = written(Klog::json(), VModule::default(), || {
             let e = std::io::Error::other("disk full");
             tracing::info!(claim = %"ns/a", retries = 2u64, ok = true, "provisioned {}", "pvc-1");
             tracing::debug!("not written at -v 0");
             tracing::warn!(error = %e, "retrying");
             tracing::error!("stopping");
         });
-        let text = String::from_utf8(buffer.0.lock().expect("lock").clone()).expect("utf-8");
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))

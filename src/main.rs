@@ -15,7 +15,14 @@ fn main() -> ExitCode {
         }
     };
     if options.version {
-        println!("csi-provisioner {}", env!("CARGO_PKG_VERSION"));
+        let argv0 = std::env::args_os().next().unwrap_or_default();
+        println!(
+            "{}",
+            csi_provisioner::cli::version_line(
+                &argv0.to_string_lossy(),
+                csi_provisioner::cli::VERSION
+            )
+        );
         return ExitCode::SUCCESS;
     }
     csi_provisioner::logging::init(&options.log_settings());

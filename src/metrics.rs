@@ -108,6 +108,11 @@ struct WhatLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CapabilityLabels {
     capability: String,
 }
@@ -158,6 +163,8 @@ struct Metrics {
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
     capacity_obsolete: Family<NoLabels, Gauge>,
+    scrapes_in_flight: Gauge,
+    scrapes: Family<CodeLabels, Counter>,
 }
 
 fn csi_histogram() -> Histogram {
@@ -228,6 +235,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         capacity_goal: Family::default(),
         capacity_current: Family::default(),
         capacity_obsolete: Family::default(),
+        scrapes_in_flight: Gauge::default(),
+        scrapes: Family::default(),
     };
     // Counters get their `_total` suffix from the encoder.
     register(
@@ -405,6 +414,27 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "[ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value.",
         m.capacity_obsolete.clone(),
     );
+    register(
+        &mut registry,
+        &mut help,
+        "promhttp_metric_handler_requests_in_flight",
+        "Current number of scrapes being served.",
+        m.scrapes_in_flight.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "promhttp_metric_handler_requests",
+        "Total number of scrapes by HTTP status code.",
+        m.scrapes.clone(),
+    );
+    // client_golang's instrumented handler starts the codes it can answer
+    // at zero.
+    for code in ["200", "500", "503"] {
+        let _ = m.scrapes.get_or_create(&CodeLabels {
+            code: code.to_owned(),
+        });
+    }
     registry.register_collector(Box::new(ProcessCollector));
     Metrics {
         registry,
@@ -994,6 +1024,24 @@ pub fn encode() -> String {
     out
 }
 
+/// One scrape of the metrics endpoint, counted as client_golang's
+/// instrumented handler counts it (`promhttp_metric_handler_requests_*`):
+/// in flight while encoded, then counted by status code. Ours always
+/// answers 200: encoding into a string cannot fail, and scrapes are not
+/// limited (client_golang's 500 and 503).
+pub fn scrape(exposition: Exposition) -> String {
+    METRICS.scrapes_in_flight.inc();
+    let body = encode_as(exposition);
+    METRICS.scrapes_in_flight.dec();
+    METRICS
+        .scrapes
+        .get_or_create(&CodeLabels {
+            code: "200".to_owned(),
+        })
+        .inc();
+    body
+}
+
 /// Every metric in the requested exposition.
 pub fn encode_as(exposition: Exposition) -> String {
     match exposition {
@@ -1262,6 +1310,31 @@ mod tests {
             parse_process_stats("1 (x) S", "btime x", "VmRSS: many", "").cpu_seconds,
             None
         );
+    }
+
+    /// client_golang's handler metrics: the scrape sees itself in flight,
+    /// and is counted once answered.
+    #[test]
+    fn scrapes_are_counted_as_client_golangs_handler() {
+        let value = |text: &str, series: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+        };
+        let first = scrape(Exposition::Prometheus);
+        for needle in [
+            "# HELP promhttp_metric_handler_requests_in_flight Current number of scrapes being served.\n# TYPE promhttp_metric_handler_requests_in_flight gauge\n",
+            "# HELP promhttp_metric_handler_requests_total Total number of scrapes by HTTP status code.\n# TYPE promhttp_metric_handler_requests_total counter\n",
+            "promhttp_metric_handler_requests_total{code=\"500\"} 0\n",
+            "promhttp_metric_handler_requests_total{code=\"503\"} 0\n",
+        ] {
+            assert!(first.contains(needle), "missing {needle}\n{first}");
+        }
+        assert!(value(&first, "promhttp_metric_handler_requests_in_flight") >= 1.0);
+        let ok = r#"promhttp_metric_handler_requests_total{code="200"}"#;
+        let second = scrape(Exposition::Prometheus);
+        assert!(value(&second, ok) >= value(&first, ok) + 1.0, "{second}");
     }
 
     #[test]

@@ -85,6 +85,26 @@ where
     }
 }
 
+/// A key taken with [`WorkQueue::take`]: marked done when dropped.
+pub struct Taken<K>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+{
+    queue: WorkQueue<K>,
+    key: Option<K>,
+}
+
+impl<K> Drop for Taken<K>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.queue.done(&key);
+        }
+    }
+}
+
 impl<K> Clone for WorkQueue<K> {
     fn clone(&self) -> Self {
         Self {
@@ -348,6 +368,54 @@ where
         }
         if requeued {
             self.notify.notify_one();
+        }
+    }
+
+    /// Takes `key` for processing if it is queued, as [`get`](Self::get)
+    /// would hand it out (its queue latency observed); `None` when it is
+    /// not queued. For a queue whose keys are worked on by the code that
+    /// added them rather than by workers taking the next key (`unsavedpvs`:
+    /// the claim worker retrying its own PV's save). Done when the returned
+    /// guard is dropped, however the work ends.
+    pub fn take(&self, key: &K) -> Option<Taken<K>> {
+        let mut s = self.lock();
+        if !s.queued.remove(key) {
+            return None;
+        }
+        s.queue.retain(|k| k != key);
+        let now = Instant::now();
+        s.processing.insert(key.clone(), now);
+        let waited = s.added.remove(key).map(|added| now - added);
+        let depth = s.queue.len() + s.dirty.len();
+        drop(s);
+        crate::metrics::set_queue_depth(self.name, depth);
+        if let Some(waited) = waited {
+            crate::metrics::queue_waited(self.name, waited);
+        }
+        Some(Taken {
+            queue: self.clone(),
+            key: Some(key.clone()),
+        })
+    }
+
+    /// Drops `key` without working on it: its work ended elsewhere (the
+    /// operation of an unsaved PV finished another way). Queued, dirty or
+    /// waiting, it is no longer pending and its backoff is reset; a worker
+    /// processing it meanwhile finishes without queuing it again.
+    pub fn remove(&self, key: &K) {
+        let mut s = self.lock();
+        let queued = s.queued.remove(key);
+        if queued {
+            s.queue.retain(|k| k != key);
+        }
+        let dirty = s.dirty.remove(key);
+        s.added.remove(key);
+        s.waiting.remove(key);
+        s.failures.remove(key);
+        let depth = s.queue.len() + s.dirty.len();
+        drop(s);
+        if queued || dirty {
+            crate::metrics::set_queue_depth(self.name, depth);
         }
     }
 
@@ -616,6 +684,65 @@ mod tests {
         q.add_after("c", Duration::ZERO);
         q.add_rate_limited("d");
         assert_eq!(metric("workqueue_retries_total", "unit-metrics"), Some(2.0));
+    }
+
+    /// `take` and `remove`, for keys worked on by the code that added them
+    /// (`unsavedpvs`): the same figures as a worker's `get` and `done`.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_taken_by_its_owner_is_measured_as_a_workers() {
+        let q: WorkQueue<&'static str> = WorkQueue::new(
+            "unit-take",
+            Backoff {
+                start: Duration::from_secs(1),
+                max: Duration::from_secs(8),
+            },
+        );
+        assert!(q.take(&"a").is_none(), "not queued");
+        q.add("a");
+        q.add("b");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let taken = q.take(&"a").expect("queued");
+        assert!(q.take(&"a").is_none(), "already taken");
+        assert_eq!(metric("workqueue_depth", "unit-take"), Some(1.0));
+        assert_eq!(
+            metric("workqueue_queue_duration_seconds_sum", "unit-take"),
+            Some(2.0)
+        );
+        assert_eq!(q.in_flight(), 1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            metric("workqueue_longest_running_processor_seconds", "unit-take"),
+            Some(3.0)
+        );
+        drop(taken);
+        assert_eq!(q.in_flight(), 0);
+        assert_eq!(
+            metric("workqueue_work_duration_seconds_sum", "unit-take"),
+            Some(3.0)
+        );
+        // A failed retry: counted as a retry and pending again.
+        q.add_after("a", Duration::ZERO);
+        assert_eq!(metric("workqueue_retries_total", "unit-take"), Some(1.0));
+        assert_eq!(metric("workqueue_adds_total", "unit-take"), Some(3.0));
+        assert_eq!(metric("workqueue_depth", "unit-take"), Some(2.0));
+        // Its work ended elsewhere: gone, and never handed out.
+        q.remove(&"a");
+        assert_eq!(metric("workqueue_depth", "unit-take"), Some(1.0));
+        assert!(q.take(&"a").is_none());
+        assert_eq!(q.get().await, Some("b"));
+        // Removed while processed and added meanwhile: not queued again.
+        q.add("b");
+        q.remove(&"b");
+        q.done(&"b");
+        assert!(q.is_empty());
+        assert_eq!(metric("workqueue_depth", "unit-take"), Some(0.0));
+        // The order of the others is kept.
+        for key in ["x", "y", "z"] {
+            q.add(key);
+        }
+        drop(q.take(&"y"));
+        assert_eq!(q.get().await, Some("x"));
+        assert_eq!(q.get().await, Some("z"));
     }
 
     fn queue() -> WorkQueue<&'static str> {

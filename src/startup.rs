@@ -95,7 +95,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Clone,
 ) -> Result<Stopped, RunError> {
     tracing::info!(
-        version = env!("CARGO_PKG_VERSION"),
+        version = crate::cli::VERSION,
         feature_gates = %options.gates().summary(),
         "csi-provisioner starting"
     );

@@ -404,10 +404,12 @@ async fn follows_nodes_and_recreates_a_deleted_object() {
     )
     .await;
     // A long poll interval: what follows must come from watch events.
+    let port = support::free_port();
     env.start_sidecar(&[
         "--enable-capacity",
         "--capacity-poll-interval=1h",
         "--capacity-ownerref-level=-1",
+        &format!("--http-endpoint=127.0.0.1:{port}"),
     ])
     .await;
     let first = wait_capacity(&env, "wffc", "1Gi").await;
@@ -491,6 +493,46 @@ async fn follows_nodes_and_recreates_a_deleted_object() {
         },
     )
     .await;
+    // The Go image's two queues of this loop, measured on their work: the
+    // segments computed again at start and after the Node and CSINode
+    // changes (`csitopology`), the pairs and sweeps (`csistoragecapacity`).
+    let (_, metrics) = support::http_get(port, "/metrics").await;
+    let value = |family: &str, queue: &str| -> f64 {
+        let series = format!("{family}{{name=\"{queue}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+    };
+    for (queue, at_least) in [("csitopology", 3.0), ("csistoragecapacity", 4.0)] {
+        assert!(
+            value("workqueue_adds_total", queue) >= at_least,
+            "{queue}: {metrics}"
+        );
+        assert!(
+            value("workqueue_work_duration_seconds_count", queue) >= at_least,
+            "{queue}: {metrics}"
+        );
+        assert!(
+            value("workqueue_queue_duration_seconds_count", queue) >= at_least,
+            "{queue}: {metrics}"
+        );
+        assert_eq!(value("workqueue_depth", queue), 0.0, "{queue}: {metrics}");
+    }
+    assert!(
+        env.logs()
+            .lines()
+            .filter(|l| l.contains("\"topology changed\""))
+            .count()
+            >= 2,
+        "a segment added, then removed\n{}",
+        env.logs()
+    );
+    assert!(
+        !metrics.contains("name=\"capacity\""),
+        "the queue has the Go image's name\n{metrics}"
+    );
     assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
 }
 

@@ -3003,12 +3003,11 @@ fn test_server_verb(verb: ApiVerb) -> Verb {
 /// Whether a sidecar's log says it acquired the Lease as `identity` (its
 /// own process's identity, the whole of it).
 fn acquired_as(log: &str, identity: &str) -> bool {
+    let field = support::log_field("identity", identity);
     !identity.is_empty()
         && log.lines().any(|line| {
             line.contains("successfully acquired lease")
-                && line
-                    .split_whitespace()
-                    .any(|field| field.strip_prefix("identity=") == Some(identity))
+                && line.split_whitespace().any(|word| word == field)
         })
 }
 
@@ -3087,9 +3086,9 @@ fn audit_after(
 #[test]
 fn a_leader_is_told_by_its_acquisition_not_by_any_mention() {
     let me = "replica-0_8770f4ef";
-    let follower = "2026-11-28T07:38:02.599Z  INFO waiting to acquire the leader lease, currently held by another instance lease=ns/l holder=replica-0_858d11e9\n";
+    let follower = "I1128 07:38:02.599000    4242 leader.rs:464] \"waiting to acquire the leader lease, currently held by another instance\" lease=\"ns/l\" holder=\"replica-0_858d11e9\"\n";
     let leader = format!(
-        "{follower}2026-11-28T07:38:05.422Z  INFO successfully acquired lease; became leader lease=ns/l identity={me}\n"
+        "{follower}I1128 07:38:05.422000    4242 leader.rs:459] \"successfully acquired lease; became leader\" lease=\"ns/l\" identity=\"{me}\"\n"
     );
     assert!(acquired_as(&leader, me));
     assert!(
@@ -3105,10 +3104,10 @@ fn a_leader_is_told_by_its_acquisition_not_by_any_mention() {
 #[test]
 fn a_taken_port_is_told_from_other_exits() {
     let code = |code: i32| ExitStatus::from_raw(code << 8);
-    let taken = "x\n2026-11-28T06:15:31Z ERROR cannot listen on 127.0.0.1:41965 (--http-endpoint): Address already in use (os error 98)\n";
+    let taken = "x\nE1128 06:15:31.000000    4242 main.rs:45] \"cannot listen on 127.0.0.1:41965 (--http-endpoint): Address already in use (os error 98)\"\n";
     assert!(port_taken(code(1), taken));
     assert!(!port_taken(code(2), taken), "another exit code");
-    let other = format!("{taken}2026-11-28T06:15:32Z ERROR something else\n");
+    let other = format!("{taken}E1128 06:15:32.000000    4242 main.rs:45] \"something else\"\n");
     assert!(!port_taken(code(1), &other), "not the last line");
     assert!(!port_taken(
         code(1),

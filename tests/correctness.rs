@@ -38,7 +38,9 @@ async fn a_failed_pv_save_never_deletes_a_volume_whose_pv_may_exist() {
         RequestMatch::new(Verb::Create, "persistentvolumes"),
         500,
     );
-    env.start_sidecar(&[]).await;
+    let port = support::free_port();
+    env.start_sidecar(&[&format!("--http-endpoint=127.0.0.1:{port}")])
+        .await;
     let claim = env
         .create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
         .await;
@@ -73,6 +75,38 @@ async fn a_failed_pv_save_never_deletes_a_volume_whose_pv_may_exist() {
     );
     env.wait_bound(&env.ns, "data").await;
     env.assert_consistent().await;
+    // The retried saves were the work of the Go image's `unsavedpvs` queue:
+    // added at the first failure, retried, waited for and worked on, and
+    // empty once saved.
+    let (_, metrics) = support::http_get(port, "/metrics").await;
+    let value = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+    };
+    let unsaved = |family: &str| value(&format!("{family}{{name=\"unsavedpvs\"}}"));
+    assert!(unsaved("workqueue_adds_total") >= 2.0, "{metrics}");
+    assert!(unsaved("workqueue_retries_total") >= 1.0, "{metrics}");
+    assert!(
+        unsaved("workqueue_queue_duration_seconds_count") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        unsaved("workqueue_queue_duration_seconds_sum") > 0.0,
+        "{metrics}"
+    );
+    assert!(
+        unsaved("workqueue_work_duration_seconds_count") >= 1.0,
+        "{metrics}"
+    );
+    assert_eq!(unsaved("workqueue_depth"), 0.0, "{metrics}");
+    assert_eq!(
+        unsaved("workqueue_unfinished_work_seconds"),
+        0.0,
+        "{metrics}"
+    );
 }
 
 /// Case 3: the deletion secret is gone (its namespace was deleted with the

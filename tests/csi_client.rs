@@ -370,12 +370,86 @@ fn bad_flags_exit_2_naming_the_problem() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
-    let version = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
-        .arg("--version")
-        .output()
-        .expect("run");
+}
+
+/// `<argv[0]> <version>` and nothing else, the version one word: a `git
+/// describe` (`v6.3.0-56-g0688604fa`, `5830c16-dirty`) or a plain version.
+fn version_line_shape(output: &str, argv0: &str) -> Result<(), String> {
+    let line = output
+        .strip_suffix('\n')
+        .filter(|l| !l.contains('\n'))
+        .ok_or_else(|| format!("not one line: {output:?}"))?;
+    let version = line
+        .strip_prefix(argv0)
+        .and_then(|rest| rest.strip_prefix(' '))
+        .ok_or_else(|| format!("not `{argv0} <version>`: {line:?}"))?;
+    let version = version.strip_suffix("-dirty").unwrap_or(version);
+    let hash = |h: &str| h.len() >= 7 && h.chars().all(|c| c.is_ascii_hexdigit());
+    let release = |v: &str| {
+        let v = v.strip_prefix('v').unwrap_or(v);
+        let parts: Vec<&str> = v.split('.').collect();
+        parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+    };
+    let described = match version.rsplitn(3, '-').collect::<Vec<_>>()[..] {
+        [commit, ahead, tag] => {
+            commit.strip_prefix('g').is_some_and(hash)
+                && ahead.parse::<u32>().is_ok()
+                && release(tag)
+        }
+        _ => false,
+    };
+    if described || hash(version) || release(version) {
+        Ok(())
+    } else {
+        Err(format!("{version:?} is not a git describe nor a version"))
+    }
+}
+
+#[test]
+fn version_prints_argv0_and_the_version_as_the_go_image() {
+    // The shape itself, on the Go image's output and others.
+    for (output, argv0, ok) in [
+        (
+            "target/k8s/csi-provisioner v6.3.0-56-g0688604fa\n",
+            "target/k8s/csi-provisioner",
+            true,
+        ),
+        ("/csi-provisioner v6.3.0\n", "/csi-provisioner", true),
+        ("csi-provisioner 5830c16-dirty\n", "csi-provisioner", true),
+        ("csi-provisioner 0.1.0\n", "csi-provisioner", true),
+        (
+            "csi-provisioner v6.3.0-56-g0688604fa-dirty\n",
+            "csi-provisioner",
+            true,
+        ),
+        ("csi-provisioner 0.1.0", "csi-provisioner", false),
+        ("csi-provisioner 0.1.0\nmore\n", "csi-provisioner", false),
+        ("other 0.1.0\n", "csi-provisioner", false),
+        ("csi-provisioner  0.1.0\n", "csi-provisioner", false),
+        ("csi-provisioner version 0.1.0\n", "csi-provisioner", false),
+        ("csi-provisioner main\n", "csi-provisioner", false),
+    ] {
+        assert_eq!(version_line_shape(output, argv0).is_ok(), ok, "{output:?}");
+    }
+    let ours = env!("CARGO_BIN_EXE_csi-provisioner");
+    let version = Command::new(ours).arg("--version").output().expect("run");
     assert!(version.status.success());
-    assert!(String::from_utf8_lossy(&version.stdout).starts_with("csi-provisioner "));
+    let stdout = String::from_utf8_lossy(&version.stdout);
+    version_line_shape(&stdout, ours).unwrap_or_else(|e| panic!("ours: {e}"));
+    // The Go image's, where the upstream binaries are.
+    if let Some(dir) = std::env::var_os("K8S_BIN_DIR").filter(|d| !d.is_empty()) {
+        let go = std::path::Path::new(&dir).join("csi-provisioner");
+        let out = Command::new(&go)
+            .arg("--version")
+            .output()
+            .expect("run the Go image");
+        let go_stdout = String::from_utf8_lossy(&out.stdout);
+        version_line_shape(&go_stdout, &go.to_string_lossy())
+            .unwrap_or_else(|e| panic!("the Go image: {e}"));
+    }
 }
 
 #[test]

@@ -1669,7 +1669,7 @@ fn the_rbac_of_real_cluster_tests_is_the_shipped_rbac() {
 /// whose Role in the pod's namespace already grants the leader-election
 /// Lease; and its VolumeSnapshotClass names the CSIDriver. Needs kubectl
 /// (kustomize Components are kubectl's to judge): skipped without it, a
-/// failure when `CI=true`. `tests/real_node.rs` runs it on the real node.
+/// failure when `CI=true`. `tests/parity/real_node.rs` runs it on the real node.
 #[test]
 fn the_snapshotter_component_shares_the_socket_and_the_service_account() {
     if let Some(why) = render::kubectl_unavailable() {

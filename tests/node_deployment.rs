@@ -234,9 +234,9 @@ impl Cluster {
     }
 
     /// Whether `node`'s sidecar logged a line with `message` and the field
-    /// `claim=<namespace>/<claim>`.
+    /// `claim="<namespace>/<claim>"`.
     fn logged_about(&self, node: &str, claim: &str, message: &str) -> bool {
-        let field = format!("claim={}/{claim}", self.env.ns);
+        let field = support::log_field("claim", &format!("{}/{claim}", self.env.ns));
         std::fs::read_to_string(&self.node(node).log)
             .unwrap_or_default()
             .lines()

@@ -13,6 +13,9 @@
 //! driver take the snapshots both images restore.
 
 mod support;
+// The real-node test (issue 34) shares this binary: see its module docs.
+#[path = "parity/real_node.rs"]
+mod real_node;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -225,6 +228,10 @@ struct Outcome {
     /// The provisioning metrics at the end: series → value, see
     /// [`provisioning_metrics`].
     metrics: BTreeMap<String, String>,
+    /// The whole `/metrics` answer at the end, for [`metric_shapes`].
+    exposition: String,
+    /// The image's log as it wrote it, for [`klog_text_lines`].
+    raw_log: String,
     /// VolumeSnapshot name → its finalizers once its restores are bound
     /// (after waiting up to 30 s for the provisioner's to go).
     snapshot_finalizers: BTreeMap<String, Value>,
@@ -296,6 +303,301 @@ fn provisioning_metrics(text: &str) -> BTreeMap<String, String> {
             Some((series, value.to_owned()))
         })
         .collect()
+}
+
+/// One shape of a metric family: its name, type, and the label names of
+/// one of its series (sorted; without a histogram's `le` and a summary's
+/// `quantile`).
+type Shape = (String, String, Vec<String>);
+
+/// The label names and values of a series' `{...}` block (values
+/// unescaped enough to be compared: `\"` and `\\`).
+fn label_pairs(block: &str) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut rest = block.trim_start_matches('{').trim_end_matches('}');
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        pairs.push((name.trim_start_matches(',').to_owned(), value));
+        rest = &after[end..];
+    }
+    pairs
+}
+
+/// Every shape of every family of a Prometheus text exposition, with the
+/// values of each family's series (a family declared without series has
+/// one shape without labels).
+fn metric_samples(text: &str) -> BTreeMap<Shape, Vec<f64>> {
+    let types: BTreeMap<&str, &str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    let family_of = |sample: &str| -> Option<(&str, &str)> {
+        types
+            .get_key_value(sample)
+            .map(|(n, t)| (*n, *t))
+            .or_else(|| {
+                ["_bucket", "_sum", "_count"].iter().find_map(|suffix| {
+                    let name = sample.strip_suffix(suffix)?;
+                    types
+                        .get_key_value(name)
+                        .filter(|(_, t)| matches!(**t, "histogram" | "summary"))
+                        .map(|(n, t)| (*n, *t))
+                })
+            })
+    };
+    let mut out: BTreeMap<Shape, Vec<f64>> = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap_or((line, ""));
+        let (sample, labels) = match series.split_once('{') {
+            Some((name, labels)) => (name, label_pairs(labels)),
+            None => (series, Vec::new()),
+        };
+        let Some((family, kind)) = family_of(sample) else {
+            continue;
+        };
+        let mut names: Vec<String> = labels
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| n != "le" && n != "quantile")
+            .collect();
+        names.sort();
+        out.entry((family.to_owned(), kind.to_owned(), names))
+            .or_default()
+            .extend(value.parse::<f64>().ok());
+    }
+    for (family, kind) in types {
+        if !out.keys().any(|(f, ..)| f == family) {
+            out.insert((family.to_owned(), kind.to_owned(), Vec::new()), Vec::new());
+        }
+    }
+    out
+}
+
+/// The shapes of [`metric_samples`].
+fn metric_shapes(text: &str) -> BTreeSet<Shape> {
+    metric_samples(text).into_keys().collect()
+}
+
+/// The `name` of every `workqueue_*` series.
+fn workqueue_names(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|l| l.starts_with("workqueue_"))
+        .filter_map(|l| l.split_once('{'))
+        .flat_map(|(_, labels)| label_pairs(labels.rsplit_once('}').map_or(labels, |(l, _)| l)))
+        .filter(|(name, _)| name == "name")
+        .map(|(_, value)| value)
+        .collect()
+}
+
+/// The Go image's families that ours does not have, by name prefix, each
+/// with why (docs/design.md, "Deliberate differences from the Go image").
+const NOT_OURS: &[(&str, &str)] = &[
+    (
+        "go_",
+        "the Go runtime's own figures (goroutines, garbage collector, memstats); ours has process_*",
+    ),
+    (
+        "apiserver_",
+        "API-server metrics the Go image's libraries register; a sidecar never moves them (checked: all zero)",
+    ),
+    (
+        "aggregator_",
+        "API-server metrics the Go image's libraries register; a sidecar never moves them (checked: all zero)",
+    ),
+    (
+        "registered_metrics_total",
+        "component-base's count of its own registrations",
+    ),
+    (
+        "disabled_metrics_total",
+        "component-base's count of metrics turned off by its flags, which ours does not have",
+    ),
+    (
+        "hidden_metrics_total",
+        "component-base's count of deprecated metrics hidden, which ours does not have",
+    ),
+    (
+        "cardinality_enforcement_unexpected_categorizations_total",
+        "component-base's label-cardinality limits, which ours does not have",
+    ),
+    (
+        "leader_election_slowpath_total",
+        "counts renewals that read the Lease first; every renewal of ours does (docs/design.md)",
+    ),
+];
+
+/// Families whose series appear only once something happens that the two
+/// images do not both do in a run, each with why: compared only when both
+/// have them.
+const ONLY_WHEN_IT_HAPPENS: &[(&str, &str)] = &[(
+    "controller_persistentvolume_delete_failed_total",
+    "the Go image also counts its retries of deleting a PV that is gone already",
+)];
+
+/// The Go image's work queues that ours does not have, each with why.
+const NOT_OUR_QUEUES: &[(&str, &str)] = &[(
+    "DynamicClientCertificate",
+    "client-go's reload of a kubeconfig's client certificate files (only with such a kubeconfig, \
+     never in-cluster); ours reads them once (docs/design.md)",
+)];
+
+/// Compares the shapes of two expositions: every shape of the Go image's
+/// (but [`NOT_OURS`]) must be one of ours, and every `workqueue_*` name
+/// too; what ours has beyond is printed. The excluded API-server families
+/// of the Go image must all be zero, as their reason says.
+fn compare_metric_shapes(what: &str, go: &str, ours: &str, out: &mut Vec<String>) {
+    let go_samples = metric_samples(go);
+    let ours_shapes = metric_shapes(ours);
+    let excluded = |family: &str| {
+        NOT_OURS
+            .iter()
+            .find(|(prefix, _)| family.starts_with(prefix))
+    };
+    for ((family, kind, labels), values) in &go_samples {
+        match excluded(family) {
+            Some((prefix, _)) if matches!(*prefix, "apiserver_" | "aggregator_") => {
+                if values.iter().any(|v| *v != 0.0) {
+                    out.push(format!(
+                        "{what}: the Go image's {family} is not zero ({values:?}): revisit NOT_OURS"
+                    ));
+                }
+            }
+            Some(_) => {}
+            None => {
+                let happened = |shapes: &BTreeSet<Shape>| shapes.iter().any(|(f, ..)| f == family);
+                if ONLY_WHEN_IT_HAPPENS.iter().any(|(f, _)| f == family) && !happened(&ours_shapes)
+                {
+                    continue;
+                }
+                if !ours_shapes.contains(&(family.clone(), kind.clone(), labels.clone())) {
+                    out.push(format!(
+                        "{what}: ours lacks {family} ({kind}) with labels {labels:?}"
+                    ));
+                }
+            }
+        }
+    }
+    let (go_queues, our_queues) = (workqueue_names(go), workqueue_names(ours));
+    for name in go_queues.difference(&our_queues) {
+        if !NOT_OUR_QUEUES.iter().any(|(queue, _)| queue == name) {
+            out.push(format!("{what}: ours lacks the work queue {name:?}"));
+        }
+    }
+    let go_shapes: BTreeSet<&Shape> = go_samples.keys().collect();
+    let beyond: Vec<String> = ours_shapes
+        .iter()
+        .filter(|shape| !go_shapes.contains(shape))
+        .map(|(family, kind, labels)| format!("{family} ({kind}) {labels:?}"))
+        .collect();
+    eprintln!(
+        "{what}: ours beyond the Go image's metrics:\n  {}\nwork queues beyond: {:?}",
+        beyond.join("\n  "),
+        our_queues.difference(&go_queues).collect::<Vec<_>>()
+    );
+}
+
+/// klog's text format, as both images write it (`src/logging.rs`): the
+/// header `Lmmdd hh:mm:ss.uuuuuu pid file:line] `, the quoted message,
+/// then `key=value` pairs, a value quoted, bare, or `<` opening klog's
+/// multi-line form.
+const KLOG_TEXT: &str = r#"^[IWEF](0[1-9]|1[0-2])(0[1-9]|[12]\d|3[01]) ([01]\d|2[0-3]):[0-5]\d:[0-6]\d\.\d{6} +\d{1,7} [^ :\]]+:\d+\] "(?:[^"\\]|\\.)*"(?: [^\s="]+=(?:"(?:[^"\\]|\\.)*"|<$|[^\s"<][^\s"]*))*$"#;
+
+/// The log's entries that are and are not in klog's text format (the
+/// continuation lines of a multi-line value, after a tab or ` >`, are
+/// part of their entry).
+fn klog_text_lines(log: &str) -> (Vec<&str>, Vec<&str>) {
+    let re = regex::Regex::new(KLOG_TEXT).expect("the klog regex");
+    log.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('\t') && !l.starts_with(" >"))
+        .partition(|l| re.is_match(l))
+}
+
+#[test]
+fn klog_text_regex_and_metric_shapes() {
+    let (good, bad) = klog_text_lines(concat!(
+        "I1129 08:50:32.013368    7672 csi-provisioner.go:156] \"Version\" version=\"v6.3.0-56-g0688604fa\"\n",
+        "E0102 03:04:05.000006       1 claims.rs:7] \"saving \\\"x\\\" failed\" attempt=3 ok=true err=\"a b\" v=<\n",
+        "\tline 1\n",
+        " >\n",
+        "W1231 23:59:59.999999 1234567 mod.rs:0] \"m\"\n",
+        "I1129 08:50:32.042090    7672 csi-provisioner.go:246] Detected CSI driver hostpath.csi.k8s.io\n",
+        "2026-11-29T08:51:15.162657Z  INFO csi-provisioner starting version=\"0.1.0\"\n",
+        "I1329 08:50:32.013368    7672 a.go:1] \"bad month\"\n",
+        "I1129 08:50:32.013368    7672 a.go:1] \"unterminated\n",
+        "I1129 08:50:32.013368    7672 a.go:1] \"m\" key=\"open\n",
+    ));
+    assert_eq!(good.len(), 3, "{good:#?}");
+    assert_eq!(bad.len(), 5, "{bad:#?}");
+
+    // The Go image answers /metrics in chunks, which the harness joins.
+    assert_eq!(
+        support::dechunk("5\r\nwork\n\r\n3;x=1\r\nque\r\n0\r\n\r\n"),
+        "work\nque"
+    );
+    assert_eq!(support::dechunk("0\r\n\r\n"), "");
+    assert_eq!(support::dechunk("zz\r\nabc"), "");
+    assert_eq!(support::dechunk("2\r\nab\r\n9\r\nshort"), "ab");
+
+    let text = "# HELP a_total A.\n# TYPE a_total counter\na_total{code=\"200\"} 1\na_total{code=\"5,\\\"0\"} 0\n\
+        # TYPE h histogram\nh_bucket{name=\"q\",le=\"1\"} 1\nh_bucket{name=\"q\",le=\"+Inf\"} 1\nh_sum{name=\"q\"} 0.5\nh_count{name=\"q\"} 1\n\
+        # TYPE g gauge\ng 3\n# TYPE empty counter\n\
+        # TYPE workqueue_depth gauge\nworkqueue_depth{name=\"claims\"} 0\nworkqueue_depth{name=\"unsavedpvs\"} 2\n";
+    let shapes = metric_shapes(text);
+    let shape = |f: &str, k: &str, l: &[&str]| -> Shape {
+        (
+            f.to_owned(),
+            k.to_owned(),
+            l.iter().map(|s| (*s).to_owned()).collect(),
+        )
+    };
+    assert_eq!(
+        shapes,
+        BTreeSet::from([
+            shape("a_total", "counter", &["code"]),
+            shape("h", "histogram", &["name"]),
+            shape("g", "gauge", &[]),
+            shape("empty", "counter", &[]),
+            shape("workqueue_depth", "gauge", &["name"]),
+        ])
+    );
+    assert_eq!(
+        label_pairs(r#"{code="5,\"0",le="+Inf"}"#),
+        vec![
+            ("code".to_owned(), "5,\"0".to_owned()),
+            ("le".to_owned(), "+Inf".to_owned())
+        ]
+    );
+    assert_eq!(
+        workqueue_names(text),
+        BTreeSet::from(["claims".to_owned(), "unsavedpvs".to_owned()])
+    );
+    let mut out = Vec::new();
+    compare_metric_shapes("same", text, text, &mut out);
+    assert!(out.is_empty(), "{out:#?}");
+    let go = format!(
+        "{text}# TYPE go_goroutines gauge\ngo_goroutines 9\n# TYPE apiserver_x counter\napiserver_x 0\n"
+    );
+    compare_metric_shapes("excluded", &go, text, &mut out);
+    assert!(out.is_empty(), "{out:#?}");
+    let moved = "# TYPE apiserver_x counter\napiserver_x 1\n# TYPE workqueue_depth gauge\nworkqueue_depth{name=\"csitopology\"} 0\n";
+    compare_metric_shapes("missing", moved, "# TYPE g gauge\ng 1\n", &mut out);
+    assert_eq!(out.len(), 3, "{out:#?}");
 }
 
 /// Replaces run-specific strings (namespace, uids, PV names, volume ids)
@@ -1053,11 +1355,16 @@ async fn run(
     outcome.volumes_after_delete = by_claim(&left, &replacements);
     let (status, metrics) = support::http_get(port, "/metrics").await;
     assert_eq!(status, 200, "{image:?}: /metrics");
+    outcome.exposition = metrics.clone();
     let mut metrics = json!(provisioning_metrics(&metrics));
     normalize(&mut metrics, &replacements);
     outcome.metrics = serde_json::from_value(metrics).expect("metrics");
     env.clear_faults();
     let log = logs(env);
+    outcome.raw_log = match &go {
+        Some(go) => go.log(),
+        None => env.last_sidecar_log(),
+    };
     match go {
         Some(mut go) => go.kill(),
         None => {
@@ -1347,6 +1654,8 @@ async fn compare_with_the_go_image_on(
         &ours.pv_event_counts,
         &mut out,
     );
+    compare_metric_shapes("/metrics", &go.exposition, &ours.exposition, &mut out);
+    compare_logs(&go.raw_log, &ours.raw_log, &mut out);
     assert!(
         out.is_empty(),
         "differences from the Go sidecar (path: Go | ours):\n{}\n\n--- Go log (tail) ---\n{}\n--- our log (tail) ---\n{}",
@@ -1367,6 +1676,24 @@ async fn compare_with_the_go_image_on(
                 .any(|e| e.contains("ProvisioningFailed") && e.contains("\"snap-late\" not found")),
             "{image}: the claim of a missing snapshot was not refused first: {events:#?}"
         );
+    }
+}
+
+/// Both logs are klog's text format: some entries of the Go image's (its
+/// printf-style ones have an unquoted message) and every entry of ours,
+/// which runs with the default `--logging-format`.
+fn compare_logs(go: &str, ours: &str, out: &mut Vec<String>) {
+    let (go_good, _) = klog_text_lines(go);
+    if go_good.is_empty() {
+        out.push("no line of the Go image's log matches KLOG_TEXT".to_owned());
+    }
+    let (our_good, our_bad) = klog_text_lines(ours);
+    if our_good.is_empty() || !our_bad.is_empty() {
+        out.push(format!(
+            "{} lines of our log match KLOG_TEXT, these do not:\n{}",
+            our_good.len(),
+            our_bad.join("\n")
+        ));
     }
 }
 
@@ -1412,12 +1739,24 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
     .await;
     env.storage_class("other", "WaitForFirstConsumer", "Delete", json!({}))
         .await;
+    // With leader election (short, so that ours takes over quickly after
+    // the Go image is killed) and each image's metrics endpoint, whose
+    // families and work queues are compared at the end.
+    let lease_namespace = format!("--leader-election-namespace={}", env.ns);
     let flags = [
         "--enable-capacity",
         "--capacity-poll-interval=1s",
         "--capacity-ownerref-level=-1",
+        "--leader-election",
+        &lease_namespace,
+        "--leader-election-lease-duration=2s",
+        "--leader-election-renew-deadline=1s",
+        "--leader-election-retry-period=500ms",
     ];
-    let mut go = start_go(&env, &go_config, &go_bin, &flags);
+    let go_port = support::free_port();
+    let go_http = format!("--http-endpoint=127.0.0.1:{go_port}");
+    let go_flags: Vec<&str> = flags.iter().copied().chain([go_http.as_str()]).collect();
+    let mut go = start_go(&env, &go_config, &go_bin, &go_flags);
     // Both classes published, then nothing changes for 3 polls.
     let mut last = BTreeMap::new();
     let mut stable_since = std::time::Instant::now();
@@ -1436,9 +1775,15 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    let (status, go_metrics) = support::http_get(go_port, "/metrics").await;
+    assert_eq!(status, 200, "the Go image's /metrics");
+    let go_log = go.log();
     go.kill();
 
-    env.start_sidecar(&flags).await;
+    let our_port = support::free_port();
+    let our_http = format!("--http-endpoint=127.0.0.1:{our_port}");
+    let our_flags: Vec<&str> = flags.iter().copied().chain([our_http.as_str()]).collect();
+    env.start_sidecar(&our_flags).await;
     // Several polls of ours, each having found every object of the Go
     // image up to date (its log says so per object and poll), before the
     // objects are compared: only then is "nothing changed" worth checking.
@@ -1451,7 +1796,7 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
             published
                 .keys()
                 .all(|name| {
-                    let field = format!("csistoragecapacity={name}");
+                    let field = support::log_field("csistoragecapacity", name);
                     logs.lines()
                         .filter(|l| {
                             l.contains("CSIStorageCapacity up to date")
@@ -1467,9 +1812,18 @@ async fn capacity_objects_of_the_go_image_are_taken_over(backend: Backend) {
     let adopted = capacity_objects(&env).await;
     let mut out = Vec::new();
     differences("", &json!(published), &json!(adopted), &mut out);
+    let (status, our_metrics) = support::http_get(our_port, "/metrics").await;
+    assert_eq!(status, 200, "our /metrics");
+    compare_metric_shapes(
+        "/metrics with --enable-capacity",
+        &go_metrics,
+        &our_metrics,
+        &mut out,
+    );
+    compare_logs(&go_log, &env.last_sidecar_log(), &mut out);
     assert!(
         out.is_empty(),
-        "the Go image's objects (path: Go | ours):\n{}\n{}",
+        "differences from the Go image (objects: path: Go | ours; metrics; logs):\n{}\n{}",
         out.join("\n"),
         env.logs()
     );

@@ -88,7 +88,10 @@ async fn secret_values_appear_nowhere(backend: Backend) {
                 .all(|(claim, _)| {
                     logs.lines().any(|l| {
                         l.contains("calling CreateVolume")
-                            && l.contains(&format!("claim={}/{claim}", env.ns))
+                            && l.contains(&support::log_field(
+                                "claim",
+                                &format!("{}/{claim}", env.ns),
+                            ))
                     })
                 })
                 .then_some(())

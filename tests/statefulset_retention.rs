@@ -243,7 +243,7 @@ async fn wait_backend_matches_claims(env: &Env, claims: usize) {
 /// How many lines of the sidecar's log say `message` about `claim` (the
 /// retention loop logs every decision with the claim's `namespace/name`).
 fn decisions_about(env: &Env, claim: &str, message: &str) -> usize {
-    let field = format!("claim={}/{claim}", env.ns);
+    let field = support::log_field("claim", &format!("{}/{claim}", env.ns));
     env.logs()
         .lines()
         .filter(|l| l.contains(message) && l.split_whitespace().any(|w| w == field))

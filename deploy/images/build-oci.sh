@@ -27,7 +27,7 @@
 #                          (CTR=ctr, CTRD_SOCK=/run/containerd/containerd.sock)
 #
 # The binaries are the release builds (`cargo build --release --locked`;
-# the test bed, tests/real_node.rs, gives the debug builds with --bin-dir),
+# the test bed, tests/parity/real_node.rs, gives the debug builds with --bin-dir),
 # dynamically linked against the build host's glibc, as in the Dockerfile
 # (which runs them on distroless/cc, i.e. glibc). The image carries what
 # `ldd` lists for each binary, at the same paths, plus the dynamic loader:

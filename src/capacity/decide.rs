@@ -154,6 +154,22 @@ impl fmt::Display for Pair {
     }
 }
 
+/// The segments added and removed between the last computation (`None`:
+/// none yet, so every segment is new) and this one: the work of the
+/// `csitopology` queue, whose sweep is needed only when one changed.
+pub fn segment_changes<'a>(
+    last: Option<&'a BTreeSet<Segment>>,
+    now: &'a BTreeSet<Segment>,
+) -> (Vec<&'a Segment>, Vec<&'a Segment>) {
+    match last {
+        None => (now.iter().collect(), Vec::new()),
+        Some(last) => (
+            now.difference(last).collect(),
+            last.difference(now).collect(),
+        ),
+    }
+}
+
 /// The distinct segments of the nodes whose CSINode lists `driver`.
 ///
 /// Without topology (`topology == false`: the driver lacks

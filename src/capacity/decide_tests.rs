@@ -146,6 +146,61 @@ fn segments_table() {
     }
 }
 
+#[test]
+fn segment_changes_table() {
+    let (a, b, c) = (
+        seg(&[(ZONE, "a")]),
+        seg(&[(ZONE, "b")]),
+        seg(&[(ZONE, "c")]),
+    );
+    let set = |s: &[&Segment]| -> BTreeSet<Segment> { s.iter().map(|s| (*s).clone()).collect() };
+    for (name, last, now, added, removed) in [
+        (
+            "first computation: all new",
+            None,
+            set(&[&a, &b]),
+            vec![&a, &b],
+            vec![],
+        ),
+        ("first computation, none", None, set(&[]), vec![], vec![]),
+        (
+            "unchanged",
+            Some(set(&[&a, &b])),
+            set(&[&a, &b]),
+            vec![],
+            vec![],
+        ),
+        (
+            "one added",
+            Some(set(&[&a])),
+            set(&[&a, &b]),
+            vec![&b],
+            vec![],
+        ),
+        (
+            "one removed",
+            Some(set(&[&a, &b])),
+            set(&[&b]),
+            vec![],
+            vec![&a],
+        ),
+        (
+            "replaced",
+            Some(set(&[&a, &b])),
+            set(&[&b, &c]),
+            vec![&c],
+            vec![&a],
+        ),
+        ("all gone", Some(set(&[&a])), set(&[]), vec![], vec![&a]),
+    ] {
+        assert_eq!(
+            segment_changes(last.as_ref(), &now),
+            (added, removed),
+            "{name}"
+        );
+    }
+}
+
 fn class(name: &str, provisioner: &str, mode: Option<&str>) -> StorageClass {
     let mut v = json!({"metadata": {"name": name}, "provisioner": provisioner,
         "parameters": {"kind": "fast", "csi.storage.k8s.io/fstype": "ext4"}});

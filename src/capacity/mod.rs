@@ -14,19 +14,24 @@
 //!   stale or duplicate, adopting objects of a previous run).
 //! - [`owner`]: `--capacity-ownerref-level`: the owner of the objects, found
 //!   by walking the controller chain from `POD_NAME` in `NAMESPACE`.
-//! - this file: the wiring, and [`worker`]: the I/O. A work queue of two
-//!   kinds of keys, handled by `--capacity-threads` workers:
+//! - this file: the wiring, and [`worker`]: the I/O. A work queue
+//!   (`csistoragecapacity`, the Go image's name) of two kinds of keys,
+//!   handled by `--capacity-threads` workers:
 //!   - `Key::Pair(pair)` calls `GetCapacity` for one pair and creates or
 //!     updates its object (only this pair's actions of the diff). Every
 //!     pair is queued each `--capacity-poll-interval`.
 //!   - `Key::Sweep` deletes objects no wanted pair needs and queues the
 //!     pairs without a known capacity, without an object, or whose object
 //!     shows other values (someone deleted or edited it). Queued by changes
-//!     of StorageClasses, Nodes, CSINodes and of our CSIStorageCapacity
-//!     objects, and at each poll. An object deleted because its pair is
-//!     not wanted is first confirmed by one live read of what that rests on
-//!     (the class, or the segment's CSINode or Node, or the nodes carrying
-//!     the segment's labels: [`decide::obsolete_because`]), read once per
+//!     of StorageClasses and of our CSIStorageCapacity objects, at each
+//!     poll, and when the segments change: Node and CSINode changes go to
+//!     a second queue (`csitopology`, not in node mode), whose one worker
+//!     computes the segments again and queues a sweep when one was added
+//!     or removed, as the Go image's topology informer. An object deleted
+//!     because its pair is not wanted is first confirmed by one live read
+//!     of what that rests on (the class, or the segment's CSINode or Node,
+//!     or the nodes carrying the segment's labels:
+//!     [`decide::obsolete_because`]), read once per
 //!     sweep for all the objects that share it, and the pair decided again
 //!     with it ([`decide::still_obsolete`]): the class, Node and CSINode
 //!     watches are not ordered with each other, and a class or CSINode
@@ -256,9 +261,21 @@ pub struct Capacity {
     objects: Arc<Mutex<BTreeMap<String, Arc<CSIStorageCapacity>>>>,
     /// The last capacity reported per pair.
     reported: Mutex<HashMap<Pair, Reported>>,
+    /// `csistoragecapacity`: pairs to poll and sweeps.
     queue: WorkQueue<Key>,
+    /// `csitopology` (not in node mode, whose segment is fixed): Node and
+    /// CSINode changes, whose one worker computes the segments again and
+    /// queues a sweep when one was added or removed, as the Go image's
+    /// topology informer.
+    topology: Option<WorkQueue<()>>,
+    /// The segments the topology worker computed last.
+    segments: Mutex<Option<BTreeSet<decide::Segment>>>,
     stopped: AtomicBool,
 }
+
+/// The Go image's names of the two queues of this loop.
+pub const CAPACITY_QUEUE: &str = "csistoragecapacity";
+pub const TOPOLOGY_QUEUE: &str = "csitopology";
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -335,18 +352,20 @@ pub async fn new(
     } else {
         caches.want(&[Kind::Classes, Kind::Nodes, Kind::CsiNodes]);
     }
-    let queue: WorkQueue<Key> = WorkQueue::new("capacity", shared.backoff);
+    let queue: WorkQueue<Key> = WorkQueue::new(CAPACITY_QUEUE, shared.backoff);
     {
         let queue = queue.clone();
         caches.classes.on_change(move |_| queue.add(Key::Sweep));
     }
-    {
-        let queue = queue.clone();
-        caches.nodes.on_change(move |_| queue.add(Key::Sweep));
-    }
-    {
-        let queue = queue.clone();
-        caches.csi_nodes.on_change(move |_| queue.add(Key::Sweep));
+    let topology = settings
+        .node
+        .is_none()
+        .then(|| WorkQueue::new(TOPOLOGY_QUEUE, shared.backoff));
+    if let Some(topology) = &topology {
+        let nodes = topology.clone();
+        caches.nodes.on_change(move |_| nodes.add(()));
+        let csi_nodes = topology.clone();
+        caches.csi_nodes.on_change(move |_| csi_nodes.add(()));
     }
     let informer: Arc<Informer<CSIStorageCapacity>> = Arc::new(Informer::new());
     let objects: Arc<Mutex<BTreeMap<String, Arc<CSIStorageCapacity>>>> = Arc::default();
@@ -383,6 +402,8 @@ pub async fn new(
         objects,
         reported: Mutex::default(),
         queue,
+        topology,
+        segments: Mutex::default(),
         stopped: AtomicBool::new(false),
     });
     {
@@ -417,6 +438,15 @@ impl EmbeddedLoop for Capacity {
                 let ctx = Arc::clone(&ctx);
                 async move { ctx.process(&key).await }
             });
+            if let Some(topology) = &this.topology {
+                // Once at start, as the Go image's first sync.
+                topology.add(());
+                let ctx = Arc::clone(&this);
+                topology.run_workers(1, move |()| {
+                    let ctx = Arc::clone(&ctx);
+                    async move { ctx.sync_topology() }
+                });
+            }
             let mut tick = tokio::time::interval(this.settings.poll_interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -433,6 +463,9 @@ impl EmbeddedLoop for Capacity {
     fn shut_down(&self) {
         self.stopped.store(true, Ordering::Relaxed);
         self.queue.shut_down();
+        if let Some(topology) = &self.topology {
+            topology.shut_down();
+        }
     }
 }
 
@@ -454,6 +487,32 @@ impl Capacity {
         for pair in decide::pairs_touched_by(&self.wanted(), affinity, class) {
             self.queue.add(Key::Pair(pair));
         }
+    }
+
+    /// The `csitopology` work: the segments from the Node and CSINode
+    /// caches, and a sweep when one was added or removed (a Node or
+    /// CSINode change that moves no segment changes no wanted pair).
+    fn sync_topology(&self) {
+        let cached = self.cached();
+        let (_, nodes, csi_nodes) = cached.refs();
+        let now = self.wants.segments(&nodes, &csi_nodes);
+        let mut last = lock(&self.segments);
+        let (added, removed) = decide::segment_changes(last.as_ref(), &now);
+        if added.is_empty() && removed.is_empty() {
+            tracing::trace!("topology unchanged");
+            return;
+        }
+        let list = |segments: &[&decide::Segment]| {
+            segments
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        tracing::debug!(added = %list(&added), removed = %list(&removed), "topology changed");
+        *last = Some(now);
+        drop(last);
+        self.queue.add(Key::Sweep);
     }
 
     fn poll_all(&self) {

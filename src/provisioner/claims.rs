@@ -411,7 +411,7 @@ async fn attempt(
         }
     };
 
-    match save_pv(ctx, claim, &pv).await {
+    match save_pv(ctx, key, &pv).await {
         SaveOutcome::Saved => {
             let took = started.elapsed();
             tracing::info!(claim = %key, volume = %plan.volume_name, "provisioned");
@@ -976,6 +976,7 @@ async fn record_retained_volume(
     };
     let pv = retained_volume_pv(&claim, &op.frozen.request, volume, &ctx.config);
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let save = ctx.operations.save_attempt(&key.uid);
     let saved = match api.create(&PostParams::default(), &pv).await {
         Ok(_) => true,
         Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&pv.name_any()).await {
@@ -996,8 +997,10 @@ async fn record_retained_volume(
         }
     };
     if !saved {
+        save.failed();
         return Next::Retry;
     }
+    save.saved();
     tracing::info!(claim = %key, volume = %pv.name_any(), volume_id = %volume.volume_id, "the claim went away during provisioning and its class retains volumes: the volume is recorded in a Released PV");
     ctx.volume_events
         .changed(&crate::projection::PersistentVolume::project(&pv));
@@ -1012,32 +1015,43 @@ enum SaveOutcome {
     Failed(String),
 }
 
-async fn save_pv(
-    ctx: &Context,
-    claim: &PersistentVolumeClaim,
-    pv: &PersistentVolume,
-) -> SaveOutcome {
+/// Saves the PV of the claim `key`'s operation, each attempt measured as
+/// the `unsavedpvs` queue's work ([`super::operations::SaveAttempt`]).
+async fn save_pv(ctx: &Context, key: &ClaimKey, pv: &PersistentVolume) -> SaveOutcome {
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = pv.name_any();
     let mut last_error = String::new();
     for attempt in 1..=SAVE_ATTEMPTS {
+        let save = ctx.operations.save_attempt(&key.uid);
         match api.create(&PostParams::default(), pv).await {
-            Ok(_) => return SaveOutcome::Saved,
+            Ok(_) => {
+                save.saved();
+                return SaveOutcome::Saved;
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 // Saved by an earlier attempt whose answer was lost, or a
                 // different PV of the same name (upstream #1469): compare.
-                return match api.get_opt(&name).await {
+                let outcome = match api.get_opt(&name).await {
                     Ok(Some(existing)) if records_same_volume(&existing, pv) => SaveOutcome::Saved,
                     Ok(Some(_)) => SaveOutcome::Orphan(format!(
                         "PersistentVolume {name} already exists for another claim or volume"
                     )),
-                    Ok(None) => continue,
+                    Ok(None) => {
+                        save.failed();
+                        continue;
+                    }
                     Err(e) => SaveOutcome::Failed(e.to_string()),
                 };
+                match outcome {
+                    SaveOutcome::Saved => save.saved(),
+                    _ => save.failed(),
+                }
+                return outcome;
             }
             Err(e) => {
+                save.failed();
                 last_error = e.to_string();
-                tracing::warn!(claim = %claim.name_any(), volume = %name, attempt, error = %e, "saving the PV failed");
+                tracing::warn!(claim = %key, volume = %name, attempt, error = %e, "saving the PV failed");
                 tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt)))
                     .await;
             }

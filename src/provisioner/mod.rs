@@ -19,6 +19,10 @@
 //!   line with HonorPVReclaimPolicy → when Released with policy Delete,
 //!   `DeleteVolume`, then delete the PV and drop the finalizer.
 //!
+//! A third queue, **unsavedpvs**, has no workers of its own: it measures
+//! the claim workers' retries of saving a PV whose volume exists, as the
+//! Go image's queue of that name ([`operations::SaveAttempt`]).
+//!
 //! With `--node-deployment` ([`owner`]), Immediate claims that no node has
 //! taken yet are first taken by this node (selected-node annotation, after
 //! a jittered delay); topology comes from the driver's `NodeGetInfo`

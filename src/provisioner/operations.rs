@@ -14,12 +14,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use csi_proto::v1::{CreateVolumeRequest, VolumeContentSource};
 
 use super::ClaimKey;
 use super::journal::{Journal, JournalEntry, JournalError};
 use crate::provision::{ProvisionPlan, SecretRef};
+use crate::queue::{Backoff, Taken, WorkQueue};
 
 /// What the journal keeps of an operation: everything a retry sends and
 /// everything the cleanup of a claim that is gone needs.
@@ -116,6 +118,10 @@ impl Drop for Withdraw<'_> {
 pub struct Operations {
     in_flight: Mutex<HashMap<String, InFlight>>,
     journal: Journal,
+    /// The operations whose volume was created but whose PV could not be
+    /// saved yet, by claim uid: the Go image's `unsavedpvs` queue (its
+    /// `workqueue_*` series), see [`SaveAttempt`].
+    unsaved: WorkQueue<String>,
     /// Held while a source-protection finalizer is added for an operation
     /// in flight, and by the snapshot sweep while it decides and removes
     /// one: a restore that starts while the sweep removes the finalizer
@@ -129,6 +135,15 @@ impl Operations {
         Operations {
             in_flight: Mutex::default(),
             journal,
+            // Its retries are paced by the claim worker that owns the
+            // operation (`claims::save_pv`), never by the queue's backoff.
+            unsaved: WorkQueue::new(
+                UNSAVED_PVS,
+                Backoff {
+                    start: Duration::ZERO,
+                    max: Duration::ZERO,
+                },
+            ),
             source_finalizers: tokio::sync::Mutex::const_new(()),
         }
     }
@@ -231,7 +246,19 @@ impl Operations {
         if removed.is_some() {
             self.journal.forget(uid);
         }
+        self.unsaved.remove(&uid.to_owned());
         removed
+    }
+
+    /// Starts an attempt to save the PV of the operation of claim `uid`
+    /// (see [`SaveAttempt`]).
+    pub fn save_attempt(&self, uid: &str) -> SaveAttempt {
+        let uid = uid.to_owned();
+        SaveAttempt {
+            retry: self.unsaved.take(&uid),
+            queue: self.unsaved.clone(),
+            uid,
+        }
     }
 
     /// Whether an operation in flight clones or restores from `source`.
@@ -278,6 +305,46 @@ impl Operations {
     /// Writes the journal's removals still waiting (see [`Journal::flush`]).
     pub async fn flush(&self) -> Result<(), JournalError> {
         self.journal.flush().await
+    }
+}
+
+/// The name of the Go image's queue of PVs whose save is retried.
+pub const UNSAVED_PVS: &str = "unsavedpvs";
+
+/// One attempt to save an operation's PV, measured as the Go image's
+/// `unsavedpvs` queue measures its saves: an operation enters the queue
+/// when an attempt fails (an add), the next attempt takes it out (its wait
+/// is the queue duration, the attempt itself the work duration), and a
+/// failed retry puts it back (a retry and an add). It leaves when its PV is
+/// saved or its operation finishes another way ([`Operations::finish`]).
+/// The Go image's first save is not queue work either; its later ones are
+/// its queue's workers', ours the claim worker's (within the pass, then at
+/// the claim's next pass), so ours includes the wait between passes.
+pub struct SaveAttempt {
+    /// Taken from the queue: an earlier attempt failed.
+    retry: Option<Taken<String>>,
+    queue: WorkQueue<String>,
+    uid: String,
+}
+
+impl SaveAttempt {
+    /// The PV is saved: the operation leaves the queue.
+    pub fn saved(self) {
+        drop(self.retry);
+        self.queue.remove(&self.uid);
+    }
+
+    /// The PV is not saved: the operation waits in the queue for the next
+    /// attempt.
+    pub fn failed(self) {
+        let retry = self.retry.is_some();
+        drop(self.retry);
+        if retry {
+            // client-go's AddRateLimited: a retry, then an add.
+            self.queue.add_after(self.uid, Duration::ZERO);
+        } else {
+            self.queue.add(self.uid);
+        }
     }
 }
 

@@ -25,6 +25,11 @@
 //! kubelet, as `kubectl logs` does (the API server's kubelet client
 //! certificate).
 //!
+//! It is a module of the `parity` test binary (`cargo test --test parity
+//! real_node`), not a binary of its own: its one long test then runs beside
+//! the side-by-side tests on the binary's other test thread, instead of
+//! alone after them (CI's time).
+//!
 //! The node is `../shared/k8s/node` (see its README.md and
 //! `tests/controlplane/src/node.rs`): without it (or without root, or
 //! `kubectl`) the test prints a SKIPPED line; with `CI` set it fails
@@ -49,8 +54,9 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 
+#[path = "../e2e/mod.rs"]
 mod e2e;
-mod support;
+use crate::support;
 
 const TEST: &str = "real_node";
 const WAIT: Duration = Duration::from_secs(180);
@@ -799,7 +805,7 @@ fn write_overlays(
         .rsplit_once(':')
         .expect("the csi-snapshotter image has a tag");
     let text = format!(
-        r#"# Written by tests/real_node.rs: deploy/ on this host's real node
+        r#"# Written by tests/parity/real_node.rs: deploy/ on this host's real node
 # (deploy/README.md lists these changes and why).
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -916,7 +922,7 @@ patches:
         .rsplit_once(':')
         .expect("the Go image has a tag");
     let text = format!(
-        r#"# Written by tests/real_node.rs: ../overlay with the Go sidecar's image
+        r#"# Written by tests/parity/real_node.rs: ../overlay with the Go sidecar's image
 # (the baseline). The Go image has no --controller-id (the base passes it for
 # the PVReleaser and PodPVCProvisioner gates of ours), serves no /readyz and
 # updates claims where ours patches them.
@@ -960,7 +966,7 @@ patches:
     let replicas = bed.join("overlay-replicas");
     std::fs::create_dir_all(&replicas).expect("overlay folder");
     let text = format!(
-        r#"# Written by tests/real_node.rs: ../overlay with two replicas of the
+        r#"# Written by tests/parity/real_node.rs: ../overlay with two replicas of the
 # controller. On the host network both would bind --http-endpoint's port, so
 # neither has the endpoint, nor the ports and probes that use it; and both
 # csi-snapshotters would have the hostname as their leader-election
@@ -1302,7 +1308,7 @@ fn build_images(
     let bin_dir = driver
         .parent()
         .expect("csi-hostpath is in target/<profile>");
-    // `cargo test --test real_node` builds this package's binaries, not
+    // `cargo test --test parity real_node` builds this package's binaries, not
     // csi-hostpath's (another package): without this build a csi-hostpath
     // left from an older source goes into the image (it did, once, here).
     // A no-op when it is current, e.g. under `cargo test --workspace`.
@@ -1328,13 +1334,16 @@ fn build_images(
         "deploy/images/build-oci.sh failed: {status}"
     );
     let version = env!("CARGO_PKG_VERSION");
-    let go_tag = go_version(go_provisioner);
-    let snapshotter_tag = go_version(go_snapshotter);
+    // Ours prints its build's version (build.rs), which is not the tag.
+    let ours = printed_version(&bin_dir.join("csi-provisioner"));
+    let go_tag = printed_version(go_provisioner);
+    let snapshotter_tag = printed_version(go_snapshotter);
     vec![
         Image {
             archive: out.join("csi-provisioner.tar"),
             reference: format!("ghcr.io/csi-provisioner-rs/csi-provisioner:v{version}"),
-            version_line: format!("csi-provisioner {version}"),
+            // As the Go image, its argv[0]: the image's entrypoint.
+            version_line: format!("/csi-provisioner {ours}"),
             flow: "rs",
         },
         Image {
@@ -1359,9 +1368,9 @@ fn build_images(
     ]
 }
 
-/// The version a Go sidecar binary prints (`<argv[0]> <version>`), which
-/// `build-oci.sh` tags its image with.
-fn go_version(binary: &Path) -> String {
+/// The version a sidecar binary prints (`<argv[0]> <version>`), which
+/// `build-oci.sh` tags a Go image with.
+fn printed_version(binary: &Path) -> String {
     let out = Command::new(binary)
         .arg("--version")
         .output()

@@ -721,6 +721,13 @@ impl Env {
         self.dir.path().join(format!("sidecar-{run}.log"))
     }
 
+    /// The log of the last sidecar started with [`Env::start_sidecar`],
+    /// as it wrote it (no header, no other process's lines).
+    #[allow(dead_code)]
+    pub fn last_sidecar_log(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.sidecar_runs)).unwrap_or_default()
+    }
+
     /// Starts the sidecar with our standard flags plus `extra`.
     pub async fn start_sidecar(&mut self, extra: &[&str]) {
         self.start_sidecar_with_env(extra, &[]).await;
@@ -1767,6 +1774,14 @@ pub fn free_port() -> u16 {
     controlplane::free_port().expect("free port")
 }
 
+/// A structured field as the sidecar's log shows it in the format the
+/// harness runs it with, the default: klog's text format, `key="value"`
+/// with the value quoted as Go's `strconv.Quote` (`src/logging.rs`).
+#[allow(dead_code)]
+pub fn log_field(key: &str, value: &str) -> String {
+    format!("{key}={}", csi_provisioner::logging::go_quote(value))
+}
+
 /// A plain HTTP/1.1 GET: status and body.
 pub async fn http_get(port: u16, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1784,11 +1799,39 @@ pub async fn http_get(port: u16, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    // The Go image answers a large /metrics in chunks.
+    let chunked = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding")
+                && v.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
     (status, body)
+}
+
+/// The body of an HTTP/1.1 chunked answer: each chunk's size line (hex,
+/// maybe with extensions) and the CRLF after its data go; what follows a
+/// malformed size is dropped.
+pub fn dechunk(mut body: &str) -> String {
+    let mut out = String::with_capacity(body.len());
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = size.split(';').next().unwrap_or_default().trim();
+        let Ok(size) = usize::from_str_radix(size, 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size || !rest.is_char_boundary(size) {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].strip_prefix("\r\n").unwrap_or(&rest[size..]);
+    }
+    out
 }
 
 /// The RBAC rules of `deploy/` with `components`: (ClusterRole rules,
