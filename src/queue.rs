@@ -158,22 +158,6 @@ where
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Marks `key`, just removed from the queue, as being processed and
-    /// observes its wait: what [`get`](Self::get) and [`take`](Self::take)
-    /// both do when they hand a key out. Releases the lock before the
-    /// metrics.
-    fn hand_out(&self, mut s: MutexGuard<'_, State<K>>, key: &K) {
-        let now = Instant::now();
-        s.processing.insert(key.clone(), now);
-        let waited = s.added.remove(key).map(|added| now - added);
-        let depth = s.queue.len() + s.dirty.len();
-        drop(s);
-        crate::metrics::set_queue_depth(self.name, depth);
-        if let Some(waited) = waited {
-            crate::metrics::queue_waited(self.name, waited);
-        }
-    }
-
     /// Queues `key` now (no-op if already queued; marks it dirty if being
     /// processed).
     pub fn add(&self, key: K) {
@@ -284,7 +268,15 @@ where
                 let mut s = self.lock();
                 if let Some(key) = s.queue.pop_front() {
                     s.queued.remove(&key);
-                    self.hand_out(s, &key);
+                    let now = Instant::now();
+                    s.processing.insert(key.clone(), now);
+                    let waited = s.added.remove(&key).map(|added| now - added);
+                    let depth = s.queue.len() + s.dirty.len();
+                    drop(s);
+                    crate::metrics::set_queue_depth(self.name, depth);
+                    if let Some(waited) = waited {
+                        crate::metrics::queue_waited(self.name, waited);
+                    }
                     return Some(key);
                 }
                 if s.shutting_down {
@@ -391,7 +383,15 @@ where
             return None;
         }
         s.queue.retain(|k| k != key);
-        self.hand_out(s, key);
+        let now = Instant::now();
+        s.processing.insert(key.clone(), now);
+        let waited = s.added.remove(key).map(|added| now - added);
+        let depth = s.queue.len() + s.dirty.len();
+        drop(s);
+        crate::metrics::set_queue_depth(self.name, depth);
+        if let Some(waited) = waited {
+            crate::metrics::queue_waited(self.name, waited);
+        }
         Some(Taken {
             queue: self.clone(),
             key: Some(key.clone()),

@@ -486,14 +486,11 @@ fn command_problems(files: &CommandFiles) -> Vec<String> {
     // collect the benchmark's result before it fails).
     let runs = |line: &str, command: &str| {
         line == command
-            || line
-                .strip_prefix(command)
-                .and_then(|rest| rest.strip_prefix(' '))
-                .is_some_and(|rest| {
-                    ["||", "&&", "|", ";"]
-                        .iter()
-                        .any(|op| rest.trim_start().starts_with(op))
-                })
+            || line.strip_prefix(command).is_some_and(|rest| {
+                let rest = rest.trim_start();
+                rest.len() < line.len() - command.len()
+                    && ["||", "&&", "|", ";"].iter().any(|op| rest.starts_with(op))
+            })
     };
     for command in &commands {
         if !ci.iter().any(|line| runs(line, command)) {

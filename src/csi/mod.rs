@@ -60,7 +60,7 @@ where
 ///   ("Error deserializing status message header") and the driver's code is
 ///   lost; it becomes `Unavailable`, the side that keeps the request (and
 ///   so the volume) in hand until the driver answers readably.
-fn status_as_upstream_sees_it(status: tonic::Status) -> tonic::Status {
+fn local_failure_as_unavailable(status: tonic::Status) -> tonic::Status {
     const TOO_LARGE: &str = "Error, decoded message length too large";
     const UNREADABLE: &str = "Error deserializing status message header";
     match status.code() {
@@ -110,7 +110,7 @@ where
             if is_local_failure(&status) {
                 crate::metrics::set_driver_reachable(false);
             }
-            Err(CsiError::new(method, status_as_upstream_sees_it(status)))
+            Err(CsiError::new(method, local_failure_as_unavailable(status)))
         }
         Err(_) => Err(CsiError::deadline(method, timeout)),
     };
@@ -137,7 +137,7 @@ mod tests {
             "connection closed",
         )));
         assert_eq!(broken.code(), tonic::Code::Unknown);
-        let mapped = status_as_upstream_sees_it(broken);
+        let mapped = local_failure_as_unavailable(broken);
         assert_eq!(mapped.code(), tonic::Code::Unavailable);
         // What the driver answers is kept as it is, Unknown included.
         for code in [
@@ -147,7 +147,7 @@ mod tests {
             tonic::Code::OutOfRange,
         ] {
             let sent = tonic::Status::new(code, "driver says no");
-            assert_eq!(status_as_upstream_sees_it(sent).code(), code);
+            assert_eq!(local_failure_as_unavailable(sent).code(), code);
         }
     }
 
@@ -158,7 +158,7 @@ mod tests {
         let too_large = tonic::Status::out_of_range(
             "Error, decoded message length too large: found 5242912 bytes, the limit is: 4194304 bytes",
         );
-        let mapped = status_as_upstream_sees_it(too_large);
+        let mapped = local_failure_as_unavailable(too_large);
         assert_eq!(mapped.code(), tonic::Code::ResourceExhausted);
         assert!(mapped.message().contains("found 5242912 bytes"));
         assert_eq!(classify(mapped.code()), ErrorClass::NonFinal);
@@ -166,7 +166,7 @@ mod tests {
         let unreadable = tonic::Status::unknown(
             "Error deserializing status message header: invalid utf-8 sequence of 1 bytes from index 3",
         );
-        let mapped = status_as_upstream_sees_it(unreadable);
+        let mapped = local_failure_as_unavailable(unreadable);
         assert_eq!(mapped.code(), tonic::Code::Unavailable);
         assert!(mapped.message().contains("its code is lost"));
         assert_eq!(classify(mapped.code()), ErrorClass::NonFinal);

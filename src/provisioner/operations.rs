@@ -258,7 +258,6 @@ impl Operations {
             retry: self.unsaved.take(&uid),
             queue: self.unsaved.clone(),
             uid,
-            settled: false,
         }
     }
 
@@ -326,45 +325,25 @@ pub struct SaveAttempt {
     retry: Option<Taken<String>>,
     queue: WorkQueue<String>,
     uid: String,
-    /// `saved` or `failed` was called.
-    settled: bool,
 }
 
 impl SaveAttempt {
     /// The PV is saved: the operation leaves the queue.
-    pub fn saved(mut self) {
-        self.retry = None;
+    pub fn saved(self) {
+        drop(self.retry);
         self.queue.remove(&self.uid);
-        self.settled = true;
     }
 
     /// The PV is not saved: the operation waits in the queue for the next
     /// attempt.
-    pub fn failed(mut self) {
-        self.requeue();
-    }
-
-    fn requeue(&mut self) {
-        // Dropping the taken key marks it done before it is queued again.
-        let retry = self.retry.take().is_some();
+    pub fn failed(self) {
+        let retry = self.retry.is_some();
+        drop(self.retry);
         if retry {
             // client-go's AddRateLimited: a retry, then an add.
-            self.queue.add_after(self.uid.clone(), Duration::ZERO);
+            self.queue.add_after(self.uid, Duration::ZERO);
         } else {
-            self.queue.add(self.uid.clone());
-        }
-        self.settled = true;
-    }
-}
-
-impl Drop for SaveAttempt {
-    /// An attempt dropped at its `.await` (the claim worker's future
-    /// cancelled mid-save) has no verdict: a retry goes back into the queue,
-    /// as the PV is still unsaved for all we know, rather than leaving it
-    /// with its key taken out and never put back.
-    fn drop(&mut self) {
-        if !self.settled && self.retry.is_some() {
-            self.requeue();
+            self.queue.add(self.uid);
         }
     }
 }
@@ -431,26 +410,6 @@ mod tests {
         assert!(Frozen::of(&retained_plan).retain);
         assert!(Frozen::of(&retained_plan).secret.is_some());
         assert!(Frozen::of(&planned(&gp2_claim(), &gp2_class(), &ebs_config())).migrated);
-    }
-
-    /// `unsavedpvs`: a failed save queues the operation, the next attempt
-    /// takes it out, and an attempt dropped at its `.await` without a
-    /// verdict puts it back instead of losing it; a saved PV leaves.
-    #[tokio::test]
-    async fn an_unsaved_pv_stays_queued_until_saved_even_when_an_attempt_is_dropped() {
-        let (journal, _inbox) = super::super::journal::channel();
-        let ops = Operations::new(journal);
-        ops.save_attempt("uid-1").failed();
-        assert_eq!(ops.unsaved.len(), 1, "a failed save is queued");
-        let retry = ops.save_attempt("uid-1");
-        assert_eq!(ops.unsaved.len(), 0, "taken by the retry");
-        drop(retry);
-        assert_eq!(ops.unsaved.len(), 1, "a dropped retry is queued again");
-        ops.save_attempt("uid-1").saved();
-        assert_eq!(ops.unsaved.len(), 0, "saved: gone");
-        // A first attempt dropped without a verdict queues nothing.
-        drop(ops.save_attempt("uid-2"));
-        assert_eq!(ops.unsaved.len(), 0);
     }
 
     #[tokio::test]
