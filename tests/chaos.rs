@@ -70,7 +70,7 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use controlplane::GuardedChild;
+use controlplane::{GuardedChild, LagProxy};
 use csi_hostpath::faults::Fault as DriverFault;
 use futures_util::StreamExt;
 use invariants::{
@@ -504,8 +504,14 @@ struct Run {
     armed_driver_faults: Vec<ArmedFault>,
     /// API latencies in force (test server), each ended at its instant.
     latencies: Vec<Latency>,
-    /// Watch lags in force (test server), each ended at its instant.
+    /// Watch lags in force, each ended at its instant.
     watch_lags: Vec<WatchLag>,
+    /// Real cluster, in seeds that plan a watch lag: replica → the proxy
+    /// its processes talk through (`controlplane::LagProxy`, as the
+    /// replica's user, so the audit log still tells the replicas apart),
+    /// made at its first start and kept for the seed. Other seeds talk to
+    /// the API server directly.
+    lag_proxies: Vec<Option<LagProxy>>,
     /// Replica → the `--http-endpoint` port of its current process.
     ports: Vec<u16>,
     /// Replica → the start-up calls ([`plan::STARTUP_METHODS`]) a driver
@@ -579,7 +585,8 @@ struct Latency {
 struct WatchLag {
     rule: String,
     resource: &'static str,
-    /// The server's count of held events of `resource` when it began.
+    /// The count of held events of `resource` when it began
+    /// ([`Run::watch_events_held`]).
     held_before: u64,
     until: Instant,
 }
@@ -643,6 +650,7 @@ impl Run {
             armed_driver_faults: Vec::new(),
             latencies: Vec::new(),
             watch_lags: Vec::new(),
+            lag_proxies: Vec::new(),
             ports: Vec::new(),
             startup_faults: Vec::new(),
             driver_gone: Vec::new(),
@@ -660,6 +668,7 @@ impl Run {
         run.driver_gone = vec![false; run.plan.replicas];
         run.listener_ports = vec![0; run.plan.replicas];
         run.users = vec![None; run.plan.replicas];
+        run.lag_proxies = (0..run.plan.replicas).map(|_| None).collect();
         for replica in 0..run.plan.replicas {
             run.start_replica(replica).await;
         }
@@ -705,12 +714,22 @@ impl Run {
                     let kubeconfig = plane
                         .kubeconfig_for(&user, None)
                         .expect("the replica's kubeconfig");
+                    if self.plan.steps.iter().any(|step| {
+                        matches!(step, Step::Fault(Fault::WatchLag { .. }))
+                    }) {
+                        let proxy =
+                            LagProxy::start(plane, &user, None).expect("the replica's lag proxy");
+                        self.lag_proxies[replica] = Some(proxy);
+                    }
                     self.users[replica] = Some((user, kubeconfig));
                 }
-                self.users[replica]
-                    .as_ref()
-                    .map(|(_, kubeconfig)| kubeconfig.clone())
-                    .unwrap_or_default()
+                match &self.lag_proxies[replica] {
+                    Some(proxy) => proxy.kubeconfig().to_owned(),
+                    None => self.users[replica]
+                        .as_ref()
+                        .map(|(_, kubeconfig)| kubeconfig.clone())
+                        .unwrap_or_default(),
+                }
             }
         };
         // The kubelet sets both to the pod's name; the Lease holder's
@@ -865,9 +884,46 @@ impl Run {
     /// Ends a watch lag (what it held stays held until its time), counting
     /// the events of the sidecars' watches it held.
     fn end_watch_lag(&mut self, lag: WatchLag) {
-        self.env.api().clear_watch_lag(lag.resource);
-        let held = self.env.api().watch_events_held(lag.resource);
+        match self.env.plane() {
+            None => self.env.api().clear_watch_lag(lag.resource),
+            Some(_) => {
+                for proxy in self.lag_proxies.iter().flatten() {
+                    proxy.clear_watch_lag(lag.resource);
+                }
+            }
+        }
+        let held = self.watch_events_held(lag.resource);
         self.fired(lag.rule, held.saturating_sub(lag.held_before));
+    }
+
+    /// Starts holding the events of the sidecars' watches of `resource`
+    /// for `lag`: the test server's own switch (remote watchers only, so
+    /// never the runner's in-process client), or every replica's lag
+    /// proxy on the real cluster (the runner talks to kube-apiserver
+    /// directly).
+    fn set_watch_lag(&self, resource: &str, lag: Duration) {
+        match self.env.plane() {
+            None => self.env.api().set_watch_lag(resource, lag),
+            Some(_) => {
+                for proxy in self.lag_proxies.iter().flatten() {
+                    proxy.set_watch_lag(resource, lag);
+                }
+            }
+        }
+    }
+
+    /// How many events of the sidecars' watches of `resource` the lags
+    /// held so far, over every replica.
+    fn watch_events_held(&self, resource: &str) -> u64 {
+        match self.env.plane() {
+            None => self.env.api().watch_events_held(resource),
+            Some(_) => self
+                .lag_proxies
+                .iter()
+                .flatten()
+                .map(|proxy| proxy.held(resource))
+                .sum(),
+        }
     }
 
     async fn revive_exited(&mut self) {
@@ -1109,9 +1165,9 @@ impl Run {
                 lag_ms,
                 hold_ms,
             } => {
-                // The sidecars' watches only (over HTTP; the runner's own
-                // client is in-process). One in force on the same resource
-                // ends first: each lag counts what it held.
+                // The sidecars' watches only ([`Run::set_watch_lag`]). One
+                // in force on the same resource ends first: each lag
+                // counts what it held.
                 let (same, others): (Vec<WatchLag>, Vec<WatchLag>) =
                     std::mem::take(&mut self.watch_lags)
                         .into_iter()
@@ -1120,9 +1176,8 @@ impl Run {
                 for lag in same {
                     self.end_watch_lag(lag);
                 }
-                let api = self.env.api();
-                let held_before = api.watch_events_held(resource);
-                api.set_watch_lag(resource, Duration::from_millis(lag_ms));
+                let held_before = self.watch_events_held(resource);
+                self.set_watch_lag(resource, Duration::from_millis(lag_ms));
                 self.watch_lags.push(WatchLag {
                     rule,
                     resource,
