@@ -714,9 +714,12 @@ impl Run {
                     let kubeconfig = plane
                         .kubeconfig_for(&user, None)
                         .expect("the replica's kubeconfig");
-                    if self.plan.steps.iter().any(|step| {
-                        matches!(step, Step::Fault(Fault::WatchLag { .. }))
-                    }) {
+                    if self
+                        .plan
+                        .steps
+                        .iter()
+                        .any(|step| matches!(step, Step::Fault(Fault::WatchLag { .. })))
+                    {
                         let proxy =
                             LagProxy::start(plane, &user, None).expect("the replica's lag proxy");
                         self.lag_proxies[replica] = Some(proxy);

@@ -469,6 +469,96 @@ async fn sidecar_killed_before_saving_the_pv_and_claim_deleted_while_down_leaks_
     env.assert_consistent().await;
 }
 
+/// A fresh leader whose claim cache is behind: the sidecar is killed
+/// after `CreateVolume` returned and before the PV is saved, and the
+/// next one starts on an API server that cannot stream lists, so its
+/// first list of claims comes from the API server's watch cache
+/// (`resourceVersion=0`), which here still lacks the claim, and the watch
+/// that would bring it lags. The journal's replay finds the claim missing
+/// from the cache: it must read the claim live and provision it with the
+/// volume already made, never delete that volume (docs/design.md,
+/// "Reading current state", row 7). Test server only: a real API server
+/// cannot be made to answer a stale list on demand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_leader_whose_claim_list_is_stale_keeps_the_volume_in_flight() {
+    const LAG: Duration = Duration::from_secs(8);
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    // The watch cache's picture: before the claim exists.
+    env.api().serve_stale_lists("persistentvolumeclaims");
+    env.api().add_latency(
+        RequestMatch::new(Verb::Create, "persistentvolumes"),
+        Duration::from_secs(60),
+    );
+    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "backend volume created",
+        Duration::from_secs(20),
+        || async { (!env.backend_volumes().is_empty()).then_some(()) },
+    )
+    .await;
+    env.kill_sidecar();
+    env.api().clear_faults();
+    let made = env.backend_volumes()[0].id.clone();
+    assert!(env.pvs().await.is_empty(), "the PV was never saved");
+    assert_eq!(env.journal().await.len(), 1, "the operation is journalled");
+
+    // No streaming lists (the WatchList feature off): the claims' first
+    // list is a `resourceVersion=0` list, answered from the stale picture.
+    env.api().fail_next(
+        1,
+        RequestMatch::new(Verb::Watch, "persistentvolumeclaims"),
+        422,
+    );
+    env.lag_watch("persistentvolumeclaims", LAG);
+    env.start_sidecar(&[]).await;
+    let started = std::time::Instant::now();
+    let mut bound = None;
+    while started.elapsed() < LAG + Duration::from_secs(20) {
+        assert!(
+            env.backend_volumes().iter().any(|v| v.id == made),
+            "the volume of a claim that exists was deleted {:?} after the restart\n{}",
+            started.elapsed(),
+            env.logs()
+        );
+        if let Some(pv) = env.pvs().await.into_iter().next() {
+            bound = Some(pv);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pv = bound.unwrap_or_else(|| panic!("no PV saved\n{}", env.logs()));
+    assert!(
+        env.api()
+            .requests()
+            .iter()
+            .any(|r| r.verb == Verb::List && r.resource == "persistentvolumeclaims"),
+        "the restarted sidecar listed the claims (no streaming list)"
+    );
+    assert!(
+        env.logs()
+            .contains("the claim of an operation in flight is not in the cache but exists"),
+        "the replay met the claim missing from the cache\n{}",
+        env.logs()
+    );
+    assert_eq!(
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.as_str()),
+        Some(made.as_str()),
+        "the PV holds the volume made before the kill"
+    );
+    env.api().serve_current_lists("persistentvolumeclaims");
+    env.clear_watch_lag("persistentvolumeclaims");
+    env.wait_bound(&env.ns, "data").await;
+    assert_eq!(env.backend_volumes().len(), 1);
+    env.assert_consistent().await;
+}
+
 /// Killed while CreateVolume runs, claim deleted while down: the restarted
 /// sidecar resumes the journalled operation and ends with nothing left,
 /// whether or not the driver finished the volume.

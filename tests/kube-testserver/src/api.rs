@@ -384,6 +384,7 @@ fn resource_request(
                 q.get("continue")
                     .map(String::as_str)
                     .filter(|c| !c.is_empty()),
+                q.get("resourceVersion").is_some_and(|rv| rv == "0"),
             )?;
             if want_table {
                 return Ok(json_response(
@@ -471,7 +472,7 @@ fn resource_request(
             let sel = selectors(r, inner, q)?;
             let ns = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
             let mut st = inner.lock_state();
-            let page = st.list(r.res, ns, &sel, None, None)?;
+            let page = st.list(r.res, ns, &sel, None, None, false)?;
             let mut deleted = Vec::new();
             for o in &page.items {
                 let (ons, oname) = (

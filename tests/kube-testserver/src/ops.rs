@@ -590,6 +590,8 @@ impl State {
 
     /// LIST with selectors and pagination. Pages after the first come from a
     /// snapshot taken by the first page, so a paginated list is consistent.
+    /// `from_watch_cache` (`resourceVersion=0`): the answer may be the stale
+    /// state of [`crate::TestServer::serve_stale_lists`].
     pub fn list(
         &mut self,
         res: usize,
@@ -597,6 +599,7 @@ impl State {
         selectors: &Selectors,
         limit: Option<usize>,
         continue_token: Option<&str>,
+        from_watch_cache: bool,
     ) -> Result<ListPage, ApiError> {
         let (snapshot_id, snap_rv, items, start) = match continue_token {
             Some(token) => {
@@ -608,14 +611,27 @@ impl State {
                 })?;
                 (snap.id, snap.rv, snap.items.clone(), start)
             }
-            None => {
-                let items: Vec<Arc<Value>> = self
-                    .iter_scope(res, ns)
-                    .filter(|o| selectors.matches(o))
-                    .cloned()
-                    .collect();
-                (0, self.rv, Arc::new(items), 0)
-            }
+            None => match self.stale_lists.get(&res).filter(|_| from_watch_cache) {
+                Some(stale) => {
+                    let items: Vec<Arc<Value>> = stale
+                        .objects
+                        .iter()
+                        .filter(|(key, _)| ns.is_none_or(|ns| key.0 == ns))
+                        .map(|(_, o)| o)
+                        .filter(|o| selectors.matches(o))
+                        .cloned()
+                        .collect();
+                    (0, stale.rv, Arc::new(items), 0)
+                }
+                None => {
+                    let items: Vec<Arc<Value>> = self
+                        .iter_scope(res, ns)
+                        .filter(|o| selectors.matches(o))
+                        .cloned()
+                        .collect();
+                    (0, self.rv, Arc::new(items), 0)
+                }
+            },
         };
         let limit = limit.filter(|l| *l > 0);
         let end = limit.map_or(items.len(), |l| (start + l).min(items.len()));

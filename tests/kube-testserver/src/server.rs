@@ -298,6 +298,36 @@ impl TestServer {
         self.inner.lock_state().watch_lags.held(resource)
     }
 
+    /// From now on a list of `resource` (plural) with `resourceVersion=0`,
+    /// which a real API server answers from its watch cache, answers with
+    /// the objects and the revision of this instant, as a watch cache
+    /// lagging behind etcd would, until [`TestServer::serve_current_lists`]
+    /// (a later call takes a new picture). Consistent lists (no
+    /// resourceVersion), streaming lists, gets and watches are not
+    /// affected: a watch from the stale list's revision replays every
+    /// change since (hold them with [`TestServer::set_watch_lag`] to keep
+    /// the client behind).
+    pub fn serve_stale_lists(&self, resource: &str) {
+        let mut st = self.inner.lock_state();
+        let Some(res) = (0..st.registry.all().len()).find(|&r| st.plural(r) == resource) else {
+            panic!("serve_stale_lists: no resource {resource}");
+        };
+        let stale = crate::store::StaleList {
+            rv: st.rv,
+            objects: st.objects.get(res).cloned().unwrap_or_default(),
+        };
+        st.stale_lists.insert(res, stale);
+    }
+
+    /// Ends [`TestServer::serve_stale_lists`] of `resource`.
+    pub fn serve_current_lists(&self, resource: &str) {
+        let mut guard = self.inner.lock_state();
+        let st = &mut *guard;
+        let registry = &st.registry;
+        st.stale_lists
+            .retain(|&res, _| registry.get(res).is_none_or(|i| i.plural != resource));
+    }
+
     /// Ends every open watch stream (clients see the stream end and re-watch).
     pub fn close_watches(&self) {
         self.inner.lock_state().close_watches();

@@ -136,6 +136,18 @@ pub struct State {
     pub controller_enabled: bool,
     /// Watch lags in force and the events they held.
     pub watch_lags: WatchLags,
+    /// Resource → the state its `resourceVersion=0` lists answer with
+    /// ([`crate::TestServer::serve_stale_lists`]).
+    pub stale_lists: HashMap<usize, StaleList>,
+}
+
+/// A resource's objects and the revision as they were when
+/// [`crate::TestServer::serve_stale_lists`] was called: what a lagging
+/// watch cache of a real API server answers a `resourceVersion=0` list
+/// with.
+pub struct StaleList {
+    pub rv: u64,
+    pub objects: BTreeMap<ObjKey, Arc<Value>>,
 }
 
 const MAX_SNAPSHOTS: usize = 64;
@@ -159,6 +171,7 @@ impl State {
             gc_enabled: true,
             controller_enabled: false,
             watch_lags: WatchLags::default(),
+            stale_lists: HashMap::new(),
         }
     }
 

@@ -477,3 +477,45 @@ async fn clearing_a_watch_lag_keeps_the_order_and_ends_the_delay() {
     s.reset_counters();
     assert_eq!(s.watch_events_held(VAS), 0);
 }
+
+/// A stale list answers `resourceVersion=0` lists with the picture and
+/// revision of its instant; consistent lists answer the current state; a
+/// watch from the stale revision replays what changed since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_list_answers_the_watch_cache_lists_with_an_earlier_picture() {
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+    let s = TestServer::new();
+    post(&s, PVS, pv("old")).await;
+    s.serve_stale_lists("persistentvolumes");
+    post(&s, PVS, pv("new")).await;
+    let pvs: Api<PersistentVolume> = Api::all(s.client());
+    let names = |list: &kube::api::ObjectList<PersistentVolume>| -> Vec<String> {
+        list.items
+            .iter()
+            .filter_map(|pv| pv.metadata.name.clone())
+            .collect()
+    };
+    let cached = ListParams::default().at("0");
+    let stale = pvs.list(&cached).await.expect("rv=0 list");
+    assert_eq!(names(&stale), ["old"]);
+    let current = pvs.list(&ListParams::default()).await.expect("list");
+    assert_eq!(names(&current), ["new", "old"]);
+    let stale_rv = stale.metadata.resource_version.clone().expect("rv");
+    let revision = |rv: &str| rv.parse::<u64>().expect("a numeric resourceVersion");
+    let current_rv = current.metadata.resource_version.clone().expect("rv");
+    assert!(revision(&stale_rv) < revision(&current_rv));
+    let mut watch = pvs
+        .watch(&WatchParams::default(), &stale_rv)
+        .await
+        .expect("watch")
+        .boxed();
+    match watch.next().await {
+        Some(Ok(WatchEvent::Added(pv))) => assert_eq!(pv.metadata.name.as_deref(), Some("new")),
+        other => panic!("the change since the stale picture: {other:?}"),
+    }
+    s.serve_current_lists("persistentvolumes");
+    assert_eq!(
+        names(&pvs.list(&cached).await.expect("list")),
+        ["new", "old"]
+    );
+}
