@@ -1808,8 +1808,14 @@ impl Run {
             return None;
         }
         let last = log.lines().rev().find(|line| !line.trim().is_empty())?;
-        // The driver gone under it: a refused or broken connection.
-        let driver_gone = self.driver_gone[replica] && last.contains("code = Unavailable");
+        // The driver gone under it: a refused or broken connection
+        // (`Unavailable`), or a call still queued on the connection when it
+        // closed, which hyper cancels and tonic reports as `Cancelled`
+        // (seed 50126: a `DriverExit` on another replica's `GetCapacity`
+        // met this one's `GetPluginCapabilities`). Both are non-final, and
+        // either way a start-up call failed: the Go image exits too.
+        let driver_gone = self.driver_gone[replica]
+            && (last.contains("code = Unavailable") || last.contains("code = Canceled"));
         STARTUP_FAILURES
             .iter()
             .find(|(method, text)| {

@@ -15,6 +15,10 @@
 //! BENCH_SCENARIOS=delete-attached BENCH_DELETE_ATTACHED=1000 cargo bench --bench realcluster
 //!                                   # deletes next to as many attached volumes, with
 //!                                   # the attachment watch quiet, then busy
+//! BENCH_SCENARIOS=delete-at-scale BENCH_SCALE_VOLUMES=50000 BENCH_SCALE_DELETES=500 \
+//!   cargo bench --bench realcluster
+//!                                   # deletes among 50k volumes of another driver, half
+//!                                   # attached: requests and bytes per delete (a proxy)
 //! BENCH_BINARIES=ours BENCH_RS_BIN=/tmp/before/csi-provisioner cargo bench --bench realcluster
 //!                                   # another build of ours (before/after), alone
 //! ```
@@ -33,7 +37,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use controlplane::{Binaries, Config, ControlPlane, GuardedChild};
+use controlplane::{Binaries, Config, ControlPlane, GuardedChild, LagProxy};
 
 mod scale;
 use futures_util::{StreamExt, TryStreamExt, stream};
@@ -166,6 +170,11 @@ struct World {
     /// `start_driver`): the sidecar then checks VolumeAttachments before
     /// each `DeleteVolume`.
     attach: bool,
+    /// The sidecar talks to the API server through a proxy that counts
+    /// the requests and the bytes of their answers (set before
+    /// `start_sidecar`); the proxy, once started.
+    proxied: bool,
+    proxy: std::sync::OnceLock<LagProxy>,
 }
 
 impl World {
@@ -187,6 +196,8 @@ impl World {
             driver_stop: None,
             driver_process: None,
             attach: false,
+            proxied: false,
+            proxy: std::sync::OnceLock::new(),
         };
         world
             .create(
@@ -345,10 +356,15 @@ impl World {
     /// Starts a sidecar as its own user; returns the process and the user.
     async fn start_sidecar(&self, binary: Binary, extra: &[String]) -> (GuardedChild, String) {
         let user = format!("bench-{}-{}", binary.name(), self.tag);
-        let kubeconfig = self
+        let mut kubeconfig = self
             .plane
             .kubeconfig_for(&user, Some("system:masters"))
             .expect("kubeconfig");
+        if self.proxied {
+            let proxy = LagProxy::in_front_of(&kubeconfig).expect("the counting proxy");
+            kubeconfig = proxy.kubeconfig().to_owned();
+            let _ = self.proxy.set(proxy);
+        }
         let path = match binary {
             Binary::Ours => ours_binary(),
             Binary::Upstream => self.plane.binaries().path("csi-provisioner"),
@@ -778,6 +794,65 @@ struct Attached {
     /// The harness patches one attachment every 100 ms during the
     /// deletion, so the attachment watch moves (`delete-attached-busy`).
     busy: bool,
+    /// Among the volumes of another driver that [`background`] made, half
+    /// attached (`delete-at-scale`): the sidecar goes through a counting
+    /// proxy, so the bytes of the deletion's requests are measured too.
+    at_scale: bool,
+}
+
+/// The label of the objects [`background`] makes; [`cleanup`] keeps them.
+const BACKGROUND_LABEL: &str = "bench-background";
+
+/// `volumes` PVs of another driver (Available, Retain, a class of their
+/// own, so no claim of a run binds them), the first half each with a
+/// VolumeAttachment: the cluster a `delete-at-scale` run deletes in. Made
+/// once for all its runs, removed by [`remove_background`].
+async fn background(plane: &Arc<ControlPlane>, driver: DriverKind, volumes: usize) {
+    const DRIVER: &str = "background.bench.example.com";
+    let started = Instant::now();
+    let world = World::new(plane, "bg", driver).await;
+    let labels = json!({BACKGROUND_LABEL: "true"});
+    let pvs: Vec<Value> = (0..volumes)
+        .map(|i| {
+            json!({"apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": format!("bg-{i}"), "labels": labels},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                         "persistentVolumeReclaimPolicy": "Retain",
+                         "storageClassName": BACKGROUND_LABEL,
+                         "csi": {"driver": DRIVER, "volumeHandle": format!("bg-{i}")}}})
+        })
+        .collect();
+    world.create_many(pvs).await;
+    let attachments: Vec<Value> = (0..volumes / 2)
+        .map(|i| {
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+                "metadata": {"name": format!("bg-va-{i}"), "labels": labels},
+                "spec": {"attacher": DRIVER, "nodeName": "node-background",
+                         "source": {"persistentVolumeName": format!("bg-{i}")}}})
+        })
+        .collect();
+    world.create_many(attachments).await;
+    eprintln!(
+        "benchmark: {volumes} background volumes, {} attached, made in {:.0} s",
+        volumes / 2,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Removes what [`background`] made.
+async fn remove_background(plane: &Arc<ControlPlane>) {
+    let Ok(admin) = plane.admin_client().await else {
+        return;
+    };
+    let labelled = kube::api::ListParams::default().labels(BACKGROUND_LABEL);
+    let attachments: Api<DynamicObject> = Api::all_with(admin.clone(), &attachment_resource());
+    let _ = attachments
+        .delete_collection(&DeleteParams::default(), &labelled)
+        .await;
+    let pvs: Api<PersistentVolume> = Api::all(admin);
+    let _ = pvs
+        .delete_collection(&DeleteParams::default(), &labelled)
+        .await;
 }
 
 /// The VolumeAttachment resource.
@@ -799,6 +874,7 @@ async fn delete_run(
 ) -> Value {
     let (scenario, prefix) = match attached {
         None => ("delete", "de"),
+        Some(a) if a.at_scale => ("delete-at-scale", "ds"),
         Some(a) if a.busy => ("delete-attached-busy", "db"),
         Some(_) => ("delete-attached", "da"),
     };
@@ -810,6 +886,7 @@ async fn delete_run(
     let kept = attached.map_or(0, |a| a.volumes);
     let mut world = World::new(plane, &tag, driver).await;
     world.attach = attached.is_some();
+    world.proxied = attached.is_some_and(|a| a.at_scale);
     world.start_driver();
     let (pvs, watch_task) = PvWatch::start(world.admin.clone(), world.driver.clone());
     let (mut sidecar, user) = world.start_sidecar(binary, &args("1000", "2000")).await;
@@ -912,6 +989,7 @@ async fn delete_run(
         })
     });
     let before = requests(&world.plane, &user);
+    let traffic_before = world.proxy.get().map(LagProxy::traffic);
     let started = Instant::now();
     stream::iter(0..n)
         .map(|i| {
@@ -935,6 +1013,21 @@ async fn delete_run(
         t.abort();
     }
     let after = requests(&world.plane, &user);
+    let traffic_during = world.proxy.get().map(|proxy| {
+        let before = traffic_before.unwrap_or_default();
+        proxy
+            .traffic()
+            .into_iter()
+            .map(|(kind, t)| {
+                let earlier = before.get(&kind).copied().unwrap_or_default();
+                (
+                    kind,
+                    t.response_bytes.saturating_sub(earlier.response_bytes),
+                )
+            })
+            .filter(|(_, bytes)| *bytes > 0)
+            .collect::<BTreeMap<String, u64>>()
+    });
     let during: BTreeMap<String, usize> = after
         .2
         .iter()
@@ -974,6 +1067,20 @@ async fn delete_run(
         out["list_volumeattachments"] = json!(count("list volumeattachments"));
         out["get_persistentvolumes"] = json!(count("get persistentvolumes"));
         out["touches"] = json!(touches.load(std::sync::atomic::Ordering::Relaxed));
+        if let Some(bytes) = &traffic_during {
+            // Watches bring what changed, whoever asked; the requests'
+            // answers are what each delete asked for.
+            let (watched, asked): (u64, u64) = bytes.iter().fold((0, 0), |(w, a), (kind, b)| {
+                if kind.starts_with("watch ") {
+                    (w + b, a)
+                } else {
+                    (w, a + b)
+                }
+            });
+            out["response_bytes"] = json!(bytes);
+            out["asked_bytes_per_volume"] = json!(round(asked as f64 / n as f64, 0));
+            out["watch_bytes_per_volume"] = json!(round(watched as f64 / n as f64, 0));
+        }
         // Someone else (the attach-detach controller) removing attachments
         // would make the check cheaper than it is: count it as failed.
         if attachments_after < attachments_before || attachments_before < kept {
@@ -1253,6 +1360,8 @@ async fn cleanup(plane: &Arc<ControlPlane>) {
     };
     let pvs: Api<PersistentVolume> = Api::all(admin.clone());
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    // The background of `delete-at-scale` stays for all its runs.
+    let not_background = kube::api::ListParams::default().labels(&format!("!{BACKGROUND_LABEL}"));
     let started = Instant::now();
     let mut pass = 0;
     loop {
@@ -1271,7 +1380,7 @@ async fn cleanup(plane: &Arc<ControlPlane>) {
             .filter(|n| n.starts_with("bench-"))
             .collect();
         let left_pvs: Vec<(String, bool)> = pvs
-            .list_metadata(&Default::default())
+            .list_metadata(&not_background)
             .await
             .map(|l| {
                 l.items
@@ -1306,7 +1415,7 @@ async fn cleanup(plane: &Arc<ControlPlane>) {
                 let _ = namespaces.delete(ns, &DeleteParams::default()).await;
             }
             let _ = pvs
-                .delete_collection(&DeleteParams::default(), &Default::default())
+                .delete_collection(&DeleteParams::default(), &not_background)
                 .await;
         }
         // The sidecar is stopped: nobody else removes its finalizer.
@@ -1408,9 +1517,12 @@ fn headline(result: &Value) -> Option<(&'static str, f64, bool)> {
     // (metric, value, higher is better)
     let scenario = result["scenario"].as_str()?;
     match scenario {
-        "backlog" | "throttled" | "delete" | "delete-attached" | "delete-attached-busy" => {
-            Some(("vol_per_s", result["vol_per_s"].as_f64()?, true))
-        }
+        "backlog"
+        | "throttled"
+        | "delete"
+        | "delete-attached"
+        | "delete-attached-busy"
+        | "delete-at-scale" => Some(("vol_per_s", result["vol_per_s"].as_f64()?, true)),
         "steady" => Some(("p99_ms", result["p99_ms"].as_f64()?, false)),
         "idle" | "idle-all-loops" => Some((
             "rss_after_60s_mib",
@@ -1450,7 +1562,8 @@ async fn main() {
     );
     let wanted: Vec<String> = std::env::var("BENCH_SCENARIOS")
         .unwrap_or_else(|_| {
-            "backlog,steady,throttled,delete,delete-attached,idle,adopt,startup,scale".into()
+            "backlog,steady,throttled,delete,delete-attached,delete-at-scale,idle,adopt,startup,scale"
+                .into()
         })
         .split(',')
         // `delete-attached` is measured with the attachment watch quiet and
@@ -1482,6 +1595,8 @@ async fn main() {
     let throttled_n = env_usize("BENCH_THROTTLED", 100, 10);
     let delete_n = env_usize("BENCH_DELETE", 1000, 20);
     let delete_attached_n = env_usize("BENCH_DELETE_ATTACHED", 1000, 10);
+    let scale_volumes = env_usize("BENCH_SCALE_VOLUMES", 50_000, 100);
+    let scale_deletes = env_usize("BENCH_SCALE_DELETES", 500, 10);
     // `BENCH_BINARIES=ours` (or `upstream`): one binary only, such as an
     // earlier build of ours named by `BENCH_RS_BIN`; no ratio then.
     let binaries: Vec<String> = std::env::var("BENCH_BINARIES")
@@ -1511,6 +1626,12 @@ async fn main() {
                 cleanup(&plane).await;
             }
             continue;
+        }
+        if scenario == "delete-at-scale"
+            && let Some(driver) = drivers.first()
+        {
+            background(&plane, *driver, scale_volumes).await;
+            cleanup(&plane).await;
         }
         for driver in drivers {
             let mut rounds: Vec<Value> = Vec::new();
@@ -1549,9 +1670,18 @@ async fn main() {
                             let attached = Attached {
                                 volumes: delete_attached_n,
                                 busy: scenario == "delete-attached-busy",
+                                at_scale: false,
                             };
                             delete_run(&plane, binary, *driver, delete_attached_n, Some(attached))
                                 .await
+                        }
+                        "delete-at-scale" => {
+                            let attached = Attached {
+                                volumes: 0,
+                                busy: false,
+                                at_scale: true,
+                            };
+                            delete_run(&plane, binary, *driver, scale_deletes, Some(attached)).await
                         }
                         "idle" => {
                             idle(&plane, binary, *driver, (idle_n, idle_n, idle_pods), false).await
@@ -1591,6 +1721,9 @@ async fn main() {
                 results.push(line);
             }
             results.extend(rounds);
+        }
+        if scenario == "delete-at-scale" {
+            remove_background(&plane).await;
         }
     }
     let _ = Path::new(".");

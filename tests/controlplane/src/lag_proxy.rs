@@ -24,7 +24,7 @@
 //! Not forwarded: protocol upgrades (`exec`, `attach`, `port-forward`).
 //! The proxy stops when dropped.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,6 +62,17 @@ const HOP_BY_HOP: &[&str] = &[
 struct Lags {
     lag: Mutex<HashMap<String, Duration>>,
     held: Mutex<HashMap<String, u64>>,
+    /// `"<verb> <resource>"` (the audit log's verbs) → what passed.
+    traffic: Mutex<BTreeMap<String, Traffic>>,
+}
+
+/// The requests of one kind that passed the proxy, and the bytes of their
+/// answers' bodies as the client received them (a watch's: every event
+/// and bookmark so far).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub requests: u64,
+    pub response_bytes: u64,
 }
 
 impl Lags {
@@ -74,6 +85,20 @@ impl Lags {
 
     fn count_held(&self, resource: &str) {
         *lock(&self.held).entry(resource.to_owned()).or_insert(0) += 1;
+    }
+
+    fn count_request(&self, kind: &str) {
+        lock(&self.traffic)
+            .entry(kind.to_owned())
+            .or_default()
+            .requests += 1;
+    }
+
+    fn count_bytes(&self, kind: &str, bytes: usize) {
+        lock(&self.traffic)
+            .entry(kind.to_owned())
+            .or_default()
+            .response_bytes += bytes as u64;
     }
 }
 
@@ -194,6 +219,14 @@ impl LagProxy {
     pub fn held(&self, resource: &str) -> u64 {
         lock(&self.lags.held).get(resource).copied().unwrap_or(0)
     }
+
+    /// What passed so far, by `"<verb> <resource>"` as the audit log names
+    /// them (`"list volumeattachments"`, `"watch persistentvolumes"`, `"get
+    /// persistentvolumes"`); requests outside the resource API under
+    /// `"<verb> -"`. A body still streaming counts what passed.
+    pub fn traffic(&self) -> BTreeMap<String, Traffic> {
+        lock(&self.lags.traffic).clone()
+    }
 }
 
 impl Drop for LagProxy {
@@ -254,6 +287,20 @@ async fn accept_loop(listener: tokio::net::TcpListener, client: kube::Client, la
 /// The watch of a request: its resource (plural), when the request is a
 /// watch (`watch=true`/`watch=1`, or a path under the old `/watch/`).
 pub fn watched_resource(path: &str, query: Option<&str>) -> Option<String> {
+    request_kind("GET", path, query)
+        .filter(|(verb, _)| *verb == "watch")
+        .map(|(_, resource)| resource)
+}
+
+/// A request's verb as the audit log names it (`get`, `list`, `watch`,
+/// `create`, `update`, `patch`, `delete`, `deletecollection`) and its
+/// resource (plural, with `/subresource`); `None` outside the resource
+/// API (`/version`, `/apis/GROUP/VERSION`).
+pub fn request_kind(
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+) -> Option<(&'static str, String)> {
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let mut rest: &[&str] = match segments.first() {
         Some(&"api") if segments.len() >= 2 => &segments[2..],
@@ -270,16 +317,30 @@ pub fn watched_resource(path: &str, query: Option<&str>) -> Option<String> {
         watch = true;
         rest = &rest[1..];
     }
-    if !watch {
-        return None;
-    }
-    let resource = match rest {
-        // namespaces/NS/RESOURCE[/NAME[/SUB]]; not namespaces/NS/status.
-        ["namespaces", _, resource, ..] if !matches!(*resource, "status" | "finalize") => resource,
-        [resource, ..] => resource,
+    // namespaces/NS/RESOURCE[/NAME[/SUB]]; not namespaces/NS/status.
+    let (resource, name, sub) = match rest {
+        ["namespaces", _, resource, tail @ ..] if !matches!(*resource, "status" | "finalize") => {
+            (*resource, tail.first(), tail.get(1))
+        }
+        [resource, tail @ ..] => (*resource, tail.first(), tail.get(1)),
         [] => return None,
     };
-    Some((*resource).to_owned())
+    let verb = match (method, name.is_some()) {
+        _ if watch => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "other",
+    };
+    let resource = match sub {
+        Some(sub) if !watch => format!("{resource}/{sub}"),
+        _ => resource.to_owned(),
+    };
+    Some((verb, resource))
 }
 
 async fn forward(
@@ -294,7 +355,16 @@ async fn forward(
         .map(|p| p.as_str())
         .unwrap_or("/")
         .to_owned();
-    let watched = watched_resource(parts.uri.path(), parts.uri.query());
+    let kind = request_kind(parts.method.as_str(), parts.uri.path(), parts.uri.query());
+    let watched = kind
+        .as_ref()
+        .filter(|(verb, _)| *verb == "watch")
+        .map(|(_, resource)| resource.clone());
+    let counted = kind.map_or_else(
+        || format!("{} -", parts.method.as_str().to_ascii_lowercase()),
+        |(verb, resource)| format!("{verb} {resource}"),
+    );
+    lags.count_request(&counted);
     let body = match body.collect().await {
         Ok(body) => body.to_bytes(),
         Err(e) => return Ok(bad_gateway(format!("reading the request body: {e}"))),
@@ -328,9 +398,17 @@ async fn forward(
     let body: ProxyBody = match watched {
         Some(resource) if parts.status.is_success() => {
             parts.headers.remove(http::header::CONTENT_LENGTH);
-            lagged(body, resource, lags)
+            lagged(body, resource, counted, lags)
         }
-        _ => body.map_err(|e| Box::new(e) as BoxError).boxed_unsync(),
+        _ => body
+            .map_frame(move |frame| {
+                if let Some(data) = frame.data_ref() {
+                    lags.count_bytes(&counted, data.len());
+                }
+                frame
+            })
+            .map_err(|e| Box::new(e) as BoxError)
+            .boxed_unsync(),
     };
     Ok(hyper::Response::from_parts(parts, body))
 }
@@ -362,14 +440,20 @@ impl Delayer {
 }
 
 /// A watch body whose events (lines) are delivered at their arrival plus
-/// the resource's lag of that moment, in order.
-fn lagged(mut body: kube::client::Body, resource: String, lags: Arc<Lags>) -> ProxyBody {
+/// the resource's lag of that moment, in order; their bytes are counted
+/// under `counted` as they arrive.
+fn lagged(
+    mut body: kube::client::Body,
+    resource: String,
+    counted: String,
+    lags: Arc<Lags>,
+) -> ProxyBody {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Piece>();
     tokio::spawn(async move {
         let mut out = Delayer {
             tx,
             last_due: Instant::now(),
-            lags,
+            lags: lags.clone(),
             resource,
         };
         let mut partial = BytesMut::new();
@@ -385,6 +469,7 @@ fn lagged(mut body: kube::client::Body, resource: String, lags: Arc<Lags>) -> Pr
             let Ok(data) = frame.into_data() else {
                 continue; // trailers
             };
+            lags.count_bytes(&counted, data.len());
             partial.extend_from_slice(&data);
             while let Some(end) = partial.iter().position(|&b| b == b'\n') {
                 let event = partial.split_to(end + 1).freeze();
@@ -427,7 +512,77 @@ fn bad_gateway(message: String) -> hyper::Response<ProxyBody> {
 
 #[cfg(test)]
 mod tests {
-    use super::watched_resource;
+    use super::{request_kind, watched_resource};
+
+    #[test]
+    fn names_a_request_as_the_audit_log_does() {
+        let cases = [
+            (
+                "GET",
+                "/api/v1/persistentvolumes/pv-1",
+                None,
+                Some(("get", "persistentvolumes")),
+            ),
+            (
+                "GET",
+                "/api/v1/persistentvolumes",
+                Some("limit=500"),
+                Some(("list", "persistentvolumes")),
+            ),
+            (
+                "GET",
+                "/api/v1/persistentvolumes",
+                Some("watch=1"),
+                Some(("watch", "persistentvolumes")),
+            ),
+            (
+                "PATCH",
+                "/api/v1/namespaces/ns/persistentvolumeclaims/c/status",
+                None,
+                Some(("patch", "persistentvolumeclaims/status")),
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/ns/events",
+                None,
+                Some(("create", "events")),
+            ),
+            (
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
+                None,
+                Some(("update", "leases")),
+            ),
+            (
+                "DELETE",
+                "/api/v1/persistentvolumes/pv-1",
+                None,
+                Some(("delete", "persistentvolumes")),
+            ),
+            (
+                "DELETE",
+                "/api/v1/persistentvolumes",
+                None,
+                Some(("deletecollection", "persistentvolumes")),
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/ns",
+                None,
+                Some(("get", "namespaces")),
+            ),
+            ("GET", "/version", None, None),
+        ];
+        for (method, path, query, want) in cases {
+            assert_eq!(
+                request_kind(method, path, query)
+                    .as_ref()
+                    .map(|(verb, resource)| (*verb, resource.as_str())),
+                want,
+                "{method} {path}?{query:?}"
+            );
+        }
+    }
 
     #[test]
     fn finds_the_resource_of_a_watch() {
