@@ -1,8 +1,10 @@
-//! A rolling update from the upstream Go `csi-provisioner` to ours and back:
-//! both replicas share one Lease (same name, client-go's
+//! A rolling update from the upstream Go `csi-provisioner` to ours, back,
+//! and forward again: both replicas share one Lease (same name, client-go's
 //! protocol), exactly one of them writes at any time, claims are provisioned
 //! by whichever leads, none gets two volumes, and deletion works across the
-//! hand-overs. Real cluster only (the rolling update needs the upstream
+//! hand-overs; claims ours left in flight at the rollback are finished by
+//! the Go image or, deleted meanwhile, cleaned up by ours when it is back
+//! (its journal), and nothing leaks. Real cluster only (the rolling update needs the upstream
 //! binary of `../shared/k8s`; the fencing test runs ours alone without it).
 
 mod support;
@@ -295,24 +297,110 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
     assert_eq!(pv_creates_by(&env, &go_user), 3);
     assert_one_volume_per_pv(&env, Image::Rust).await;
 
-    // Rolled back: a Go replica joins, ours goes, the Go one leads again
-    // (once our Lease expires) and deletes volumes ours created.
+    // Rolled back with claims in flight: `CreateVolume` is slow, ours has
+    // journalled two claims' operations when its pod is killed, and one of
+    // the two claims is deleted while nobody leads. A Go replica leads
+    // again (once our Lease expires), provisions the claim still there,
+    // and deletes volumes ours created.
+    env.set_faults(vec![Fault::delay("CreateVolume", Duration::from_secs(4))]);
     let mut go = Replica::start(&env, Image::Go, 2, ROLLOUT, &go_config, &go_bin);
+    env.create_pvc(&env.ns, "d1", "fast", "5Mi", json!({}))
+        .await;
+    env.create_pvc(&env.ns, "d2", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "our leader's journal holds both claims in flight",
+        Duration::from_secs(30),
+        || async { (env.journal().await.len() == 2).then_some(()) },
+    )
+    .await;
     rust.kill();
+    // The driver may still make d2's volume (its call was under way).
+    let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    let d2_volume = format!(
+        "pvc-{}",
+        claims
+            .get("d2")
+            .await
+            .expect("claim d2")
+            .metadata
+            .uid
+            .expect("d2's uid")
+    );
+    env.delete_pvc(&env.ns, "d2").await;
+    env.clear_faults();
     wait_image_leads(&env, &go).await;
     provision(&env, &["c1"]).await;
-    assert_eq!(pv_creates_by(&env, &go_user), 4);
-    assert_one_volume_per_pv(&env, Image::Go).await;
+    env.wait_bound(&env.ns, "d1").await;
+    assert_eq!(
+        pv_creates_by(&env, &go_user),
+        5,
+        "the Go leader saved c1 and d1"
+    );
     for name in ["a1", "a2", "a3", "b1", "b2", "b3", "c1"] {
         env.delete_pvc(&env.ns, name).await;
     }
+    let d1 = env.wait_bound(&env.ns, "d1").await;
+    let d1_pv = d1.metadata.name.clone().expect("d1's PV name");
     env.wait_for(
-        "every volume deleted by the Go leader",
+        "every volume but d1's deleted by the Go leader",
+        Duration::from_secs(60),
+        || async {
+            let pvs: Vec<String> = env
+                .pvs()
+                .await
+                .into_iter()
+                .filter_map(|pv| pv.metadata.name)
+                .collect();
+            let volumes = env.backend_volumes();
+            (pvs == [d1_pv.clone()]
+                && volumes
+                    .iter()
+                    .all(|v| v.name == d1_pv || v.name == d2_volume))
+            .then_some(())
+        },
+    )
+    .await;
+    // The Go image does not read our journal: its two entries are still
+    // there (docs/operations.md, rollback: leftover journal ConfigMaps).
+    assert_eq!(env.journal().await.len(), 2, "the journal left by ours");
+
+    // Forward again: ours leads and replays its journal. d1 was finished
+    // by the Go leader with the volume ours started: kept. d2 is gone:
+    // whatever the driver made for it is deleted. Nothing else is touched.
+    let mut rust = Replica::start(&env, Image::Rust, 2, ROLLOUT, &rust_config, &rust_bin);
+    go.kill();
+    wait_image_leads(&env, &rust).await;
+    env.wait_for(
+        "our journal emptied by the replay",
+        Duration::from_secs(60),
+        || async { env.journal().await.is_empty().then_some(()) },
+    )
+    .await;
+    env.wait_for(
+        "d2's volume, if the driver made one, deleted",
+        Duration::from_secs(30),
+        || async {
+            let volumes = env.backend_volumes();
+            (volumes.len() == 1 && volumes[0].name == d1_pv).then_some(())
+        },
+    )
+    .await;
+    assert_one_volume_per_pv(&env, Image::Rust).await;
+    assert_eq!(
+        env.wait_bound(&env.ns, "d1").await.metadata.uid,
+        d1.metadata.uid,
+        "d1 still bound to the PV the Go leader saved"
+    );
+    env.delete_pvc(&env.ns, "d1").await;
+    env.wait_for(
+        "d1 deleted by our leader",
         Duration::from_secs(60),
         || async { (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(()) },
     )
     .await;
-    go.kill();
+    rust.kill();
     let logs = format!("--- go ---\n{}\n--- rust ---\n{}", go.log(), rust.log());
     assert!(
         !rust.log().contains("forbidden"),
