@@ -17,6 +17,12 @@
 //!   `csistoragecapacities_obsolete` (upstream's `pkg/capacity`), with
 //!   `--enable-capacity` only.
 //!
+//! - extras of this sidecar, named `csi_provisioner_*` (docs/operations.md,
+//!   "Metrics"), among them the per-StorageClass service levels: claim
+//!   creation to PV saved and release to volume deleted (histograms), the
+//!   claims and volumes waiting and the oldest one's age (gauges), driver
+//!   call latency by class, and the journal's entries in flight.
+//!
 //! Help texts carry component-base's stability prefix (`[ALPHA] `, `[BETA] `)
 //! where upstream registers through component-base, exactly as its scrape
 //! shows them. The endpoint serves Prometheus' text format 0.0.4, as
@@ -50,6 +56,15 @@ const CSI_BUCKETS: [f64; 13] = [
 /// Prometheus' `DefBuckets`, which the provisioner library uses.
 const DEFAULT_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Service-level histograms (claim creation to PV saved, release to
+/// volume deleted): from a second (an Immediate claim on a fast driver) to
+/// a day (a claim whose pod waited for a node, a driver that retried for
+/// hours), dense where alerts are usually set (minutes).
+const SLO_BUCKETS: [f64; 17] = [
+    1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0,
+    14400.0, 28800.0, 86400.0,
 ];
 
 /// client-go's workqueue buckets: `ExponentialBuckets(10e-9, 10, 10)`,
@@ -97,6 +112,22 @@ struct ClassSourceLabels {
     source: String,
 }
 
+/// The extras' class label: named `storage_class`, not upstream's `class`,
+/// so that a query joining them with upstream's families says which is
+/// which.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct StorageClassLabels {
+    storage_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DriverCallLabels {
+    storage_class: String,
+    /// `CreateVolume`, `DeleteVolume`.
+    method: String,
+    grpc_status_code: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     name: String,
@@ -129,6 +160,40 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 /// A queue's items in processing, with their start times (`None` once the
 /// queue is gone).
 type ProcessingProbe = Box<dyn Fn() -> Option<Vec<Instant>> + Send + Sync>;
+
+/// The claims, volumes and journal entries waiting, as [`Backlogs`] (`None`
+/// once what they were read from is gone).
+pub type BacklogProbe = Box<dyn Fn() -> Option<Backlogs> + Send + Sync>;
+
+/// How many wait and since how long the oldest one does.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    pub count: usize,
+    /// 0 with none waiting, or none whose start is known.
+    pub oldest_seconds: f64,
+}
+
+/// What the backlog gauges show at a scrape.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Backlogs {
+    /// StorageClass name → claims waiting for their volume.
+    pub claims: BTreeMap<String, Backlog>,
+    /// StorageClass name → volumes waiting for deletion.
+    pub volumes: BTreeMap<String, Backlog>,
+    /// Operations in flight, each with its journal entry.
+    pub journal: Backlog,
+}
+
+/// The backlog probe and the classes it reported at the last scrape (a
+/// class it no longer reports is removed; one it still reports is set, never
+/// removed and added again, so that a concurrent scrape cannot miss it and
+/// reset an alert's `for`).
+#[derive(Default)]
+struct BacklogState {
+    probe: Option<BacklogProbe>,
+    claim_classes: Vec<StorageClassLabels>,
+    volume_classes: Vec<StorageClassLabels>,
+}
 
 struct Metrics {
     registry: Registry,
@@ -163,6 +228,16 @@ struct Metrics {
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
     capacity_obsolete: Family<NoLabels, Gauge>,
+    claim_provisioning: Histograms<StorageClassLabels>,
+    claims_pending: Family<StorageClassLabels, Gauge>,
+    claims_pending_oldest: Family<StorageClassLabels, FloatGauge>,
+    volume_deletion: Histograms<StorageClassLabels>,
+    volumes_pending: Family<StorageClassLabels, Gauge>,
+    volumes_pending_oldest: Family<StorageClassLabels, FloatGauge>,
+    driver_calls: Histograms<DriverCallLabels>,
+    journal_entries: Family<NoLabels, Gauge>,
+    journal_oldest: Family<NoLabels, FloatGauge>,
+    backlog: Mutex<BacklogState>,
     scrapes_in_flight: Gauge,
     scrapes: Family<CodeLabels, Counter>,
 }
@@ -173,6 +248,10 @@ fn csi_histogram() -> Histogram {
 
 fn default_histogram() -> Histogram {
     Histogram::new(DEFAULT_BUCKETS)
+}
+
+fn slo_histogram() -> Histogram {
+    Histogram::new(SLO_BUCKETS)
 }
 
 fn workqueue_histogram() -> Histogram {
@@ -235,6 +314,16 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         capacity_goal: Family::default(),
         capacity_current: Family::default(),
         capacity_obsolete: Family::default(),
+        claim_provisioning: Family::new_with_constructor(slo_histogram),
+        claims_pending: Family::default(),
+        claims_pending_oldest: Family::default(),
+        volume_deletion: Family::new_with_constructor(slo_histogram),
+        volumes_pending: Family::default(),
+        volumes_pending_oldest: Family::default(),
+        driver_calls: Family::new_with_constructor(csi_histogram),
+        journal_entries: Family::default(),
+        journal_oldest: Family::default(),
+        backlog: Mutex::default(),
         scrapes_in_flight: Gauge::default(),
         scrapes: Family::default(),
     };
@@ -392,6 +481,69 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "csi_provisioner_events_coalesced",
         "Events replaced in the queue by a newer event of the same object (a Provisioning note by its outcome, or a repeat of the same reason).",
         m.events_coalesced.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_claim_provisioning_seconds",
+        "Time from a claim's creation (metadata.creationTimestamp) to its PersistentVolume saved by this sidecar, by StorageClass: observed once per claim, when its PV is saved. Includes the time a WaitForFirstConsumer claim waited for its pod to be scheduled.",
+        m.claim_provisioning.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_claims_pending",
+        "Claims of this driver's provisioner waiting for their volume (no spec.volumeName, not being deleted), by StorageClass. Reported by the leader only; aggregate with max by (storage_class).",
+        m.claims_pending.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_claims_pending_oldest_seconds",
+        "Age in seconds (since metadata.creationTimestamp) of the oldest claim counted by csi_provisioner_claims_pending, 0 with none, by StorageClass. Reported by the leader only.",
+        m.claims_pending_oldest.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_volume_deletion_seconds",
+        "Time from a PersistentVolume becoming Released (status.lastPhaseTransitionTime) to its backend volume deleted by this sidecar, by StorageClass: observed once per volume. Not observed where the API server does not set lastPhaseTransitionTime (before Kubernetes 1.29).",
+        m.volume_deletion.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_volumes_pending_deletion",
+        "PersistentVolumes of this driver that are Released with reclaim policy Delete and whose backend volume is not deleted yet, by StorageClass. Reported by the leader only; aggregate with max by (storage_class).",
+        m.volumes_pending.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_volumes_pending_deletion_oldest_seconds",
+        "Seconds since the oldest volume counted by csi_provisioner_volumes_pending_deletion became Released (status.lastPhaseTransitionTime), 0 with none or none whose time is known, by StorageClass. Reported by the leader only.",
+        m.volumes_pending_oldest.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_driver_call_seconds",
+        "Duration of the CreateVolume and DeleteVolume calls made for a claim or volume of a StorageClass, by class, method and gRPC status code (csi_sidecar_operations_seconds has no class). Calls made to clean up after a claim that is gone are not counted here.",
+        m.driver_calls.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_journal_entries",
+        "Provisioning operations in flight (a CreateVolume that may have reached the driver and whose volume is not recorded in a PersistentVolume yet), each with its entry in the write-ahead journal. Reported by the leader only.",
+        m.journal_entries.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_journal_oldest_entry_seconds",
+        "Age in seconds of the oldest operation counted by csi_provisioner_journal_entries, 0 with none; an entry read back from the journal at start counts from then. Reported by the leader only.",
+        m.journal_oldest.clone(),
     );
     register(
         &mut registry,
@@ -782,6 +934,114 @@ pub fn delete_failed(class_name: &str) {
         .inc();
 }
 
+fn storage_class(name: &str) -> StorageClassLabels {
+    StorageClassLabels {
+        storage_class: name.to_owned(),
+    }
+}
+
+/// A claim of `class_name` whose PV this sidecar saved, `since_created`
+/// after the claim was created (once per claim: see the metric's help).
+pub fn claim_provisioned(class_name: &str, since_created: Duration) {
+    METRICS
+        .claim_provisioning
+        .get_or_create(&storage_class(class_name))
+        .observe(since_created.as_secs_f64());
+}
+
+/// A PV of `class_name` whose backend volume this sidecar deleted,
+/// `since_released` after it became Released.
+pub fn volume_deleted(class_name: &str, since_released: Duration) {
+    METRICS
+        .volume_deletion
+        .get_or_create(&storage_class(class_name))
+        .observe(since_released.as_secs_f64());
+}
+
+/// One `CreateVolume` or `DeleteVolume` call made for a claim or volume
+/// of `class_name`.
+pub fn observe_driver_call(class_name: &str, method: &str, code: tonic::Code, took: Duration) {
+    METRICS
+        .driver_calls
+        .get_or_create(&DriverCallLabels {
+            storage_class: class_name.to_owned(),
+            method: method.to_owned(),
+            grpc_status_code: go_code_name(code).to_owned(),
+        })
+        .observe(took.as_secs_f64());
+}
+
+/// Where the backlog gauges are read from at each scrape (the provisioning
+/// loop, once this process leads). Replaces an earlier probe.
+pub fn set_backlog_probe(probe: BacklogProbe) {
+    METRICS
+        .backlog
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .probe = Some(probe);
+}
+
+/// Sets the backlog gauges from the probe; without one, or once it
+/// reports nothing (not leading, the loop gone), they are absent rather
+/// than 0: a replica that does not provision does not know, and a 0 would
+/// read as "nothing waiting".
+fn refresh_backlog_gauges() {
+    let mut state = METRICS.backlog.lock().unwrap_or_else(|p| p.into_inner());
+    let backlogs = state.probe.as_ref().and_then(|probe| probe());
+    if backlogs.is_none() {
+        state.probe = None;
+    }
+    let backlogs = backlogs.unwrap_or_default();
+    let leading = state.probe.is_some();
+    state.claim_classes = set_class_gauges(
+        &METRICS.claims_pending,
+        &METRICS.claims_pending_oldest,
+        &backlogs.claims,
+        &state.claim_classes,
+    );
+    state.volume_classes = set_class_gauges(
+        &METRICS.volumes_pending,
+        &METRICS.volumes_pending_oldest,
+        &backlogs.volumes,
+        &state.volume_classes,
+    );
+    if leading {
+        METRICS
+            .journal_entries
+            .get_or_create(&NoLabels {})
+            .set(i64::try_from(backlogs.journal.count).unwrap_or(i64::MAX));
+        METRICS
+            .journal_oldest
+            .get_or_create(&NoLabels {})
+            .set(backlogs.journal.oldest_seconds);
+    } else {
+        METRICS.journal_entries.clear();
+        METRICS.journal_oldest.clear();
+    }
+}
+
+/// Sets a count and an oldest-age gauge per class of `now`, removes the
+/// classes of `before` that `now` lacks; returns the classes set.
+fn set_class_gauges(
+    count: &Family<StorageClassLabels, Gauge>,
+    oldest: &Family<StorageClassLabels, FloatGauge>,
+    now: &BTreeMap<String, Backlog>,
+    before: &[StorageClassLabels],
+) -> Vec<StorageClassLabels> {
+    let labels: Vec<StorageClassLabels> = now.keys().map(|class| storage_class(class)).collect();
+    for (label, backlog) in labels.iter().zip(now.values()) {
+        count
+            .get_or_create(label)
+            .set(i64::try_from(backlog.count).unwrap_or(i64::MAX));
+        oldest.get_or_create(label).set(backlog.oldest_seconds);
+    }
+    for gone in before.iter().filter(|label| !labels.contains(label)) {
+        count.remove(gone);
+        oldest.remove(gone);
+    }
+    labels
+}
+
 fn queue(name: &str) -> QueueLabels {
     QueueLabels {
         name: name.to_owned(),
@@ -1018,6 +1278,7 @@ pub fn negotiate(accept: Option<&str>) -> Exposition {
 /// Every metric in the OpenMetrics text format.
 pub fn encode() -> String {
     refresh_queue_gauges();
+    refresh_backlog_gauges();
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, &METRICS.registry);
@@ -1414,6 +1675,94 @@ mod tests {
         let open = encode_as(Exposition::OpenMetrics);
         assert!(open.ends_with("# EOF\n"), "{open}");
         assert!(open.contains("# TYPE workqueue_adds counter"), "{open}");
+    }
+
+    /// The backlog gauges follow the probe: a class it stops reporting
+    /// goes, and with no probe (not leading) every one is absent, not 0.
+    /// The only test that sets the probe (it is process-wide).
+    #[test]
+    fn backlog_gauges_follow_the_probe_and_are_absent_without_one() {
+        let backlog = |count, oldest_seconds| Backlog {
+            count,
+            oldest_seconds,
+        };
+        let report = |classes: &[(&str, Backlog)], journal: Backlog| Backlogs {
+            claims: classes
+                .iter()
+                .map(|(class, b)| ((*class).to_owned(), *b))
+                .collect(),
+            volumes: classes
+                .iter()
+                .map(|(class, b)| ((*class).to_owned(), *b))
+                .collect(),
+            journal,
+        };
+        let first = report(
+            &[("unit-a", backlog(2, 61.5)), ("unit-b", backlog(0, 0.0))],
+            backlog(1, 4.0),
+        );
+        set_backlog_probe(Box::new(move || Some(first.clone())));
+        let text = encode_as(Exposition::Prometheus);
+        for needle in [
+            "# TYPE csi_provisioner_claims_pending gauge\n",
+            r#"csi_provisioner_claims_pending{storage_class="unit-a"} 2"#,
+            r#"csi_provisioner_claims_pending_oldest_seconds{storage_class="unit-a"} 61.5"#,
+            r#"csi_provisioner_claims_pending{storage_class="unit-b"} 0"#,
+            r#"csi_provisioner_volumes_pending_deletion{storage_class="unit-a"} 2"#,
+            r#"csi_provisioner_volumes_pending_deletion_oldest_seconds{storage_class="unit-b"} 0"#,
+            "\ncsi_provisioner_journal_entries 1\n",
+            "\ncsi_provisioner_journal_oldest_entry_seconds 4\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle}\n{text}");
+        }
+        let second = report(&[("unit-a", backlog(1, 2.0))], backlog(0, 0.0));
+        set_backlog_probe(Box::new(move || Some(second.clone())));
+        let text = encode_as(Exposition::Prometheus);
+        assert!(
+            text.contains(r#"csi_provisioner_claims_pending{storage_class="unit-a"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("unit-b"),
+            "a class no longer reported\n{text}"
+        );
+        assert!(
+            text.contains("\ncsi_provisioner_journal_entries 0\n"),
+            "{text}"
+        );
+        // The loop gone (or never started: not leading).
+        set_backlog_probe(Box::new(|| None));
+        let text = encode_as(Exposition::Prometheus);
+        for absent in [
+            "csi_provisioner_claims_pending{",
+            "csi_provisioner_claims_pending_oldest_seconds{",
+            "csi_provisioner_volumes_pending_deletion{",
+            "csi_provisioner_volumes_pending_deletion_oldest_seconds{",
+            "\ncsi_provisioner_journal_entries ",
+            "\ncsi_provisioner_journal_oldest_entry_seconds ",
+        ] {
+            assert!(!text.contains(absent), "{absent} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn service_level_histograms_are_per_class_with_buckets_up_to_a_day() {
+        claim_provisioned("unit-slo-hist", Duration::from_secs(90));
+        volume_deleted("unit-slo-hist", Duration::from_secs(4));
+        let text = encode_as(Exposition::Prometheus);
+        for needle in [
+            "# TYPE csi_provisioner_claim_provisioning_seconds histogram\n",
+            r#"csi_provisioner_claim_provisioning_seconds_bucket{storage_class="unit-slo-hist",le="60"} 0"#,
+            r#"csi_provisioner_claim_provisioning_seconds_bucket{storage_class="unit-slo-hist",le="120"} 1"#,
+            r#"csi_provisioner_claim_provisioning_seconds_bucket{storage_class="unit-slo-hist",le="86400"} 1"#,
+            r#"csi_provisioner_claim_provisioning_seconds_count{storage_class="unit-slo-hist"} 1"#,
+            r#"csi_provisioner_volume_deletion_seconds_bucket{storage_class="unit-slo-hist",le="2.5"} 0"#,
+            r#"csi_provisioner_volume_deletion_seconds_bucket{storage_class="unit-slo-hist",le="5"} 1"#,
+            r#"csi_provisioner_volume_deletion_seconds_sum{storage_class="unit-slo-hist"} 4"#,
+        ] {
+            assert!(text.contains(needle), "missing {needle}\n{text}");
+        }
+        assert!(SLO_BUCKETS.windows(2).all(|w| w[0] < w[1]), "increasing");
     }
 
     #[test]

@@ -5,6 +5,9 @@
 
 mod support;
 
+#[path = "operation/monitoring.rs"]
+mod monitoring;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -247,7 +250,26 @@ async fn metrics_and_health_checks_over_http(backend: Backend) {
         "leader_election_master_status{name=\"\"} 1".to_owned(),
         "process_resident_memory_bytes ".to_owned(),
         "process_start_time_seconds ".to_owned(),
+        // The service-level extras: each claim observed once, when its PV
+        // was saved (m1's failed attempt is no second observation).
+        format!("csi_provisioner_claim_provisioning_seconds_count{{storage_class=\"{class}\"}} 2"),
+        format!("csi_provisioner_driver_call_seconds_count{{storage_class=\"{class}\",method=\"CreateVolume\",grpc_status_code=\"OK\"}} 2"),
+        format!("csi_provisioner_driver_call_seconds_count{{storage_class=\"{class}\",method=\"CreateVolume\",grpc_status_code=\"Internal\"}} 1"),
+        format!("csi_provisioner_driver_call_seconds_count{{storage_class=\"{class}\",method=\"DeleteVolume\",grpc_status_code=\"OK\"}} 1"),
+        // Nothing waits any more; the leader reports the class at 0.
+        format!("csi_provisioner_claims_pending{{storage_class=\"{class}\"}} 0"),
+        format!("csi_provisioner_volumes_pending_deletion{{storage_class=\"{class}\"}} 0"),
+        "\ncsi_provisioner_journal_entries 0\n".to_owned(),
     ];
+    // The release time (status.lastPhaseTransitionTime) is the real API
+    // server's; the test server does not set it, and no start time means
+    // no observation.
+    let deletion_observed =
+        format!("csi_provisioner_volume_deletion_seconds_count{{storage_class=\"{class}\"}} 1");
+    let expected: Vec<String> = expected
+        .into_iter()
+        .chain(env.is_real().then_some(deletion_observed))
+        .collect();
     let mut last = String::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -267,6 +289,17 @@ async fn metrics_and_health_checks_over_http(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(last.is_empty() || last.contains("# TYPE"));
+    // Every metric deploy/monitoring/ queries is one of this scrape's.
+    let (status, scrape) = http_get(port, "/metrics").await;
+    assert_eq!(status, 200, "{scrape}");
+    // The test server sets no status.lastPhaseTransitionTime, so no
+    // deletion is timed there; the real-cluster run checks that family.
+    let unobservable: &[&str] = if env.is_real() {
+        &[]
+    } else {
+        &["csi_provisioner_volume_deletion_seconds"]
+    };
+    monitoring::assert_monitoring_matches(&scrape, unobservable);
 
     let (status, body) = http_get(port, "/healthz/leader-election").await;
     assert_eq!(status, 200, "{body}");
@@ -281,6 +314,26 @@ async fn metrics_and_health_checks_over_http(backend: Backend) {
     assert_eq!(status, 500, "{body}");
     assert!(body.contains("CSI driver"), "{body}");
     assert_eq!(http_get(port, "/healthz/leader-election").await.0, 200);
+
+    // A claim the stopped driver cannot provision waits, journalled: the
+    // leader's backlog gauges count it.
+    env.create_pvc(&env.ns, "m3", "fast", "5Mi", json!({}))
+        .await;
+    let waiting = [
+        format!("csi_provisioner_claims_pending{{storage_class=\"{class}\"}} 1\n"),
+        "\ncsi_provisioner_journal_entries 1\n".to_owned(),
+    ];
+    let mut last = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !waiting.iter().all(|w| last.contains(w.as_str())) {
+        assert!(
+            Instant::now() < deadline,
+            "m3 never counted as waiting: {waiting:?}\n{last}\n{}",
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        last = http_get(port, "/metrics").await.1;
+    }
 }
 
 /// The Go image exits when its driver's connection is lost (the container

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 
 use super::shared::{convert, convert_all};
@@ -164,6 +165,14 @@ impl ClaimReference {
 pub struct PersistentVolumeStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase: Option<Shared>,
+    /// When the phase last changed (Kubernetes 1.29 and later): for a
+    /// Released PV, when it was released, the start of
+    /// `csi_provisioner_volume_deletion_seconds`.
+    #[serde(
+        rename = "lastPhaseTransitionTime",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_phase_transition_time: Option<Time>,
 }
 
 cached_as!(PersistentVolume, k8s::PersistentVolume);
@@ -222,6 +231,7 @@ impl Projection for PersistentVolume {
             }),
             status: self.status.as_ref().map(|s| k8s::PersistentVolumeStatus {
                 phase: convert(&s.phase),
+                last_phase_transition_time: s.last_phase_transition_time.clone(),
                 ..k8s::PersistentVolumeStatus::default()
             }),
         }
@@ -247,6 +257,7 @@ impl Projection for PersistentVolume {
             }),
             status: pv.status.as_ref().map(|s| PersistentVolumeStatus {
                 phase: convert(&s.phase),
+                last_phase_transition_time: s.last_phase_transition_time.clone(),
             }),
         }
     }

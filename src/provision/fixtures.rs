@@ -198,6 +198,7 @@ pub fn source_volume() -> PersistentVolume {
         }),
         status: Some(PersistentVolumeStatus {
             phase: Some("Bound".into()),
+            ..Default::default()
         }),
     }
 }
@@ -230,6 +231,7 @@ pub fn released_volume() -> PersistentVolume {
         }),
         status: Some(PersistentVolumeStatus {
             phase: Some("Released".into()),
+            ..Default::default()
         }),
     }
 }
@@ -314,6 +316,7 @@ pub fn migrated_volume() -> PersistentVolume {
         }),
         status: Some(PersistentVolumeStatus {
             phase: Some("Released".into()),
+            ..Default::default()
         }),
     }
 }

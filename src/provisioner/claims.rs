@@ -32,6 +32,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::inputs::{self, PlanError};
 use super::operations::InFlight;
+use super::slo::{self, timed_driver_call};
 use super::{ClaimKey, Context, Next};
 use crate::api::snapshot::VolumeSnapshot;
 use crate::csi::{CsiError, grpc_error_text};
@@ -179,6 +180,14 @@ async fn provision(ctx: &Arc<Context>, key: &ClaimKey) -> Next {
     match &attempt {
         Attempt::Provisioned { took } => {
             crate::metrics::provision_succeeded(&class_name, source_kind(&claim), *took);
+            // Once per claim: a pass reaches here only by saving the PV,
+            // and a later pass finds it saved (`Attempt::Uncounted`).
+            if let Some(since_created) = slo::age(
+                claim.metadata.creation_timestamp.as_ref(),
+                k8s_openapi::jiff::Timestamp::now(),
+            ) {
+                crate::metrics::claim_provisioned(&class_name, since_created);
+            }
         }
         Attempt::Failed(_) => crate::metrics::provision_failed(&class_name, source_kind(&claim)),
         Attempt::Uncounted(_) => {}
@@ -382,10 +391,13 @@ async fn attempt(
         ctx.operations.update(&key.uid, |op| op.create_sent = true);
     }
     tracing::info!(claim = %key, volume = %plan.volume_name, "calling CreateVolume");
-    let response = match ctx
-        .driver
-        .create_volume(request.clone(), plan.is_migrated())
-        .await
+    let response = match timed_driver_call(
+        class_name,
+        "CreateVolume",
+        ctx.driver
+            .create_volume(request.clone(), plan.is_migrated()),
+    )
+    .await
     {
         Ok(response) => response,
         Err(e) => return Attempt::Failed(create_failed(ctx, claim, class_name, &plan, e).await),
@@ -398,10 +410,13 @@ async fn attempt(
             // what it created, then try again from scratch.
             note(ctx, claim, notes::provisioning_failed(&e.to_string())).await;
             if let Some(id) = e.volume_to_delete(&response)
-                && let Err(del) = ctx
-                    .driver
-                    .delete_volume(id, request.secrets.clone(), plan.is_migrated())
-                    .await
+                && let Err(del) = timed_driver_call(
+                    class_name,
+                    "DeleteVolume",
+                    ctx.driver
+                        .delete_volume(id, request.secrets.clone(), plan.is_migrated()),
+                )
+                .await
             {
                 tracing::error!(claim = %key, volume_id = id, error = %del, "cannot delete an unusable volume; will retry");
                 return Attempt::Failed(Next::Retry);
@@ -467,10 +482,13 @@ async fn attempt(
                 notes::pv_save_failed(&key.namespace, &key.name, &reason),
             )
             .await;
-            match ctx
-                .driver
-                .delete_volume(&volume_id, request.secrets, plan.is_migrated())
-                .await
+            match timed_driver_call(
+                class_name,
+                "DeleteVolume",
+                ctx.driver
+                    .delete_volume(&volume_id, request.secrets, plan.is_migrated()),
+            )
+            .await
             {
                 Ok(()) => finish_operation(ctx, &key.namespace, &key.uid),
                 Err(e) => {

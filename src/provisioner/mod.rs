@@ -34,6 +34,9 @@
 //! Claims whose `CreateVolume` was refused as infeasible wait for
 //! `--retry-interval-max` or a change ([`infeasible`]).
 //!
+//! The service-level figures per StorageClass (claims and volumes waiting,
+//! driver calls by class) are [`slo`]'s.
+//!
 //! Everything is read from the shared watch caches ([`Caches`]); the API is
 //! only written to, except for Secrets and snapshot objects, which are read
 //! when a claim needs them.
@@ -45,6 +48,7 @@ mod inputs;
 pub mod journal;
 pub mod operations;
 mod owner;
+pub mod slo;
 pub mod volumes;
 
 use std::collections::HashMap;
@@ -607,6 +611,8 @@ impl Context {
         for claim in self.operations.resume(recovered) {
             self.claims.add(claim);
         }
+        // Only now, leading with the journal loaded, is what waits known.
+        slo::report_backlogs(self);
         Ok(true)
     }
 

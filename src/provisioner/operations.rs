@@ -97,6 +97,10 @@ pub struct InFlight {
     /// (see [`crate::provision::CLEANUP_FINAL_ANSWERS`]); kept in memory only, so a restart
     /// asks again from zero.
     pub final_cleanup_answers: u32,
+    /// When this process recorded it, or read it back from the journal
+    /// (entries keep no time: the API server's clock is not ours): the age
+    /// of `csi_provisioner_journal_oldest_entry_seconds`.
+    pub since: tokio::time::Instant,
 }
 
 /// Forgets a journal entry when dropped armed (see [`Operations::record`]).
@@ -156,6 +160,17 @@ impl Operations {
         self.map().get(uid).cloned()
     }
 
+    /// The operations in flight and the oldest one's age in seconds (the
+    /// journal's gauges).
+    pub fn backlog(&self, now: tokio::time::Instant) -> crate::metrics::Backlog {
+        let started: Vec<tokio::time::Instant> = self.map().values().map(|op| op.since).collect();
+        let (_, oldest_seconds) = crate::metrics::unfinished_work(now, &started);
+        crate::metrics::Backlog {
+            count: started.len(),
+            oldest_seconds,
+        }
+    }
+
     /// Starts the operation `plan` describes for `claim`: records it in the
     /// journal and waits until it is stored; only then is it in flight.
     /// On an error nothing is in flight and no `CreateVolume` may be sent.
@@ -181,6 +196,7 @@ impl Operations {
             plan: Some(plan),
             create_sent: false,
             final_cleanup_answers: 0,
+            since: tokio::time::Instant::now(),
         };
         self.insert(&claim.uid, op.clone());
         Ok(op)
@@ -202,6 +218,7 @@ impl Operations {
                             plan: None,
                             create_sent: true,
                             final_cleanup_answers: 0,
+                            since: tokio::time::Instant::now(),
                         },
                     );
                     claims.push(ClaimKey {

@@ -18,6 +18,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 
+use super::slo::{self, timed_driver_call};
 use super::{Context, DeletedVolume};
 use crate::provision::events as notes;
 use crate::provision::{
@@ -181,10 +182,13 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             None => Default::default(),
         };
         tracing::info!(volume = %name, volume_id = %plan.volume_id, "calling DeleteVolume");
-        if let Err(e) = ctx
-            .driver
-            .delete_volume(&plan.volume_id, secrets, plan.is_migrated())
-            .await
+        if let Err(e) = timed_driver_call(
+            &class_name,
+            "DeleteVolume",
+            ctx.driver
+                .delete_volume(&plan.volume_id, secrets, plan.is_migrated()),
+        )
+        .await
         {
             let text = crate::csi::grpc_error_text(&e.status);
             crate::metrics::delete_failed(&class_name);
@@ -209,6 +213,12 @@ async fn reconcile(ctx: &Context, name: &str) -> Result<(), Retry> {
             crate::metrics::set_remembered("deleted_volumes", deleted.len());
         }
         crate::metrics::delete_succeeded(&class_name, started.elapsed());
+        // Once per volume: `deleted_volumes` keeps later passes from here.
+        if let Some(since_released) =
+            slo::age(slo::released_at(&pv), k8s_openapi::jiff::Timestamp::now())
+        {
+            crate::metrics::volume_deleted(&class_name, since_released);
+        }
         ctx.volume_events.changed(&pv);
         tracing::info!(volume = %name, "backend volume deleted");
     }

@@ -57,6 +57,7 @@ fn pv() -> PersistentVolume {
         }),
         status: Some(PersistentVolumeStatus {
             phase: Some("Released".into()),
+            ..Default::default()
         }),
     }
 }
@@ -69,6 +70,7 @@ fn labelled(mut pv: PersistentVolume, id: &str) -> PersistentVolume {
 fn in_phase(mut pv: PersistentVolume, phase: Option<&str>) -> PersistentVolume {
     pv.status = phase.map(|p| PersistentVolumeStatus {
         phase: Some(p.into()),
+        ..Default::default()
     });
     pv
 }
