@@ -412,8 +412,18 @@ async fn sigterm_finishes_the_call_in_flight_releases_the_lease_and_exits_zero(b
         "CreateVolume",
         Duration::from_millis(1500),
     )]);
-    let mut flags = ELECTION.to_vec();
-    flags.push("--feature-gates=ReleaseLeaderElectionOnExit=true");
+    // Upstream's timings, not `ELECTION`'s: nothing here waits for a
+    // failover, and a renewal missed within `ELECTION`'s one-second
+    // deadline (CI saw it once, with test binaries compiling on both
+    // cores) loses the Lease and ends the process with 1 before the
+    // SIGTERM this test is about.
+    let flags = [
+        "--leader-election",
+        "--leader-election-lease-duration=15s",
+        "--leader-election-renew-deadline=10s",
+        "--leader-election-retry-period=2s",
+        "--feature-gates=ReleaseLeaderElectionOnExit=true",
+    ];
     env.start_sidecar(&flags).await;
     env.wait_for("leadership", Duration::from_secs(20), || async {
         env.logs().contains(BECAME_LEADER).then_some(())
