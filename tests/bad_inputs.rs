@@ -55,6 +55,13 @@ enum Input {
     },
     /// The driver's capability answers carry an enum value nobody knows.
     UnknownCapability,
+    /// A valid claim; the driver's first `CreateVolume` calls fail with
+    /// `code` and a message of `bytes` bytes.
+    CreateError {
+        code: tonic::Code,
+        bytes: usize,
+        times: u32,
+    },
 }
 
 /// What the user must be told.
@@ -412,6 +419,13 @@ catalogue! {
         input: Input::CreateReply { reply: |_| Reply { padding_bytes: 5 << 20, ..Reply::default() }, times: 1 },
         expect: Expect::EventThenBound { reason: "ProvisioningFailed", message: "rpc error: code = ResourceExhausted desc = Error, decoded message length too large: found " },
     };
+    driver_error_with_a_huge_message: Case {
+        // Longer than HTTP/2's default header list limit (16 KiB): the
+        // driver's code must still come through, or a non-final error
+        // could be taken as final (docs/driver-habits.md, row 12).
+        input: Input::CreateError { code: tonic::Code::Unavailable, bytes: 20_000, times: 1 },
+        expect: Expect::EventThenBound { reason: "ProvisioningFailed", message: "rpc error: code = Unavailable desc = mmmm" },
+    };
     driver_unknown_capability_enums: Case {
         input: Input::UnknownCapability,
         expect: Expect::LogThenBound { log: "detected CSI driver" },
@@ -506,7 +520,9 @@ async fn run(name: &str, case: Case) {
         Input::CreateReply { reply, times } => {
             ("{}".to_owned(), "{}".to_owned(), Some(reply(&env)), *times)
         }
-        Input::UnknownCapability => ("{}".to_owned(), "{}".to_owned(), None, 0),
+        Input::UnknownCapability | Input::CreateError { .. } => {
+            ("{}".to_owned(), "{}".to_owned(), None, 0)
+        }
         Input::Flags(_) | Input::Objects(_) => unreachable!("handled above"),
     };
     let class_extra: Value = serde_json::from_str(&class_extra).expect("class JSON");
@@ -519,6 +535,14 @@ async fn run(name: &str, case: Case) {
         .await;
     if let Some(reply) = reply {
         env.set_faults(vec![Fault::reply("CreateVolume", reply).times(times)]);
+    }
+    if let Input::CreateError { code, bytes, times } = case.input {
+        let message = "m".repeat(bytes);
+        env.set_faults(vec![
+            Fault::error("CreateVolume", code)
+                .with_message(&message)
+                .times(times),
+        ]);
     }
     if let Input::UnknownCapability = case.input {
         env.set_faults(vec![

@@ -48,6 +48,13 @@ pub fn parse_unix_address(address: &str) -> Result<PathBuf, AddressError> {
     Ok(PathBuf::from(path))
 }
 
+/// The largest header list (metadata, and a status's `grpc-message`) a
+/// channel accepts: grpc-go's default (16 MiB), which the Go sidecars and
+/// drivers live with. HTTP/2's default, 16 KiB, made an error whose
+/// message is longer (a driver quoting a command's output) a protocol
+/// error, `Internal` and final, whatever code the driver sent.
+pub const MAX_HEADER_LIST_SIZE: u32 = 16 << 20;
+
 /// A channel whose connections are made to `socket`. Nothing is dialled until
 /// the first call, and a broken connection is re-dialled on the next call, so
 /// a driver restart does not need a new channel.
@@ -55,18 +62,19 @@ pub fn lazy_unix_channel(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();
     // The URI is required by tonic but never resolved: the connector below
     // ignores it and dials the socket.
-    Endpoint::from_static("http://csi.local").connect_with_connector_lazy(tower::service_fn(
-        move |_: Uri| {
+    Endpoint::from_static("http://csi.local")
+        .http2_max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
             async move { UnixStream::connect(socket).await.map(TokioIo::new) }
-        },
-    ))
+        }))
 }
 
 /// Connects to `socket` now; fails when nothing listens there.
 pub async fn connect_unix(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let socket = socket.to_path_buf();
     Endpoint::from_static("http://csi.local")
+        .http2_max_header_list_size(MAX_HEADER_LIST_SIZE)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
             async move { UnixStream::connect(socket).await.map(TokioIo::new) }
