@@ -56,6 +56,7 @@ pub mod render;
 
 pub use controlplane::Config as ClusterConfig;
 
+pub mod democratic;
 pub mod sidecar;
 pub mod snapshots;
 
