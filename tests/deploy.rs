@@ -729,7 +729,7 @@ fn kustomizations(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
             continue;
         };
         let kz: Value =
-            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         if kz["kind"] != "Component" {
             out.push(dir.to_owned());
         }
@@ -1070,7 +1070,7 @@ fn pod_is_hardened_and_probed() {
 fn image_tags_follow_the_crate_version() {
     let text = std::fs::read_to_string(render::kubernetes_dir().join("base/kustomization.yaml"))
         .expect("base kustomization");
-    let kz: Value = serde_yaml::from_str(&text).expect("parses");
+    let kz: Value = serde_yaml_ng::from_str(&text).expect("parses");
     let want = format!("v{}", env!("CARGO_PKG_VERSION"));
     let images = kz["images"].as_array().expect("images");
     let names: BTreeSet<_> = images.iter().filter_map(|i| i["name"].as_str()).collect();

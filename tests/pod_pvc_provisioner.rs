@@ -48,7 +48,7 @@ fn cache_request(env: &Env, volume_name: Option<&str>) -> serde_json::Value {
     if let Some(pv) = volume_name {
         spec["volumeName"] = json!(pv);
     }
-    let pvc = serde_yaml::to_string(&json!({
+    let pvc = serde_yaml_ng::to_string(&json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "ignored"},
         "spec": spec,

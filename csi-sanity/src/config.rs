@@ -120,7 +120,7 @@ pub struct Secrets {
     /// Keys this suite does not use (reported as a warning, not an error,
     /// so files written for newer upstream versions still load).
     #[serde(flatten)]
-    pub unknown: BTreeMap<String, serde_yaml::Value>,
+    pub unknown: BTreeMap<String, serde_yaml_ng::Value>,
 }
 
 /// A YAML input file that could not be used.
@@ -134,17 +134,17 @@ pub enum FileError {
     #[error("{path} is not valid YAML of the expected shape: {source}")]
     Parse {
         path: PathBuf,
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
 }
 
 impl Secrets {
     /// Parses the upstream secrets file format.
-    pub fn from_yaml(text: &str) -> Result<Self, serde_yaml::Error> {
+    pub fn from_yaml(text: &str) -> Result<Self, serde_yaml_ng::Error> {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        let secrets: Self = serde_yaml::from_str(text)?;
+        let secrets: Self = serde_yaml_ng::from_str(text)?;
         Ok(secrets)
     }
 
@@ -169,7 +169,7 @@ pub fn load_parameters(path: &Path) -> Result<HashMap<String, String>, FileError
     if text.trim().is_empty() {
         return Ok(HashMap::new());
     }
-    serde_yaml::from_str(&text).map_err(|source| FileError::Parse {
+    serde_yaml_ng::from_str(&text).map_err(|source| FileError::Parse {
         path: path.to_owned(),
         source,
     })

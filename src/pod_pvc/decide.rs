@@ -218,15 +218,16 @@ fn step_for(
 
 /// YAML or JSON (JSON is YAML) of exactly one PersistentVolumeClaim.
 fn parse_one_claim(text: &str) -> Result<PersistentVolumeClaim, String> {
-    let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
-    let kind = value.get("kind").and_then(serde_yaml::Value::as_str);
+    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    let kind = value.get("kind").and_then(serde_yaml_ng::Value::as_str);
     if !matches!(kind, None | Some("PersistentVolumeClaim")) {
         return Err(format!("kind is {:?}", kind.unwrap_or_default()));
     }
     if !value.is_mapping() {
         return Err("not an object".to_owned());
     }
-    let claim: PersistentVolumeClaim = serde_yaml::from_value(value).map_err(|e| e.to_string())?;
+    let claim: PersistentVolumeClaim =
+        serde_yaml_ng::from_value(value).map_err(|e| e.to_string())?;
     if claim.spec.is_none() {
         return Err("it has no spec".to_owned());
     }

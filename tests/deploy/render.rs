@@ -98,7 +98,7 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
 /// Every YAML document of `text` as JSON (empty documents skipped).
 pub fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
     let mut docs = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let value = Value::deserialize(doc).map_err(|e| format!("document {i}: {e}"))?;
         if !value.is_null() {
             docs.push(value);
@@ -285,7 +285,7 @@ pub fn raw_files_check() -> Vec<String> {
     let mut problems = Vec::new();
     let base = kubernetes_dir().join("base");
     let kz = std::fs::read_to_string(base.join("kustomization.yaml")).expect("base kustomization");
-    let kz: Value = serde_yaml::from_str(&kz).expect("base kustomization parses");
+    let kz: Value = serde_yaml_ng::from_str(&kz).expect("base kustomization parses");
     for file in kz["resources"].as_array().expect("resources") {
         let file = file.as_str().expect("resource path");
         let text = std::fs::read_to_string(base.join(file))
@@ -305,7 +305,7 @@ pub fn raw_files_check() -> Vec<String> {
             .join(c.dir)
             .join("kustomization.yaml");
         let text = std::fs::read_to_string(&path).expect("component kustomization");
-        let v: Value = match serde_yaml::from_str(&text) {
+        let v: Value = match serde_yaml_ng::from_str(&text) {
             Ok(v) => v,
             Err(e) => {
                 problems.push(format!("{}: {e}", path.display()));
@@ -317,7 +317,7 @@ pub fn raw_files_check() -> Vec<String> {
         }
         for patch in v["patches"].as_array().into_iter().flatten() {
             if let Some(p) = patch["patch"].as_str()
-                && let Err(e) = serde_yaml::from_str::<json_patch::Patch>(p)
+                && let Err(e) = serde_yaml_ng::from_str::<json_patch::Patch>(p)
             {
                 problems.push(format!(
                     "{}: a patch is not a JSON patch: {e}",
@@ -353,7 +353,8 @@ pub fn mini_kustomize(dir: &Path) -> Result<Vec<Value>, String> {
 fn accumulate(dir: &Path) -> Result<(Value, Vec<Value>), String> {
     let path = dir.join("kustomization.yaml");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let kz: Value = serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let kz: Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let fields = kz
         .as_object()
         .ok_or(format!("{}: not a mapping", path.display()))?;
@@ -404,7 +405,7 @@ fn accumulate(dir: &Path) -> Result<(Value, Vec<Value>), String> {
 fn apply_transformers(kz: &Value, objects: &mut [Value], dir: &Path) -> Result<(), String> {
     for patch in kz["patches"].as_array().into_iter().flatten() {
         let target = &patch["target"];
-        let ops: json_patch::Patch = serde_yaml::from_str(patch["patch"].as_str().ok_or(
+        let ops: json_patch::Patch = serde_yaml_ng::from_str(patch["patch"].as_str().ok_or(
             format!("{}: only inline patches are supported", dir.display()),
         )?)
         .map_err(|e| {

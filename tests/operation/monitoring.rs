@@ -334,10 +334,10 @@ fn read(path: &Path) -> String {
 }
 
 /// The alerting and recording rules of `deploy/monitoring/prometheusrule.yaml`.
-fn rules() -> Vec<serde_yaml::Value> {
+fn rules() -> Vec<serde_yaml_ng::Value> {
     let path = repo().join("deploy/monitoring/prometheusrule.yaml");
-    let rule: serde_yaml::Value =
-        serde_yaml::from_str(&read(&path)).expect("the PrometheusRule parses");
+    let rule: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&read(&path)).expect("the PrometheusRule parses");
     assert_eq!(
         rule["apiVersion"].as_str(),
         Some("monitoring.coreos.com/v1")

@@ -1857,7 +1857,7 @@ pub fn upstream_stock_rules() -> (Value, Value) {
         "/tests/fixtures/upstream-v6.3-rbac.yaml"
     ))
     .expect("fixture");
-    let rules: Value = serde_yaml::from_str(&text).expect("fixture YAML");
+    let rules: Value = serde_yaml_ng::from_str(&text).expect("fixture YAML");
     (
         rules["clusterRules"].clone(),
         rules["namespaceRules"].clone(),

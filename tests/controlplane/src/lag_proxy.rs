@@ -261,7 +261,7 @@ fn write_plain_kubeconfig(path: &Path, server: &str) -> Result<(), Error> {
     });
     std::fs::write(
         path,
-        serde_yaml::to_string(&text).map_err(|e| Error::Client(e.to_string()))?,
+        serde_yaml_ng::to_string(&text).map_err(|e| Error::Client(e.to_string()))?,
     )?;
     Ok(())
 }

@@ -944,13 +944,13 @@ impl ControlPlane {
         files.sort();
         for file in &files {
             let text = std::fs::read_to_string(file)?;
-            for document in serde_yaml::Deserializer::from_str(&text) {
-                let value = serde_yaml::Value::deserialize(document)
+            for document in serde_yaml_ng::Deserializer::from_str(&text) {
+                let value = serde_yaml_ng::Value::deserialize(document)
                     .map_err(|e| Error::Client(format!("{}: {e}", file.display())))?;
                 if value.is_null() {
                     continue;
                 }
-                let crd: CustomResourceDefinition = serde_yaml::from_value(value)
+                let crd: CustomResourceDefinition = serde_yaml_ng::from_value(value)
                     .map_err(|e| Error::Client(format!("{}: {e}", file.display())))?;
                 crds.push(crd);
             }
@@ -1168,7 +1168,7 @@ fn write_kubeconfig(
     });
     std::fs::write(
         path,
-        serde_yaml::to_string(&text).map_err(|e| Error::Client(e.to_string()))?,
+        serde_yaml_ng::to_string(&text).map_err(|e| Error::Client(e.to_string()))?,
     )?;
     Ok(())
 }

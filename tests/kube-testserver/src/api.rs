@@ -274,7 +274,7 @@ pub async fn handle(
 
 fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body).or_else(|_| {
-        serde_yaml::from_slice(body)
+        serde_yaml_ng::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
     })
 }

@@ -444,7 +444,7 @@ impl State {
                         "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
                     ));
                 }
-                serde_yaml::from_slice(body)
+                serde_yaml_ng::from_slice(body)
                     .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
             }
             _ => serde_json::from_slice(body)

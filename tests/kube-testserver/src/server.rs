@@ -547,7 +547,7 @@ impl TestServer {
     /// kept (written through the status subresource after the create).
     pub fn load_yaml(&self, text: &str) -> Result<Vec<Value>, Error> {
         let mut docs = Vec::new();
-        for de in serde_yaml::Deserializer::from_str(text) {
+        for de in serde_yaml_ng::Deserializer::from_str(text) {
             let v = Value::deserialize(de).map_err(|e| Error::Parse {
                 context: "YAML document".into(),
                 message: e.to_string(),
