@@ -21,7 +21,8 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
-use support::democratic::{Dcsi, affinity_nodes, capacity_bytes, selected_node, volume_handle};
+use support::democratic::{Dcsi, affinity_nodes, volume_handle};
+use support::fake_nodes::{capacity_bytes, selected_node};
 use support::snapshots::SNAPSHOT_API;
 use support::{Backend, ClusterConfig, FINALIZER};
 

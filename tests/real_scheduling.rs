@@ -41,17 +41,16 @@ use controlplane::GuardedChild;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams};
 use serde_json::{Value, json};
-use support::{Backend, ClusterConfig, Env, Launch, SELECTED_NODE};
+use support::fake_nodes::{
+    self, HOSTNAME, TEST_LABEL, capacity_bytes, heartbeat, quantity_bytes, selected_node, tail,
+};
+use support::{Backend, ClusterConfig, Env, Launch};
 
 const MI: i64 = 1 << 20;
 const TOPOLOGY_KEY: &str = csi_hostpath::TOPOLOGY_KEY;
-const HOSTNAME: &str = "kubernetes.io/hostname";
-/// The label on every Node of a test: the test's id.
-const TEST_LABEL: &str = "e2e.csi-provisioner-rs/test";
 const IDENTITY_ATTRIBUTE: &str = "storage.kubernetes.io/csiProvisionerIdentity";
 /// How long a claim that must not be provisioned is watched.
 const HOLD: Duration = Duration::from_secs(6);
@@ -291,43 +290,10 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no node {node}"))
     }
 
-    /// A Node as a kubelet registers it (labels, Ready, allocatable pods),
-    /// its CSINode as the node-driver-registrar writes it, and its Lease in
-    /// `kube-node-lease` (renewed by [`heartbeat`]).
+    /// Registers node `i` (Node, CSINode, node Lease:
+    /// `fake_nodes::register`).
     async fn add_node(&self, i: usize) {
-        let env = &self.env;
-        let name = self.nodes[i].name.clone();
-        env.create(json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {
-                TOPOLOGY_KEY: name, HOSTNAME: name, TEST_LABEL: env.id}}}))
-            .await;
-        let now = serde_json::to_value(Time(Timestamp::now())).expect("time");
-        let resources = json!({"cpu": "8", "memory": "32Gi", "pods": "110"});
-        Api::<Node>::all(env.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {
-                    "capacity": resources, "allocatable": resources,
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "played by the test", "lastHeartbeatTime": now,
-                        "lastTransitionTime": now}],
-                }})),
-            )
-            .await
-            .expect("node status");
-        env.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
-            "metadata": {"name": name},
-            "spec": {"drivers": [{"name": env.driver_name, "nodeID": name,
-                "topologyKeys": [TOPOLOGY_KEY]}]}}))
-            .await;
-        let renew = serde_json::to_value(MicroTime(Timestamp::now())).expect("time");
-        env.create(
-            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": name, "namespace": "kube-node-lease"},
-            "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": renew}}),
-        )
-        .await;
+        fake_nodes::register(&self.env, &self.nodes[i].name, TOPOLOGY_KEY).await;
     }
 
     async fn start_driver(&mut self, i: usize) {
@@ -853,31 +819,6 @@ async fn go_image(env: &Env) -> Option<(PathBuf, PathBuf, String)> {
     Some((bin, kubeconfig, user))
 }
 
-/// What a kubelet does to stay Ready: renew its node Lease (every 3 s
-/// here; the node lifecycle controller's grace period is 50 s).
-async fn heartbeat(client: kube::Client, nodes: Vec<String>) {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client, "kube-node-lease");
-    loop {
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let renew = serde_json::to_value(MicroTime(Timestamp::now())).expect("time");
-        for node in &nodes {
-            let _ = leases
-                .patch(
-                    node,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"renewTime": renew}})),
-                )
-                .await;
-        }
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 fn label(labels: &Option<BTreeMap<String, String>>, key: &str) -> String {
     labels
         .as_ref()
@@ -891,23 +832,6 @@ fn segment_node(o: &CSIStorageCapacity) -> String {
         .and_then(|t| t.match_labels.as_ref())
         .and_then(|l| l.get(TOPOLOGY_KEY).cloned())
         .unwrap_or_default()
-}
-
-/// A quantity in bytes; -1 when unreadable.
-fn quantity_bytes(q: &str) -> i64 {
-    csi_provisioner::provision::quantity::parse_bytes(q).unwrap_or(-1)
-}
-
-fn capacity_bytes(o: &CSIStorageCapacity) -> i64 {
-    o.capacity.as_ref().map_or(-1, |q| quantity_bytes(&q.0))
-}
-
-fn selected_node(pvc: &PersistentVolumeClaim) -> Option<String> {
-    pvc.metadata
-        .annotations
-        .as_ref()?
-        .get(SELECTED_NODE)
-        .cloned()
 }
 
 fn pv_name(pv: &PersistentVolume) -> String {

@@ -27,11 +27,10 @@ use std::time::{Duration, Instant};
 use controlplane::{BinEnv, GuardedChild, Verdict};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
+use super::fake_nodes::{HOSTNAME, TEST_LABEL, capacity_bytes, heartbeat, tail};
 use super::{Backend, Env, Launch, current_test};
 
 /// Names the folder democratic-csi was installed into.
@@ -41,9 +40,6 @@ pub const INSTALL_COMMAND: &str =
     "bash ../shared/drivers/democratic-csi/install.sh target/democratic-csi";
 /// The driver's own topology key; its value is the node id.
 pub const TOPOLOGY_KEY: &str = "org.democratic-csi.topology/node";
-const HOSTNAME: &str = "kubernetes.io/hostname";
-/// The label on every Node of a test: the test's id.
-const TEST_LABEL: &str = "e2e.csi-provisioner-rs/test";
 /// The sidecar flags of democratic-csi's Helm chart (node deployment).
 pub const HELM_FLAGS: &[&str] = &[
     "--node-deployment=true",
@@ -278,43 +274,10 @@ impl Dcsi {
             .unwrap_or_else(|| panic!("no node {node}"))
     }
 
-    /// A Node as a kubelet registers it (labels, Ready, allocatable pods),
-    /// its CSINode as the node-driver-registrar writes it from the
-    /// driver's `NodeGetInfo`, and its Lease (renewed by [`heartbeat`]).
+    /// Registers node `i` (Node, CSINode with the driver's topology key,
+    /// node Lease: `fake_nodes::register`).
     async fn add_node(&self, i: usize) {
-        let env = &self.env;
-        let name = self.nodes[i].name.clone();
-        env.create(json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {
-                TOPOLOGY_KEY: name, HOSTNAME: name, TEST_LABEL: env.id}}}))
-            .await;
-        let now = serde_json::to_value(Time(Timestamp::now())).expect("time");
-        let resources = json!({"cpu": "8", "memory": "32Gi", "pods": "110"});
-        Api::<Node>::all(env.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {
-                    "capacity": resources, "allocatable": resources,
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "played by the test", "lastHeartbeatTime": now,
-                        "lastTransitionTime": now}],
-                }})),
-            )
-            .await
-            .expect("node status");
-        env.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
-            "metadata": {"name": name},
-            "spec": {"drivers": [{"name": env.driver_name, "nodeID": name,
-                "topologyKeys": [TOPOLOGY_KEY]}]}}))
-            .await;
-        let renew = serde_json::to_value(MicroTime(Timestamp::now())).expect("time");
-        env.create(
-            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": name, "namespace": "kube-node-lease"},
-            "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": renew}}),
-        )
-        .await;
+        super::fake_nodes::register(&self.env, &self.nodes[i].name, TOPOLOGY_KEY).await;
     }
 
     /// The TaintNodesByCondition admission gives a new Node the not-ready
@@ -718,26 +681,6 @@ impl Drop for Dcsi {
     }
 }
 
-/// What a kubelet does to stay Ready: renew its node Lease (every 3 s;
-/// the node lifecycle controller's grace period is 50 s).
-async fn heartbeat(client: kube::Client, nodes: Vec<String>) {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client, "kube-node-lease");
-    loop {
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let renew = serde_json::to_value(MicroTime(Timestamp::now())).expect("time");
-        for node in &nodes {
-            let _ = leases
-                .patch(
-                    node,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"renewTime": renew}})),
-                )
-                .await;
-        }
-    }
-}
-
 /// The node a DaemonSet pod is for: its required node affinity on the
 /// field `metadata.name`.
 fn daemon_pod_node(pod: &Pod) -> Option<String> {
@@ -757,12 +700,6 @@ fn daemon_pod_node(pod: &Pod) -> Option<String> {
         .as_ref()?
         .first()
         .cloned()
-}
-
-pub fn capacity_bytes(o: &CSIStorageCapacity) -> i64 {
-    o.capacity.as_ref().map_or(-1, |q| {
-        csi_provisioner::provision::quantity::parse_bytes(&q.0).unwrap_or(-1)
-    })
 }
 
 /// The topology values of the PV's required node affinity for
@@ -789,17 +726,4 @@ pub fn volume_handle(pv: &PersistentVolume) -> String {
         .and_then(|s| s.csi.as_ref())
         .map(|c| c.volume_handle.clone())
         .unwrap_or_default()
-}
-
-pub fn selected_node(pvc: &PersistentVolumeClaim) -> Option<String> {
-    pvc.metadata
-        .annotations
-        .as_ref()?
-        .get(super::SELECTED_NODE)
-        .cloned()
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -57,6 +57,7 @@ pub mod render;
 pub use controlplane::Config as ClusterConfig;
 
 pub mod democratic;
+pub mod fake_nodes;
 pub mod sidecar;
 pub mod snapshots;
 
