@@ -558,9 +558,10 @@ struct FenceCheck {
 }
 
 enum Trace {
-    /// Test server: the frozen process's listener, and the request log's
-    /// length when it was woken (it sent nothing while frozen).
-    Listener { port: u16, mark: usize },
+    /// Test server: the frozen process's listener, and how many requests
+    /// the server had received when it was woken (it sent nothing while
+    /// frozen; one sent before may be answered later).
+    Listener { port: u16, mark: u64 },
     /// Real cluster: the replica's user, the audit log's length and the
     /// instant when the process was woken (a request the API server took
     /// before was sent before the freeze, however late it finished), and
@@ -1576,7 +1577,7 @@ impl Run {
         let mark = match self.env.plane() {
             None => Trace::Listener {
                 port: self.listener_ports[frozen],
-                mark: self.env.api().requests().len(),
+                mark: self.env.api().requests_received(),
             },
             Some(plane) => Trace::Audit {
                 user: self.users[frozen]
@@ -1643,13 +1644,16 @@ impl Run {
         for check in &self.fence_checks {
             let writes: Vec<String> = match &check.trace {
                 Trace::Listener { port, mark } => {
+                    // By the order of receipt, not of the log (answers):
+                    // a write sent before the freeze and held by an
+                    // injected latency is answered after the mark (seed
+                    // 50521: `ApiLatency` of 931 ms on every request).
                     let requests = self.env.api().requests();
                     requests
-                        .get(*mark..)
-                        .unwrap_or_default()
                         .iter()
                         .filter(|r| {
-                            r.origin == Origin::Http(*port)
+                            r.received >= *mark
+                                && r.origin == Origin::Http(*port)
                                 && r.verb.is_write()
                                 && r.resource != "leases"
                         })
@@ -2924,12 +2928,38 @@ async fn a_crash_looping_driver_ends_the_seed_with_its_last_lines() {
 }
 
 /// A write that a frozen leader's process sent after the hand-over (here
-/// one sent through its listener by hand) fails the seed, named.
+/// one sent through its listener by hand) fails the seed, named; one it
+/// sent before, answered after the mark (held by an injected latency), is
+/// not its fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_of_a_frozen_leader_is_told() {
     let mut run = Run::new(one_claim(), Backend::TestServer).await;
     let port = run.listener_ports[0];
-    let mark = run.env.api().requests().len();
+    let listener = run
+        .listeners
+        .iter()
+        .find(|l| l.port() == port)
+        .expect("the process's listener");
+    let configmaps = Api::<ConfigMap>::namespaced(
+        listener.client().expect("a client of the listener"),
+        &run.env.ns,
+    );
+    let configmap = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": run.env.ns}}))
+            .expect("a ConfigMap")
+    };
+    let slow = RequestMatch::new(Verb::Create, "configmaps");
+    run.env
+        .api()
+        .add_latency(slow.clone(), Duration::from_secs(3));
+    let early = {
+        let (configmaps, object) = (configmaps.clone(), configmap("early-write"));
+        tokio::spawn(async move { configmaps.create(&PostParams::default(), &object).await })
+    };
+    // Received now, answered in 3 s: after the mark.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mark = run.env.api().requests_received();
+    let answered_before_mark = run.env.api().requests().len();
     run.fence_checks.push(FenceCheck {
         replica: 0,
         frozen: "replica-0_frozen".to_owned(),
@@ -2937,19 +2967,20 @@ async fn a_write_of_a_frozen_leader_is_told() {
         trace: Trace::Listener { port, mark },
         log: run.replica_logs[0].clone(),
     });
-    assert_eq!(run.fence_violations(), Vec::<String>::new());
-    let listener = run
-        .listeners
+    early.await.expect("joined").expect("created");
+    run.env.api().remove_latency(&slow);
+    let requests = run.env.api().requests();
+    let early_at = requests
         .iter()
-        .find(|l| l.port() == port)
-        .expect("the process's listener");
-    let client = listener.client().expect("a client of the listener");
-    let object: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "late-write", "namespace": run.env.ns},
-    }))
-    .expect("a ConfigMap");
-    Api::<ConfigMap>::namespaced(client, &run.env.ns)
-        .create(&PostParams::default(), &object)
+        .rposition(|r| r.path.ends_with("/configmaps") && r.origin == Origin::Http(port))
+        .expect("the early write is in the log");
+    assert!(
+        early_at >= answered_before_mark,
+        "the early write is answered after the mark"
+    );
+    assert_eq!(run.fence_violations(), Vec::<String>::new());
+    configmaps
+        .create(&PostParams::default(), &configmap("late-write"))
         .await
         .expect("created");
     let found = run.fence_violations();

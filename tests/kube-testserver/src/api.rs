@@ -188,6 +188,7 @@ pub async fn handle(
     parts: http::request::Parts,
     body: Bytes,
 ) -> Outcome {
+    let received = inner.receive();
     let path = parts.uri.path().to_string();
     let query = parse_query(parts.uri.query());
     let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
@@ -218,6 +219,7 @@ pub async fn handle(
         status,
         path: path.clone(),
         injected: false,
+        received,
     };
 
     let decision = {

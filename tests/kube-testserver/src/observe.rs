@@ -88,6 +88,12 @@ pub struct RequestRecord {
     /// The answer was an injected failure ([`crate::TestServer::fail_next`]),
     /// not the server's own.
     pub injected: bool,
+    /// The request's place in the order the server received requests
+    /// (0 for the first since the server started; never reset). The log is
+    /// in the order requests were answered, which an injected latency
+    /// changes: [`crate::TestServer::requests_received`] taken at an
+    /// instant tells the requests received after it by this number.
+    pub received: u64,
 }
 
 /// Log and counters.
@@ -95,9 +101,17 @@ pub struct RequestRecord {
 pub struct Observations {
     pub log: Vec<RequestRecord>,
     pub counters: BTreeMap<(Verb, String), u64>,
+    /// Requests received so far (never reset).
+    pub received: u64,
 }
 
 impl Observations {
+    /// Numbers a request as it arrives (see [`RequestRecord::received`]).
+    pub fn receive(&mut self) -> u64 {
+        self.received += 1;
+        self.received - 1
+    }
+
     pub fn record(&mut self, r: RequestRecord) {
         *self
             .counters

@@ -56,6 +56,10 @@ impl Inner {
         lock(&self.observations).record(r);
     }
 
+    pub(crate) fn receive(&self) -> u64 {
+        lock(&self.observations).receive()
+    }
+
     pub(crate) fn server_address(&self) -> String {
         lock(&self.server_address).clone()
     }
@@ -354,6 +358,13 @@ impl TestServer {
     /// Every request handled since the last [`TestServer::reset_counters`].
     pub fn requests(&self) -> Vec<RequestRecord> {
         lock(&self.inner.observations).log.clone()
+    }
+
+    /// How many requests the server has received so far (answered or not):
+    /// the requests received from now on have [`RequestRecord::received`]
+    /// at or above it.
+    pub fn requests_received(&self) -> u64 {
+        lock(&self.inner.observations).received
     }
 
     /// Requests per (verb, resource) since the last reset. Subresources count
