@@ -212,16 +212,20 @@ async fn replica_user(
     (user, kubeconfig)
 }
 
+/// The names of the test's PVs.
+async fn pv_names(env: &Env) -> Vec<String> {
+    env.pvs()
+        .await
+        .into_iter()
+        .filter_map(|pv| pv.metadata.name)
+        .collect()
+}
+
 /// Every PV has one backend volume of its name and every backend volume
 /// its PV: the backend's records are keyed by volume id, so a claim
 /// provisioned twice shows as two records of one name.
 async fn assert_one_volume_per_pv(env: &Env, image: Image) {
-    let pvs: BTreeSet<String> = env
-        .pvs()
-        .await
-        .into_iter()
-        .filter_map(|pv| pv.metadata.name)
-        .collect();
+    let pvs: BTreeSet<String> = pv_names(env).await.into_iter().collect();
     let volumes = env.backend_volumes();
     let names: BTreeSet<String> = volumes.iter().map(|v| v.name.clone()).collect();
     assert_eq!(
@@ -347,12 +351,7 @@ async fn a_rolling_update_from_the_go_sidecar_and_back_hands_over_the_lease(back
         "every volume but d1's deleted by the Go leader",
         Duration::from_secs(60),
         || async {
-            let pvs: Vec<String> = env
-                .pvs()
-                .await
-                .into_iter()
-                .filter_map(|pv| pv.metadata.name)
-                .collect();
+            let pvs = pv_names(&env).await;
             let volumes = env.backend_volumes();
             (pvs == [d1_pv.clone()]
                 && volumes

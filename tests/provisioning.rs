@@ -430,22 +430,15 @@ async fn claim_deleted_during_a_slow_create_leaves_nothing(backend: Backend) {
     env.assert_consistent().await;
 }
 
-/// The sidecar is killed after CreateVolume returned but before the PV is
-/// saved, and the claim is deleted while it is down (upstream #486 leaks
-/// here): after the restart the volume is deleted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sidecar_killed_before_saving_the_pv_and_claim_deleted_while_down_leaks_nothing() {
-    // Needs the API test server: saving the PV is made to hang.
-    let mut env = Env::new(Backend::TestServer).await;
-    env.storage_class("fast", "Immediate", "Delete", json!({}))
-        .await;
-    // Saving the PV hangs, so the kill lands between CreateVolume and the PV.
+/// Creates claim `name` of class `fast` and kills the running sidecar
+/// once `CreateVolume` made its volume, before the PV is saved (saving it
+/// hangs until then); the faults are cleared after. Test server only.
+async fn kill_between_create_volume_and_the_pv(env: &mut Env, name: &str) {
     env.api().add_latency(
-        kube_testserver::RequestMatch::new(kube_testserver::Verb::Create, "persistentvolumes"),
+        RequestMatch::new(Verb::Create, "persistentvolumes"),
         Duration::from_secs(60),
     );
-    env.start_sidecar(&[]).await;
-    env.create_pvc(&env.ns, "doomed", "fast", "5Mi", json!({}))
+    env.create_pvc(&env.ns, name, "fast", "5Mi", json!({}))
         .await;
     env.wait_for(
         "backend volume created",
@@ -455,6 +448,19 @@ async fn sidecar_killed_before_saving_the_pv_and_claim_deleted_while_down_leaks_
     .await;
     env.kill_sidecar();
     env.api().clear_faults();
+}
+
+/// The sidecar is killed after CreateVolume returned but before the PV is
+/// saved, and the claim is deleted while it is down (upstream #486 leaks
+/// here): after the restart the volume is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_killed_before_saving_the_pv_and_claim_deleted_while_down_leaks_nothing() {
+    // Needs the API test server: saving the PV is made to hang.
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    kill_between_create_volume_and_the_pv(&mut env, "doomed").await;
     env.delete_pvc(&env.ns, "doomed").await;
     assert!(env.pvs().await.is_empty(), "the PV was never saved");
 
@@ -488,20 +494,7 @@ async fn a_fresh_leader_whose_claim_list_is_stale_keeps_the_volume_in_flight() {
     env.start_sidecar(&[]).await;
     // The watch cache's picture: before the claim exists.
     env.api().serve_stale_lists("persistentvolumeclaims");
-    env.api().add_latency(
-        RequestMatch::new(Verb::Create, "persistentvolumes"),
-        Duration::from_secs(60),
-    );
-    env.create_pvc(&env.ns, "data", "fast", "5Mi", json!({}))
-        .await;
-    env.wait_for(
-        "backend volume created",
-        Duration::from_secs(20),
-        || async { (!env.backend_volumes().is_empty()).then_some(()) },
-    )
-    .await;
-    env.kill_sidecar();
-    env.api().clear_faults();
+    kill_between_create_volume_and_the_pv(&mut env, "data").await;
     let made = env.backend_volumes()[0].id.clone();
     assert!(env.pvs().await.is_empty(), "the PV was never saved");
     assert_eq!(env.journal().await.len(), 1, "the operation is journalled");
