@@ -13,6 +13,14 @@
 #       csi-sanity/upstream-hostpath-expected-pass.txt passed, and at most
 #       OUR_SANITY_MAX_SKIPPED skipped.
 #
+#   (c) both against democratic-csi, a third-party driver (DCSI_DIR, from
+#       ../shared/drivers/democratic-csi/install.sh): each fails exactly the
+#       driver's deviations in csi-sanity/democratic-deviations.txt, and both
+#       give the same verdict on every check both ran, except those listed
+#       with their cause in csi-sanity/democratic-differences.txt
+#       (csi-sanity/compare_runs.py). Without DCSI_DIR it is skipped, with
+#       a line saying so, unless CI is set.
+#
 # BIN_DIR holds the upstream binaries (../shared/k8s/install.sh BIN_DIR puts
 # them there). When they are missing, the script fails (exit 2) naming them
 # if CI is `true` (or `1`) or BIN_DIR exists; only without CI and without
@@ -301,6 +309,79 @@ else
   fi
 fi
 no_mounts_left "hostpathplugin under csi-sanity" || failed=1
+
+# --- (c) both suites against democratic-csi ---------------------------------
+# A second, third-party driver (../shared/drivers/democratic-csi, installed at
+# $DCSI_DIR). Upstream csi-sanity runs without the one spec that leaves a bind
+# mount behind on this driver (see democratic-differences.txt); then
+# compare_runs.py checks that each suite fails exactly the driver's known
+# deviations and that both give the same verdict on every check both ran.
+dcsi_start=$repo/../shared/drivers/democratic-csi/start.sh
+dcsi_skip="already mounted at a different target path"
+if [ -z "${DCSI_DIR:-}" ] || [ ! -f "$dcsi_start" ]; then
+  case "${CI:-}" in
+    [Tt][Rr][Uu][Ee] | 1)
+      echo "conformance: FAILED: democratic-csi not available (DCSI_DIR=${DCSI_DIR:-unset}, $dcsi_start); CI=$CI, so this fails instead of skipping (run ../shared/drivers/democratic-csi/install.sh DIR and export DCSI_DIR=DIR)" >&2
+      failed=1
+      ;;
+    *)
+      echo "conformance (c): skipped: democratic-csi not available (set DCSI_DIR to a ../shared/drivers/democratic-csi/install.sh folder)"
+      ;;
+  esac
+else
+  # stop_dcsi PIDFILE — stops a democratic-csi started by start.sh (not our
+  # child: polled until gone, so its mounts are released before cleanup).
+  stop_dcsi() {
+    local pid
+    pid=$(cat "$1" 2>/dev/null || true)
+    [ -n "$pid" ] || return 0
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do
+      kill -0 "$pid" 2>/dev/null || return 0
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+  }
+  dcsi_run() {
+    local name=$1
+    shift
+    if ! DCSI_DIR=$DCSI_DIR LOG_LEVEL=warn bash "$dcsi_start" "$work/$name.sock" "$work/$name-data" >/dev/null; then
+      echo "conformance: democratic-csi did not start for $name" >&2
+      return 1
+    fi
+    dcsi_pidfile="$work/$name.sock.pid"
+    run_tool "$work/$name.log" "$@"
+    stop_dcsi "$dcsi_pidfile"
+    dcsi_pidfile=""
+  }
+  trap '[ -n "${dcsi_pidfile:-}" ] && stop_dcsi "$dcsi_pidfile"; cleanup' EXIT
+  echo "==> upstream csi-sanity ($upstream_sanity) and csi-sanity ($our_sanity) against democratic-csi ($DCSI_DIR)"
+  dcsi_ok=1
+  dcsi_run dcsi-upstream "$upstream_sanity" \
+    -csi.endpoint "unix://$work/dcsi-upstream.sock" \
+    -csi.testvolumesize=10485760 \
+    -csi.mountdir "$work/dcsi-up-mount" \
+    -csi.stagingdir "$work/dcsi-up-staging" \
+    -csi.junitfile "$work/dcsi-upstream.xml" \
+    -ginkgo.no-color \
+    -ginkgo.skip="$dcsi_skip" || dcsi_ok=0
+  no_mounts_left "democratic-csi under upstream csi-sanity" || failed=1
+  dcsi_run dcsi-ours "$our_sanity" \
+    --csi-address "$work/dcsi-ours.sock" \
+    --test-volume-size 10Mi \
+    --mount-dir "$work/dcsi-our-mount" \
+    --staging-dir "$work/dcsi-our-staging" || dcsi_ok=0
+  no_mounts_left "democratic-csi under csi-sanity" || failed=1
+  if [ "$dcsi_ok" -ne 1 ] || [ ! -f "$work/dcsi-upstream.xml" ]; then
+    echo "conformance: the runs against democratic-csi did not complete; last lines:"
+    tail -n 20 "$work/dcsi-upstream.log" "$work/dcsi-ours.log" 2>/dev/null || true
+    failed=1
+  elif ! python3 "$here/compare_runs.py" "$work/dcsi-upstream.xml" "$work/dcsi-ours.log" \
+    "$here/democratic-deviations.txt" "$here/democratic-differences.txt"; then
+    echo "conformance: upstream csi-sanity and ours disagree about democratic-csi (above)"
+    failed=1
+  fi
+fi
 
 if [ "$failed" -ne 0 ]; then
   echo "conformance: FAILED"

@@ -204,6 +204,41 @@ async fn fault_create_volume_internal_fails_the_happy_paths() {
     driver.stop().await;
 }
 
+/// A driver that answers capacity 0 (size unknown, as democratic-csi and
+/// NFS drivers do) cannot tell a request for another size from a repeat:
+/// the conflict check is skipped, as upstream csi-sanity skips it, and the
+/// checks that accept 0 still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_capacity_skips_the_conflict_check() {
+    let driver = Hostpath::start().await;
+    write_faults(
+        &driver,
+        Faults::with_rules(vec![Fault::reply(
+            "CreateVolume",
+            csi_hostpath::faults::Reply {
+                capacity_bytes: Some(0),
+                ..Default::default()
+            },
+        )]),
+    );
+    let focus = ["--focus".to_owned(), "CreateVolume".to_owned()];
+    let args = [driver.cli_args(driver.socket()), focus.to_vec()].concat();
+    let (code, out, _) = run_cli(args).await;
+    assert_consistent(code, &out);
+    assert_eq!(out.status(c::CREATE_CONFLICT), "SKIP", "{}", out.text);
+    assert!(
+        out.reason(c::CREATE_CONFLICT)
+            .contains("capacity of the volume is unknown"),
+        "{}",
+        out.reason(c::CREATE_CONFLICT)
+    );
+    for check in [c::CREATE_WITH_CAPACITY, c::CREATE_IDEMPOTENT] {
+        assert_eq!(out.status(check), "PASS", "{check}: {}", out.text);
+    }
+    assert_eq!(driver.backend(), (vec![], vec![]));
+    driver.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_probe_errors_and_not_ready() {
     let driver = Hostpath::start().await;
