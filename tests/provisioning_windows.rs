@@ -1,6 +1,9 @@
 //! End-to-end: the sidecar killed in the remaining windows between a
-//! backend change and the API write that records it, and the reschedule of
-//! a WaitForFirstConsumer claim on RESOURCE_EXHAUSTED.
+//! backend change and the API write that records it, the reschedule of a
+//! WaitForFirstConsumer claim on RESOURCE_EXHAUSTED, and the driver habits
+//! of docs/driver-habits.md that had no test (refused deletes, non-final
+//! answers for a claim deleted meanwhile, ids and contexts at the spec's
+//! size limits).
 
 mod support;
 
@@ -227,4 +230,201 @@ async fn a_retry_sends_the_frozen_request(backend: Backend) {
         .clone()
         .unwrap_or_default();
     assert_eq!(values, vec![env.node.as_str().to_owned()]);
+}
+
+// Driver habits of docs/driver-habits.md that had no deterministic test:
+// the driver's answer is injected, the sidecar's handling is observed.
+
+/// A `DeleteVolume` the driver refuses with `code` (`FAILED_PRECONDITION`
+/// "volume has snapshots", row 8; `NOT_FOUND` from a backend that is only
+/// eventually consistent, row 9) is a failed delete: a Warning
+/// `VolumeFailedDelete` with the driver's text on the PV, the PV and the
+/// volume kept, and asked again until the driver agrees.
+async fn a_refused_delete_is_retried_until_the_driver_agrees(code: tonic::Code, message: &str) {
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    let (_, name) = env.provision(&env.ns, "refused", "fast").await;
+    env.set_faults(vec![
+        Fault::error("DeleteVolume", code)
+            .with_message(message)
+            .times(2),
+    ]);
+    env.delete_pvc(&env.ns, "refused").await;
+    env.wait_for("refusal reported", Duration::from_secs(20), || async {
+        env.pv_events(&name)
+            .await
+            .iter()
+            .any(|(reason, m)| reason == "VolumeFailedDelete" && m.contains(message))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        env.pv(&name).await.is_some(),
+        "the PV is kept while the driver refuses\n{}",
+        env.logs()
+    );
+    env.wait_for(
+        "volume and PV deleted once the driver agrees",
+        Duration::from_secs(30),
+        || async {
+            (env.backend_volumes().is_empty() && env.pv(&name).await.is_none()).then_some(())
+        },
+    )
+    .await;
+    let asked = env.logs().matches("calling DeleteVolume").count();
+    assert!(
+        asked >= 3,
+        "two refusals and the accepted call, asked {asked} times\n{}",
+        env.logs()
+    );
+    env.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_refused_with_failed_precondition_is_retried() {
+    a_refused_delete_is_retried_until_the_driver_agrees(
+        tonic::Code::FailedPrecondition,
+        "volume has snapshots",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_answered_not_found_is_retried() {
+    a_refused_delete_is_retried_until_the_driver_agrees(
+        tonic::Code::NotFound,
+        "volume not found in the backend's database",
+    )
+    .await;
+}
+
+/// A `CreateVolume` answered with a non-final `code` (`ABORTED` "operation
+/// pending", row 4; `RESOURCE_EXHAUSTED` without a node to reschedule from,
+/// row 6) keeps the request in flight; the claim deleted meanwhile has its
+/// request asked again once the driver answers, and the volume that answer
+/// made deleted: nothing leaked, the journal empty.
+async fn a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(code: tonic::Code) {
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.set_faults(vec![Fault::error("CreateVolume", code)]);
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "pending", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "CreateVolume answered twice",
+        Duration::from_secs(30),
+        || async { (env.logs().matches("calling CreateVolume").count() >= 2).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        journal_entries(&env).await,
+        1,
+        "the request is kept in flight\n{}",
+        env.logs()
+    );
+    env.delete_pvc(&env.ns, "pending").await;
+    env.wait_for("claim gone", Duration::from_secs(20), || async {
+        env.pvc(&env.ns, "pending").await.is_none().then_some(())
+    })
+    .await;
+    env.clear_faults();
+    env.wait_for(
+        "the volume made by the answer deleted",
+        Duration::from_secs(60),
+        || async {
+            let deleted = env
+                .logs()
+                .contains("deleted the volume of a claim deleted during provisioning");
+            (deleted && env.backend_volumes().is_empty() && journal_entries(&env).await == 0)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(env.pvs().await.is_empty(), "no PV for a deleted claim");
+    env.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_deleted_while_the_driver_answers_aborted_leaves_nothing() {
+    a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(tonic::Code::Aborted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_deleted_while_the_driver_answers_resource_exhausted_leaves_nothing() {
+    a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(
+        tonic::Code::ResourceExhausted,
+    )
+    .await;
+}
+
+/// Row 14: a volume context near the spec's 4 KiB limit for a
+/// `map<string,string>` is recorded on the PV whole, and the volume is
+/// deleted by its handle as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_context_near_the_spec_limit_is_kept_whole() {
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.set_faults(vec![Fault::reply(
+        "CreateVolume",
+        csi_hostpath::faults::Reply {
+            padding_bytes: 4000,
+            ..Default::default()
+        },
+    )]);
+    env.start_sidecar(&[]).await;
+    let (pv, name) = env.provision(&env.ns, "wide", "fast").await;
+    let attributes = pv
+        .spec
+        .and_then(|s| s.csi)
+        .and_then(|c| c.volume_attributes)
+        .unwrap_or_default();
+    let bytes: usize = attributes.iter().map(|(k, v)| k.len() + v.len()).sum();
+    assert!(
+        bytes >= 4000,
+        "the context reached the PV whole: {bytes} bytes in {:?}",
+        attributes.keys().collect::<Vec<_>>()
+    );
+    env.clear_faults();
+    env.delete_pvc(&env.ns, "wide").await;
+    env.wait_for("volume and PV deleted", Duration::from_secs(30), || async {
+        (env.backend_volumes().is_empty() && env.pv(&name).await.is_none()).then_some(())
+    })
+    .await;
+    env.assert_consistent().await;
+}
+
+/// Row 14: a volume id twice the 128 bytes the spec asks plugins to stay
+/// within is recorded on the PV whole and handed back whole to
+/// `DeleteVolume` (the driver finds its volume by it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_id_over_the_spec_limit_is_kept_whole() {
+    let mut env = Env::new_with_driver(Backend::TestServer, |c| {
+        c.volume_id_format = csi_hostpath::ids::VolumeIdFormat::Long;
+    })
+    .await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.start_sidecar(&[]).await;
+    let (pv, name) = env.provision(&env.ns, "long", "fast").await;
+    let handle = pv
+        .spec
+        .and_then(|s| s.csi)
+        .map(|c| c.volume_handle)
+        .unwrap_or_default();
+    assert_eq!(
+        handle.len(),
+        csi_hostpath::ids::LONG_ID_BYTES,
+        "the handle is the driver's id whole: {handle}"
+    );
+    assert_eq!(env.backend_volumes().len(), 1);
+    env.delete_pvc(&env.ns, "long").await;
+    env.wait_for("volume and PV deleted", Duration::from_secs(30), || async {
+        (env.backend_volumes().is_empty() && env.pv(&name).await.is_none()).then_some(())
+    })
+    .await;
+    env.assert_nothing_refused();
 }

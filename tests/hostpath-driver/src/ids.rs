@@ -20,7 +20,14 @@ pub enum VolumeIdFormat {
     /// `projects/csi-hostpath/zones/<node id>/disks/<id>`, as the GCE PD
     /// driver's handles; any project, zone or region is accepted back.
     GcePd,
+    /// `<id>~xxx…`, [`LONG_ID_BYTES`] bytes in all: twice the 128 bytes
+    /// the CSI spec's "Size Limits" ask a plugin to stay within, for a CO
+    /// that must not cut or reject a longer id.
+    Long,
 }
+
+/// The length of an id in the [`VolumeIdFormat::Long`] form.
+pub const LONG_ID_BYTES: usize = 256;
 
 /// The project in the handles this driver hands out (GCE form).
 const PROJECT: &str = "csi-hostpath";
@@ -31,7 +38,8 @@ impl VolumeIdFormat {
         match value {
             "plain" => Ok(VolumeIdFormat::Plain),
             "gce-pd" => Ok(VolumeIdFormat::GcePd),
-            other => Err(format!("{other:?} is not one of plain, gce-pd")),
+            "long" => Ok(VolumeIdFormat::Long),
+            other => Err(format!("{other:?} is not one of plain, gce-pd, long")),
         }
     }
 
@@ -40,6 +48,7 @@ impl VolumeIdFormat {
         match self {
             VolumeIdFormat::Plain => "plain",
             VolumeIdFormat::GcePd => "gce-pd",
+            VolumeIdFormat::Long => "long",
         }
     }
 
@@ -49,6 +58,10 @@ impl VolumeIdFormat {
         match self {
             VolumeIdFormat::GcePd if !id.is_empty() => {
                 format!("projects/{PROJECT}/zones/{zone}/disks/{id}")
+            }
+            VolumeIdFormat::Long if !id.is_empty() => {
+                let padding = LONG_ID_BYTES.saturating_sub(id.len() + 1);
+                format!("{id}~{}", "x".repeat(padding))
             }
             _ => id.to_owned(),
         }
@@ -73,6 +86,7 @@ impl VolumeIdFormat {
                 }
                 _ => id.to_owned(),
             },
+            VolumeIdFormat::Long => id.split_once('~').map_or(id, |(id, _)| id).to_owned(),
         }
     }
 }
@@ -319,6 +333,20 @@ mod tests {
         }
         // An empty id stays empty: the handler's own check reports it.
         assert_eq!(gce.external("", "z"), "");
+    }
+
+    #[test]
+    fn long_ids_are_256_bytes_and_round_trip() {
+        let long = VolumeIdFormat::Long;
+        let wire = long.external("3f2a", "z");
+        assert_eq!(wire.len(), LONG_ID_BYTES);
+        assert!(wire.starts_with("3f2a~x"));
+        assert_eq!(long.internal(&wire), "3f2a");
+        // An id without the padding names its record as is.
+        assert_eq!(long.internal("3f2a"), "3f2a");
+        assert_eq!(long.external("", "z"), "");
+        assert_eq!(VolumeIdFormat::parse("long"), Ok(long));
+        assert_eq!(long.as_str(), "long");
     }
 
     #[test]
