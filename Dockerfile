@@ -27,10 +27,11 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends make \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# What `--version` prints (build.rs): the context has no .git to describe,
-# so pass it, e.g. --build-arg CSI_PROVISIONER_VERSION=$(git describe
-# --tags --always --dirty); without it, the crate version.
-ARG CSI_PROVISIONER_VERSION=
+# The commit `--version` prints after the crate version (build.rs): the
+# context has no .git to describe, so pass it, e.g. --build-arg
+# CSI_PROVISIONER_GIT_COMMIT=$(git describe --always --dirty --exclude='*');
+# without it, the crate version alone.
+ARG CSI_PROVISIONER_GIT_COMMIT=
 # The whole workspace: Cargo needs every member's manifest to load it. No
 # system protoc is needed (proto/ is compiled by the pure-Rust protox).
 COPY Cargo.toml Cargo.lock build.rs ./

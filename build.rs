@@ -1,12 +1,15 @@
-//! Embeds the version `--version` prints and the start-up log names, as
-//! the Go image's release tooling stamps `git describe` into its binary
-//! (`csi-provisioner v6.3.0-56-g0688604fa`):
+//! Embeds the version `--version` prints and the start-up log names: the
+//! crate version and the commit it was built from,
+//! `v0.1.0 (git 3dd1527)`. (The Go image's release tooling stamps `git
+//! describe` alone, `csi-provisioner v6.3.0-56-g0688604fa`; ours has a
+//! version of its own besides the commit.) The commit is:
 //!
-//! 1. `CSI_PROVISIONER_VERSION`, when set and not empty: an override for
-//!    builds that know better or have no repository (the Dockerfile's
-//!    build argument of that name; its context leaves `.git` out);
-//! 2. else `git describe --tags --always --dirty` of this checkout;
-//! 3. else the crate version (no git, or not a checkout).
+//! 1. `CSI_PROVISIONER_GIT_COMMIT`, when set and not empty: for builds
+//!    that have no repository (the Dockerfile's build argument of that
+//!    name; its context leaves `.git` out);
+//! 2. else `git describe --always --dirty --exclude=*` of this checkout:
+//!    the short commit, `-dirty` when the tree had changes;
+//! 3. else none: `v0.1.0` alone (no git, or not a checkout).
 //!
 //! The script runs again only when the override changes or the commit
 //! does (`HEAD`, the branch it points to, `packed-refs`), not at every
@@ -16,7 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const OVERRIDE: &str = "CSI_PROVISIONER_VERSION";
+const OVERRIDE: &str = "CSI_PROVISIONER_GIT_COMMIT";
 
 fn git(dir: &Path, args: &[&str]) -> Option<String> {
     let out = Command::new("git")
@@ -69,11 +72,20 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     watch_commit(&manifest);
-    let version = std::env::var(OVERRIDE)
+    let commit = std::env::var(OVERRIDE)
         .ok()
         .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
-        .or_else(|| git(&manifest, &["describe", "--tags", "--always", "--dirty"]))
-        .unwrap_or_else(|| std::env::var("CARGO_PKG_VERSION").unwrap_or_default());
+        .or_else(|| {
+            git(
+                &manifest,
+                &["describe", "--always", "--dirty", "--exclude=*"],
+            )
+        });
+    let crate_version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    let version = match commit {
+        Some(commit) => format!("v{crate_version} (git {commit})"),
+        None => format!("v{crate_version}"),
+    };
     println!("cargo:rustc-env=CSI_PROVISIONER_BUILD_VERSION={version}");
 }

@@ -68,16 +68,18 @@ fn label_list(value: &str) -> Result<Vec<(String, String)>, String> {
         .collect()
 }
 
-/// The version `--version` prints and the start-up log names: `git
-/// describe` of the build's commit, or an override, or the crate version
-/// (`build.rs`).
+/// The version `--version` prints and the start-up log names: the crate
+/// version and the build's commit, `v0.1.0 (git 3dd1527)`, or the crate
+/// version alone where the commit is not known (`build.rs`).
 pub const VERSION: &str = match option_env!("CSI_PROVISIONER_BUILD_VERSION") {
     Some(version) => version,
-    None => env!("CARGO_PKG_VERSION"),
+    None => concat!("v", env!("CARGO_PKG_VERSION")),
 };
 
 /// What `--version` prints, as the Go image (`fmt.Println(os.Args[0],
-/// version)`): the name the process was started by, and the version.
+/// version)`): the name the process was started by, then the version
+/// (the Go image's is its `git describe`, ours the crate version and the
+/// commit).
 pub fn version_line(argv0: &str, version: &str) -> String {
     format!("{argv0} {version}")
 }
@@ -148,6 +150,10 @@ pub struct Options {
     #[arg(long, default_value = "", value_name = "STRING")]
     pub default_fstype: String,
 
+    /// Beyond the Go image: lower the number of CreateVolume and DeleteVolume calls in flight when the driver answers RESOURCE_EXHAUSTED or ABORTED (halved), and raise it again as calls succeed, up to twice --worker-threads (what the claim and volume workers could send). A healthy driver is called as the Go image calls it. The limit is the metric csi_provisioner_driver_concurrency_limit.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    pub adaptive_concurrency: bool,
+
     /// If set, add PV/PVC metadata (csi.storage.k8s.io/pvc/name, pvc/namespace, pv/name) to the parameters of CreateVolume.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
     pub extra_create_metadata: bool,
@@ -159,6 +165,18 @@ pub struct Options {
     /// Immediate binding: pass the aggregated cluster topologies as requisite and preferred (true) or no topology at all (false).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, value_name = "BOOL")]
     pub immediate_topology: bool,
+
+    /// Beyond the Go image (upstream PR #1531): label keys of the claim's namespace whose values are added to the parameters of CreateVolume as csi.storage.k8s.io/namespace/labels/<key> (keys the namespace lacks are left out). The namespace is read live, once per provisioning; needs get on namespaces. Independent of --extra-create-metadata. Comma-separated, repeatable.
+    #[arg(long, value_delimiter = ',', value_name = "KEY,...")]
+    pub extra_create_metadata_namespace_labels: Vec<String>,
+
+    /// Beyond the Go image (upstream PR #1531): as --extra-create-metadata-namespace-labels, for annotation keys, under csi.storage.k8s.io/namespace/annotations/<key>.
+    #[arg(long, value_delimiter = ',', value_name = "KEY,...")]
+    pub extra_create_metadata_namespace_annotations: Vec<String>,
+
+    /// Beyond the Go image (upstream #1582/#1589): immediate binding aggregates the topology of every key set the nodes registered for the driver (the union), the same for every claim, instead of the keys of one CSINode picked in no particular order.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
+    pub immediate_topology_per_key_set: bool,
 
     /// A set of key=value pairs that describe feature gates for alpha/experimental features. Options are: HonorPVReclaimPolicy=true|false (default true), PVCProtection=true|false (ALPHA, default false), StatefulSetAutoDeletePVC=true|false (ALPHA, default false), PVReleaser=true|false (ALPHA, default false; needs --controller-id), Topology=true|false (default true), VolumeAttributesClass=true|false (default true), CrossNamespaceVolumeDataSource=true|false (ALPHA, default false), ReleaseLeaderElectionOnExit=true|false (ALPHA, default false), PodPVCProvisioner=true|false (ALPHA, default false; needs --controller-id), ClaimMetadataPropagation=true|false (ALPHA, default false), AllAlpha=true|false, AllBeta=true|false.
     #[arg(long, value_parser = feature_gates, value_name = "NAME=BOOL,...")]
@@ -268,6 +286,10 @@ pub struct Options {
     /// How often to sweep for VolumeSnapshots stuck with the volumesnapshot-as-source-protection finalizer. 0 disables the sweep.
     #[arg(long, default_value = "5m", value_parser = go_duration, value_name = "DURATION")]
     pub snapshot_orphan_sweep_interval: Duration,
+
+    /// Beyond the Go image (issue 45): how often the leader audits the driver's volumes (ListVolumes) for ones no PersistentVolume names, and reports them (metric, log, ConfigMap <lease name>-orphan-audit); never deletes. Drivers without LIST_VOLUMES are not audited. 0 turns the audit off.
+    #[arg(long, default_value = "6h", value_parser = go_duration, value_name = "DURATION")]
+    pub orphan_audit_interval: Duration,
 
     /// Go runtime tuning of the upstream sidecar (GOMAXPROCS from the CPU quota). Accepted for compatibility; the Rust runtime sizes its worker threads from the CPUs available.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
@@ -488,7 +510,7 @@ impl Options {
         }
         if self.gates.enabled(Feature::PVReleaser) && self.controller_id.is_empty() {
             return Err(CliError::Conflict(
-                "--feature-gates=PVReleaser=true needs --controller-id".into(),
+                "--feature-gates=PVReleaser=true needs --controller-id (the controller id whose PVs it releases)".into(),
             ));
         }
         if self.gates.enabled(Feature::PodPVCProvisioner) && self.controller_id.is_empty() {
@@ -499,18 +521,22 @@ impl Options {
         if self.leader_election
             && self.leader_election_renew_deadline >= self.leader_election_lease_duration
         {
-            return Err(CliError::Conflict(
-                "--leader-election-renew-deadline must be shorter than --leader-election-lease-duration".into(),
-            ));
+            return Err(CliError::Conflict(format!(
+                "--leader-election-renew-deadline ({}) must be shorter than --leader-election-lease-duration ({})",
+                crate::duration::format_go_duration(self.leader_election_renew_deadline),
+                crate::duration::format_go_duration(self.leader_election_lease_duration)
+            )));
         }
         // client-go refuses the same: a renew deadline within one jittered
         // retry period leaves no second renewal attempt.
         if self.leader_election
             && self.leader_election_renew_deadline <= self.leader_election_retry_period.mul_f64(1.2)
         {
-            return Err(CliError::Conflict(
-                "--leader-election-renew-deadline must be longer than 1.2 × --leader-election-retry-period".into(),
-            ));
+            return Err(CliError::Conflict(format!(
+                "--leader-election-renew-deadline ({}) must be longer than 1.2 × --leader-election-retry-period ({})",
+                crate::duration::format_go_duration(self.leader_election_renew_deadline),
+                crate::duration::format_go_duration(self.leader_election_retry_period)
+            )));
         }
         csi_proto::transport::parse_unix_address(&self.csi_address).map_err(|e| {
             CliError::Invalid {
@@ -804,7 +830,26 @@ mod tests {
             version_line("/csi-provisioner", "5830c16"),
             "/csi-provisioner 5830c16"
         );
-        assert!(!VERSION.is_empty() && !VERSION.contains(char::is_whitespace));
+        assert_eq!(
+            version_line("target/debug/csi-provisioner", "v0.1.0 (git b10cdfb)"),
+            "target/debug/csi-provisioner v0.1.0 (git b10cdfb)"
+        );
+        // The crate version, then the commit when the build knew it.
+        let crate_version = concat!("v", env!("CARGO_PKG_VERSION"));
+        let commit = VERSION
+            .strip_prefix(crate_version)
+            .unwrap_or_else(|| panic!("{VERSION:?} starts with {crate_version}"));
+        if !commit.is_empty() {
+            let commit = commit
+                .strip_prefix(" (git ")
+                .and_then(|c| c.strip_suffix(')'))
+                .unwrap_or_else(|| panic!("{VERSION:?}: ` (git <commit>)` after the version"));
+            let hash = commit.strip_suffix("-dirty").unwrap_or(commit);
+            assert!(
+                hash.len() >= 7 && hash.chars().all(|c| c.is_ascii_hexdigit()),
+                "{VERSION:?}"
+            );
+        }
         assert!(!ok(&["--version=false"]).version);
         // A repeated flag: the last one wins, as in Go.
         let o = ok(&[
@@ -856,14 +901,17 @@ mod tests {
             ),
             (&["--volume-name-prefix="][..], "volume-name-prefix"),
             (&["--csi-address=tcp://1.2.3.4:5"][..], "csi-address"),
-            (&["--feature-gates=PVReleaser=true"][..], "controller-id"),
+            (
+                &["--feature-gates=PVReleaser=true"][..],
+                "needs --controller-id (the controller id whose PVs it releases)",
+            ),
             (
                 &["--feature-gates=PodPVCProvisioner=true"][..],
                 "controller-id",
             ),
             (
                 &["--leader-election", "--leader-election-renew-deadline=20s"][..],
-                "renew-deadline",
+                "--leader-election-renew-deadline (20s) must be shorter than --leader-election-lease-duration (15s)",
             ),
             (&["--no-such-flag"][..], "no-such-flag"),
             (&["--kube-api-burst=0"][..], "--kube-api-burst"),
@@ -880,7 +928,7 @@ mod tests {
                     "--leader-election-renew-deadline=6s",
                     "--leader-election-retry-period=5s",
                 ][..],
-                "retry-period",
+                "--leader-election-renew-deadline (6s) must be longer than 1.2 × --leader-election-retry-period (5s)",
             ),
             (
                 &["--kube-api-capacity-burst=-1"][..],
@@ -969,6 +1017,29 @@ mod tests {
             other => panic!("--{name}: no typical value for pflag type {other:?}"),
         };
         vec![format!("--{name}={value}")]
+    }
+
+    /// The opt-ins of upstream requests (#1531, #1582/#1589): off by
+    /// default; lists comma-separated and repeatable, as pflag's StringSlice.
+    #[test]
+    fn upstream_request_opt_ins() {
+        let o = ok(&[]);
+        assert!(o.extra_create_metadata_namespace_labels.is_empty());
+        assert!(o.extra_create_metadata_namespace_annotations.is_empty());
+        assert!(!o.immediate_topology_per_key_set);
+        let o = ok(&[
+            "--extra-create-metadata-namespace-labels=a,example.com/b",
+            "--extra-create-metadata-namespace-labels=c",
+            "-extra-create-metadata-namespace-annotations=d",
+            "--immediate-topology-per-key-set",
+        ]);
+        assert_eq!(
+            o.extra_create_metadata_namespace_labels,
+            ["a", "example.com/b", "c"]
+        );
+        assert_eq!(o.extra_create_metadata_namespace_annotations, ["d"]);
+        assert!(o.immediate_topology_per_key_set);
+        assert!(!ok(&["--immediate-topology-per-key-set=false"]).immediate_topology_per_key_set);
     }
 
     #[test]

@@ -163,7 +163,13 @@ impl fmt::Display for Feature {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FeatureGateError {
-    #[error("unrecognized feature gate: {0}")]
+    /// Upstream's words, then what was perhaps meant and the gates there
+    /// are.
+    #[error(
+        "unrecognized feature gate: {0}{hint}; the gates are {gates} (the Kubernetes library gates the Go image accepts, such as WatchList, are accepted and ignored)",
+        hint = did_you_mean(.0),
+        gates = known_gates()
+    )]
     Unknown(String),
     #[error("missing bool value for {0}")]
     MissingValue(String),
@@ -171,6 +177,28 @@ pub enum FeatureGateError {
         "invalid value of {gate}={value}, err: strconv.ParseBool: parsing {value:?}: invalid syntax"
     )]
     BadValue { gate: String, value: String },
+}
+
+/// Every gate name `--feature-gates` takes that changes something here,
+/// for the error about one it does not know: ours, then `AllAlpha` and
+/// `AllBeta`.
+fn known_gates() -> String {
+    let mut names: Vec<&str> = Feature::ALL.into_iter().map(Feature::name).collect();
+    names.extend(["AllAlpha", "AllBeta"]);
+    let (last, rest) = names.split_last().expect("gates");
+    format!("{} and {last}", rest.join(", "))
+}
+
+/// ` (did you mean X?)` for a name that is a known gate's but for case.
+fn did_you_mean(name: &str) -> String {
+    Feature::ALL
+        .into_iter()
+        .map(Feature::name)
+        .chain(["AllAlpha", "AllBeta"])
+        .chain(UPSTREAM_LIBRARY_GATES.iter().copied())
+        .find(|gate| !name.is_empty() && gate.eq_ignore_ascii_case(name))
+        .map(|gate| format!(" (did you mean {gate}?)"))
+        .unwrap_or_default()
 }
 
 /// The resolved gates: defaults overridden by what the command line set.
@@ -423,6 +451,41 @@ mod tests {
             FeatureGateError::Unknown("Bogus".into())
                 .to_string()
                 .contains("Bogus")
+        );
+    }
+
+    #[test]
+    fn an_unknown_gate_is_told_with_the_known_ones() {
+        assert_eq!(
+            FeatureGateError::Unknown("Foo".into()).to_string(),
+            "unrecognized feature gate: Foo; the gates are HonorPVReclaimPolicy, PVCProtection, \
+             StatefulSetAutoDeletePVC, PVReleaser, Topology, VolumeAttributesClass, \
+             CrossNamespaceVolumeDataSource, ReleaseLeaderElectionOnExit, PodPVCProvisioner, \
+             ClaimMetadataPropagation, AllAlpha and AllBeta (the Kubernetes library gates the Go \
+             image accepts, such as WatchList, are accepted and ignored)"
+        );
+        // Every gate of ours is in the list.
+        let told = FeatureGateError::Unknown("Foo".into()).to_string();
+        for feature in Feature::ALL {
+            assert!(told.contains(feature.name()), "{feature}");
+        }
+        // A name that is a gate's but for case says which.
+        assert!(
+            FeatureGateError::Unknown("pvcprotection".into())
+                .to_string()
+                .starts_with(
+                    "unrecognized feature gate: pvcprotection (did you mean PVCProtection?); the gates are "
+                )
+        );
+        assert!(
+            FeatureGateError::Unknown("watchlist".into())
+                .to_string()
+                .contains("(did you mean WatchList?)")
+        );
+        assert!(
+            !FeatureGateError::Unknown("".into())
+                .to_string()
+                .contains("did you mean")
         );
     }
 

@@ -28,6 +28,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::Retryable;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -45,6 +46,21 @@ pub const API_CALLS: &[ApiCall] = &[in_own_namespace(
     "leases",
     &["get", "create", "update"],
 )];
+
+/// What a Lease request refused by RBAC (403) is told with: the Role and
+/// verbs the sidecar needs (deploy/kubernetes/base/rbac.yaml). `None` for
+/// any other error.
+pub fn lease_forbidden_hint(error: &kube::Error, namespace: &str) -> Option<String> {
+    match error {
+        kube::Error::Api(status) if status.code == 403 => Some(format!(
+            "RBAC refuses the Lease: the sidecar's service account needs a Role in namespace \
+             {namespace:?} allowing get, create and update on leases (apiGroup \
+             coordination.k8s.io), bound to it by a RoleBinding: the Role csi-provisioner-cfg of \
+             deploy/kubernetes/base/rbac.yaml"
+        )),
+        _ => None,
+    }
+}
 
 /// csi-lib-utils' `defaultHealthCheckTimeout`: how much later than the lease
 /// duration a missed renewal makes `/healthz/leader-election` fail.
@@ -288,7 +304,9 @@ impl Health {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
-    #[error("leader election lost: lease {namespace}/{name} not renewed within {deadline:?}")]
+    #[error(
+        "leader election lost: lease {namespace}/{name} not renewed within {deadline:?}; another replica may lead now, this one exits and is restarted as a candidate. If it recurs, check the API server's latency, or raise --leader-election-renew-deadline (below --leader-election-lease-duration)"
+    )]
     Lost {
         namespace: String,
         name: String,
@@ -317,6 +335,19 @@ const LEADER_METRIC_NAME: &str = "";
 enum Round {
     Holding,
     Waiting { holder: String },
+}
+
+/// Why a round (bounded in time) did not end holding the Lease: what the
+/// retries of [`Elector::acquire`] and of a renewal decide on.
+enum NotHeld {
+    /// Another instance holds it.
+    HeldBy(String),
+    /// The API server answered with an error.
+    Api(kube::Error),
+    /// No answer within the round's bound.
+    NoAnswer,
+    /// A renewal's deadline passed before the round could start.
+    Deadline,
 }
 
 impl Elector {
@@ -446,34 +477,51 @@ impl Elector {
     /// Waits until this process holds the Lease, then renews it in the
     /// background. Caches may run meanwhile; writers start only after this
     /// returns.
+    ///
+    /// A retry on `backon`: a round that does not end holding the Lease is
+    /// tried again after a jittered retry period, for ever.
     pub async fn acquire(self: &Arc<Self>) -> Leadership {
         let mut last_holder: Option<String> = None;
-        loop {
+        let acquired = (|| async {
             let started = Instant::now();
             // A request that hangs (black-holed API server) must not stall
             // the candidate: each round is bounded like a renewal.
             let round =
                 tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew()).await;
             match round {
-                Ok(Ok(Round::Holding)) => {
-                    tracing::info!(lease = %format!("{}/{}", self.config.namespace, self.config.name), identity = %self.config.identity, "successfully acquired lease; became leader");
-                    return self.lead(started);
-                }
-                Ok(Ok(Round::Waiting { holder })) => {
-                    if last_holder.as_deref() != Some(holder.as_str()) {
-                        tracing::info!(lease = %format!("{}/{}", self.config.namespace, self.config.name), %holder, "waiting to acquire the leader lease, currently held by another instance");
-                        last_holder = Some(holder);
-                    }
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(lease = %self.config.name, error = %e, "cannot acquire the leader lease; will retry");
-                }
-                Err(_) => {
-                    tracing::warn!(lease = %self.config.name, "no answer from the API server about the leader lease; will retry");
+                Ok(Ok(Round::Holding)) => Ok(started),
+                Ok(Ok(Round::Waiting { holder })) => Err(NotHeld::HeldBy(holder)),
+                Ok(Err(e)) => Err(NotHeld::Api(e)),
+                Err(_) => Err(NotHeld::NoAnswer),
+            }
+        })
+        .retry(std::iter::repeat_with(|| self.jittered()))
+        .notify(|not_held, _| match not_held {
+            NotHeld::HeldBy(holder) => {
+                if last_holder.as_deref() != Some(holder.as_str()) {
+                    tracing::info!(lease = %format!("{}/{}", self.config.namespace, self.config.name), %holder, "waiting to acquire the leader lease, currently held by another instance");
+                    last_holder = Some(holder.clone());
                 }
             }
-            tokio::time::sleep(self.jittered()).await;
-        }
+            NotHeld::Api(e) => {
+                let hint = lease_forbidden_hint(e, &self.config.namespace)
+                    .map(|hint| format!(". {hint}"))
+                    .unwrap_or_default();
+                tracing::warn!(lease = %self.config.name, error = %e, "cannot acquire the leader lease; will retry{hint}");
+            }
+            NotHeld::NoAnswer => {
+                tracing::warn!(lease = %self.config.name, "no answer from the API server about the leader lease; will retry");
+            }
+            NotHeld::Deadline => {}
+        })
+        .await;
+        // The delays never run out: only a round that holds ends the retry.
+        let started = match acquired {
+            Ok(started) => started,
+            Err(_) => unreachable!("acquire retries for ever"),
+        };
+        tracing::info!(lease = %format!("{}/{}", self.config.namespace, self.config.name), identity = %self.config.identity, "successfully acquired lease; became leader");
+        self.lead(started)
     }
 
     fn lead(self: &Arc<Self>, renewed: Instant) -> Leadership {
@@ -492,46 +540,77 @@ impl Elector {
                 // renewal, which is no later than the renew time others saw:
                 // we give up before any follower can take over.
                 let deadline = last_renew + elector.config.renew_deadline;
-                loop {
-                    let attempt = Instant::now();
-                    if attempt >= deadline {
+                // One renewal, retried on `backon` every retry period (the
+                // last wait cut at the deadline) until it holds, the Lease
+                // is taken, or the deadline passes. The periodic renewal
+                // around it is no retry and stays a loop.
+                let retry_period = elector.config.retry_period;
+                let this = &elector;
+                let mut rounds = 0u32;
+                let renewed = (|| {
+                    rounds += 1;
+                    let again = rounds > 1;
+                    async move {
+                        let attempt = Instant::now();
+                        if attempt >= deadline {
+                            return Err(NotHeld::Deadline);
+                        }
+                        // client-go's slow path: a renewal round after a
+                        // failed one (`leader_election_slowpath_total`).
+                        if again {
+                            crate::metrics::count_leader_slowpath(LEADER_METRIC_NAME);
+                        }
+                        match tokio::time::timeout_at(deadline, this.try_acquire_or_renew()).await
+                        {
+                            Ok(Ok(Round::Holding)) => Ok(attempt),
+                            Ok(Ok(Round::Waiting { holder })) => Err(NotHeld::HeldBy(holder)),
+                            Ok(Err(e)) => Err(NotHeld::Api(e)),
+                            Err(_) => Err(NotHeld::NoAnswer),
+                        }
+                    }
+                })
+                .retry(std::iter::repeat_with(move || {
+                    retry_period.min(deadline.saturating_duration_since(Instant::now()))
+                }))
+                .when(|not_held| matches!(not_held, NotHeld::Api(_) | NotHeld::NoAnswer))
+                .notify(|not_held, _| {
+                    if let NotHeld::Api(e) = not_held {
+                        let hint = lease_forbidden_hint(e, &elector.config.namespace)
+                            .map(|hint| format!(". {hint}"))
+                            .unwrap_or_default();
+                        tracing::warn!(lease = %elector.config.name, error = %e, "renewing the leader lease failed; retrying{hint}");
+                    }
+                })
+                .await;
+                match renewed {
+                    Ok(attempt) => {
+                        last_renew = attempt;
+                        // Not `lead_until`: a renewal that lands after a
+                        // step-down must leave the fence closed.
+                        elector
+                            .fence
+                            .extend(attempt + elector.config.renew_deadline);
+                        elector.health.set(State::Leading {
+                            last_renew: attempt,
+                        });
+                    }
+                    Err(not_held) => {
                         elector.fence.close();
                         crate::metrics::set_leader(LEADER_METRIC_NAME, false);
                         elector.health.set(State::Lost);
-                        tracing::error!(lease = %elector.config.name, "failed to renew the leader lease within the renew deadline; stopping");
+                        match not_held {
+                            // Someone else took the Lease: we are no longer
+                            // leader, whatever the deadline says.
+                            NotHeld::HeldBy(holder) => {
+                                tracing::error!(lease = %elector.config.name, %holder, "the leader lease was taken by another instance; stopping");
+                            }
+                            _ => {
+                                tracing::error!(lease = %elector.config.name, "failed to renew the leader lease within the renew deadline; stopping");
+                            }
+                        }
                         let _ = lost_tx.send(true);
                         return;
                     }
-                    match tokio::time::timeout_at(deadline, elector.try_acquire_or_renew()).await {
-                        Ok(Ok(Round::Holding)) => {
-                            last_renew = attempt;
-                            // Not `lead_until`: a renewal that lands after
-                            // a step-down must leave the fence closed.
-                            elector
-                                .fence
-                                .extend(attempt + elector.config.renew_deadline);
-                            elector.health.set(State::Leading {
-                                last_renew: attempt,
-                            });
-                            break;
-                        }
-                        Ok(Ok(Round::Waiting { holder })) => {
-                            // Someone else took the Lease: we are no longer
-                            // leader, whatever the deadline says.
-                            elector.fence.close();
-                            crate::metrics::set_leader(LEADER_METRIC_NAME, false);
-                            elector.health.set(State::Lost);
-                            tracing::error!(lease = %elector.config.name, %holder, "the leader lease was taken by another instance; stopping");
-                            let _ = lost_tx.send(true);
-                            return;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::warn!(lease = %elector.config.name, error = %e, "renewing the leader lease failed; retrying");
-                        }
-                        Err(_) => {}
-                    }
-                    let next = Instant::now() + elector.config.retry_period;
-                    tokio::time::sleep_until(next.min(deadline)).await;
                 }
             }
         });
@@ -610,7 +689,10 @@ impl Leadership {
             }
             Ok(Ok(false)) => {}
             Ok(Err(e)) => {
-                tracing::warn!(lease = %self.elector.config.name, error = %e, "cannot release the leader lease; it will expire");
+                let hint = lease_forbidden_hint(&e, &self.elector.config.namespace)
+                    .map(|hint| format!(". {hint}"))
+                    .unwrap_or_default();
+                tracing::warn!(lease = %self.elector.config.name, error = %e, "cannot release the leader lease; it will expire{hint}");
             }
             Err(_) => {
                 tracing::warn!(lease = %self.elector.config.name, "no answer while releasing the leader lease; it will expire");
@@ -938,6 +1020,31 @@ mod tests {
         assert_eq!(spec.holder_identity.as_deref(), Some("a"));
     }
 
+    /// A renewal that fails once is made again within the deadline (the
+    /// retry on `backon`), and that round counts as client-go's slow path.
+    #[tokio::test]
+    async fn a_renewal_refused_once_is_made_again_and_counted_as_the_slow_path() {
+        use kube_testserver::{RequestMatch, Verb};
+
+        let slowpath = || {
+            crate::metrics::encode()
+                .lines()
+                .find_map(|line| line.strip_prefix("leader_election_slowpath_total{name=\"\"} "))
+                .map_or(0.0, |value| value.parse::<f64>().expect("a number"))
+        };
+        let server = kube_testserver::TestServer::new();
+        let a = Elector::new(server.client(), config("a", false));
+        let mut leading = a.acquire().await;
+        let before = slowpath();
+        server.fail_next(1, RequestMatch::new(Verb::Get, "leases"), 403);
+        // Lost, it would be within the renew deadline (600 ms).
+        let lost = tokio::time::timeout(Duration::from_millis(900), leading.lost()).await;
+        assert!(lost.is_err(), "still leading");
+        assert!(matches!(a.health().state(), State::Leading { .. }));
+        assert!(slowpath() > before, "{}", crate::metrics::encode());
+        leading.step_down().await;
+    }
+
     /// Stepping down closes the fence before the Lease is released: the
     /// release (Lease requests) still goes out through the fenced client,
     /// a write of a worker still running does not. Dropping a leadership
@@ -1020,6 +1127,57 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn a_lease_refused_by_rbac_is_told_with_the_role_it_needs() {
+        let status = |code: u16| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: "leases.coordination.k8s.io \"x\" is forbidden".to_owned(),
+                ..kube::core::Status::default()
+            }))
+        };
+        assert_eq!(
+            lease_forbidden_hint(&status(403), "kube-system").as_deref(),
+            Some(
+                "RBAC refuses the Lease: the sidecar's service account needs a Role in namespace \
+                 \"kube-system\" allowing get, create and update on leases (apiGroup \
+                 coordination.k8s.io), bound to it by a RoleBinding: the Role csi-provisioner-cfg \
+                 of deploy/kubernetes/base/rbac.yaml"
+            )
+        );
+        assert_eq!(lease_forbidden_hint(&status(409), "kube-system"), None);
+        assert_eq!(lease_forbidden_hint(&status(500), "kube-system"), None);
+        // The verbs it names are the ones the elector declares.
+        assert_eq!(API_CALLS[0].verbs, ["get", "create", "update"]);
+        assert_eq!(API_CALLS[0].resource, "leases");
+        // And the Role it names grants them.
+        let rbac = include_str!("../deploy/kubernetes/base/rbac.yaml");
+        let role = rbac
+            .split("\n---\n")
+            .find(|doc| doc.contains("kind: Role\n") && doc.contains("name: csi-provisioner-cfg"))
+            .expect("the Role csi-provisioner-cfg in deploy/kubernetes/base/rbac.yaml");
+        assert!(
+            role.contains("resources: [\"leases\"]\n    verbs: [\"get\", \"create\", \"update\"]"),
+            "{role}"
+        );
+    }
+
+    #[test]
+    fn a_lost_lease_says_what_follows_and_what_to_check() {
+        let lost = LeaderError::Lost {
+            namespace: "kube-system".into(),
+            name: "hostpath-csi-k8s-io".into(),
+            deadline: Duration::from_secs(10),
+        };
+        assert_eq!(
+            lost.to_string(),
+            "leader election lost: lease kube-system/hostpath-csi-k8s-io not renewed within 10s; \
+             another replica may lead now, this one exits and is restarted as a candidate. If it \
+             recurs, check the API server's latency, or raise --leader-election-renew-deadline \
+             (below --leader-election-lease-duration)"
+        );
     }
 
     #[test]

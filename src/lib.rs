@@ -19,6 +19,7 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod migration;
+pub mod orphan_audit;
 pub mod pod_pvc;
 pub mod pprof;
 pub mod projection;

@@ -225,6 +225,7 @@ struct Metrics {
     patches_refused: Family<WhatLabels, Counter>,
     live_reads: Family<WhatLabels, Counter>,
     driver_reachable: Family<NoLabels, Gauge>,
+    driver_concurrency_limit: Family<NoLabels, Gauge>,
     capacity_goal: Family<NoLabels, Gauge>,
     capacity_current: Family<NoLabels, Gauge>,
     capacity_obsolete: Family<NoLabels, Gauge>,
@@ -309,6 +310,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         patches_refused: Family::default(),
         live_reads: Family::default(),
         driver_reachable: Family::default(),
+        driver_concurrency_limit: Family::default(),
         remembered: Family::default(),
         events_coalesced: Family::default(),
         capacity_goal: Family::default(),
@@ -436,6 +438,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     register(
         &mut registry,
         &mut help,
+        "leader_election_slowpath",
+        "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name.",
+        LEADER_SLOWPATH.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
         "csi_provisioner_capability_enabled",
         "Whether an optional capability of this sidecar is in use (1) or was turned off at start because the cluster does not serve or RBAC does not allow what it needs (0): journal (the write-ahead journal ConfigMap), volume_attributes_class.",
         m.capability.clone(),
@@ -460,6 +469,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "csi_provisioner_driver_reachable",
         "Whether the CSI driver's socket answers (1) or not (0: its connection is refused or broke, and the sidecar re-dials it instead of exiting as the Go image does). Updated by every CSI call and a Probe every 10 s.",
         m.driver_reachable.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_driver_concurrency_limit",
+        "How many CreateVolume and DeleteVolume calls may be in flight to the CSI driver at once (--adaptive-concurrency): halved when the driver answers RESOURCE_EXHAUSTED or ABORTED, raised again by its successful calls, at most twice --worker-threads. Absent with --adaptive-concurrency=false.",
+        m.driver_concurrency_limit.clone(),
     );
     register(
         &mut registry,
@@ -544,6 +560,21 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "csi_provisioner_journal_oldest_entry_seconds",
         "Age in seconds of the oldest operation counted by csi_provisioner_journal_entries, 0 with none; an entry read back from the journal at start counts from then. Reported by the leader only.",
         m.journal_oldest.clone(),
+    );
+    // The orphan audit's gauges (src/orphan_audit, ORPHANED below).
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_orphaned_volumes",
+        "Backend volumes the driver lists (ListVolumes) that no PersistentVolume of this cluster names, at two orphan audits in a row; reported, never deleted. Absent until the leader's second audit.",
+        ORPHANED.0.clone(),
+    );
+    register(
+        &mut registry,
+        &mut help,
+        "csi_provisioner_orphaned_volume_bytes",
+        "Total capacity in bytes of the volumes counted by csi_provisioner_orphaned_volumes, as the driver gave it; absent when it gave none.",
+        ORPHANED.1.clone(),
     );
     register(
         &mut registry,
@@ -1141,6 +1172,19 @@ fn refresh_queue_gauges() {
     }
 }
 
+/// client-go's `leader_election_slowpath_total{name}`: it counts the
+/// renewals a leader makes the slow way (read, then write) after its write
+/// from its last copy of the Lease failed. Every renewal of ours reads
+/// first, so ours counts the like: each renewal round a leader makes again
+/// after a failed one ([`crate::leader`]). As client-go's, absent until the
+/// first.
+static LEADER_SLOWPATH: LazyLock<Family<QueueLabels, Counter>> = LazyLock::new(Family::default);
+
+/// One more renewal round of the lease `name` after a failed one.
+pub fn count_leader_slowpath(name: &str) {
+    LEADER_SLOWPATH.get_or_create(&queue(name)).inc();
+}
+
 /// client-go's leader-election gauge: 1 while this process leads the lease
 /// `name`, 0 while it is a candidate or after it lost.
 pub fn set_leader(name: &str, leading: bool) {
@@ -1165,6 +1209,15 @@ pub fn count_event_dropped() {
 }
 
 /// Whether the driver answers (see the metric's help).
+/// The adaptive concurrency limit of the driver's volume calls
+/// (`src/csi/adaptive.rs`).
+pub fn set_driver_concurrency_limit(limit: usize) {
+    METRICS
+        .driver_concurrency_limit
+        .get_or_create(&NoLabels {})
+        .set(i64::try_from(limit).unwrap_or(i64::MAX));
+}
+
 pub fn set_driver_reachable(reachable: bool) {
     METRICS
         .driver_reachable
@@ -1219,6 +1272,28 @@ pub fn set_capacity_objects(goal: usize, current: usize, obsolete: usize) {
     set(&METRICS.capacity_goal, goal);
     set(&METRICS.capacity_current, current);
     set(&METRICS.capacity_obsolete, obsolete);
+}
+
+/// The orphan audit's gauges: orphaned volumes, and their bytes.
+static ORPHANED: LazyLock<(Family<NoLabels, Gauge>, Family<NoLabels, Gauge>)> =
+    LazyLock::new(Default::default);
+
+/// What the orphan audit found (src/orphan_audit): `bytes` `None` when the
+/// driver gave the capacity of no orphan (the bytes gauge is removed).
+pub fn set_orphaned_volumes(count: usize, bytes: Option<u64>) {
+    ORPHANED
+        .0
+        .get_or_create(&NoLabels {})
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
+    match bytes {
+        Some(bytes) => {
+            ORPHANED
+                .1
+                .get_or_create(&NoLabels {})
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        None => ORPHANED.1.clear(),
+    }
 }
 
 /// The content type of the OpenMetrics exposition.
@@ -1615,6 +1690,7 @@ mod tests {
         set_capacity_objects(4, 3, 1);
         set_leader("unit-lease", true);
         set_leader("unit-lease-lost", false);
+        count_leader_slowpath("unit-lease");
         let _queue: crate::queue::WorkQueue<u8> = crate::queue::WorkQueue::new(
             "unit-encode",
             crate::queue::Backoff {
@@ -1636,6 +1712,9 @@ mod tests {
             r#"controller_persistentvolume_delete_total{class="unit-fast"} 1"#,
             r#"controller_persistentvolume_delete_failed_total{class="unit-slow"} 1"#,
             r#"controller_persistentvolume_delete_duration_seconds_bucket{class="unit-fast",le="0.025"} 1"#,
+            // As the Go image exposes it once a renewal took the slow path.
+            "# HELP leader_election_slowpath_total [ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name.\n# TYPE leader_election_slowpath_total counter\n",
+            r#"leader_election_slowpath_total{name="unit-lease"} 1"#,
             "# HELP workqueue_depth [BETA] Current depth of workqueue\n# TYPE workqueue_depth gauge\n",
             r#"workqueue_depth{name="unit-claims"} 3"#,
             "# HELP workqueue_retries_total [BETA] Total number of retries handled by workqueue\n# TYPE workqueue_retries_total counter\n",

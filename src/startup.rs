@@ -68,7 +68,14 @@ pub async fn connect_driver(
     tracing::info!(address = %socket.display(), timeout = %crate::duration::format_go_duration(options.timeout), "connecting to the CSI driver");
     let connect = async {
         let channel = connect_and_probe(&socket, options.timeout).await?;
-        let driver = Driver::discover(channel, options.timeout).await?;
+        let mut driver = Driver::discover(channel, options.timeout).await?;
+        if options.adaptive_concurrency {
+            // The claim workers and the volume workers, --worker-threads
+            // each, could all be in a call at once.
+            let ceiling = options.worker_threads.saturating_mul(2);
+            driver = driver
+                .with_adaptive_concurrency(crate::csi::adaptive::ConcurrencyLimit::new(ceiling));
+        }
         Ok::<_, RunError>(driver)
     };
     let driver = tokio::select! {
@@ -251,6 +258,17 @@ pub async fn run(
     // from warm caches; nothing is written before the lease is ours.
     let capacity_driver = driver.clone();
     let restores_snapshots = config.capabilities.create_delete_snapshot;
+    let audit_driver = driver.clone();
+    let audit_report = crate::orphan_audit::ReportPlace {
+        namespace: namespace.clone(),
+        name: crate::orphan_audit::decide::report_name(
+            &config.driver_name,
+            config
+                .node_deployment
+                .as_ref()
+                .map(|n| n.node_name.as_str()),
+        ),
+    };
     // Outside `start`, which a signal during start-up drops: a Lease won by
     // then is stepped down from (released with ReleaseLeaderElectionOnExit)
     // instead of left to expire. Safe, as no writer has run before `start`
@@ -279,6 +297,19 @@ pub async fn run(
         }
         if let Some(sweep) = sweep {
             embedded.push(sweep);
+        }
+        let operations = Arc::clone(&provisioning);
+        if let Some(audit) = crate::orphan_audit::Audit::new(
+            shared.client.clone(),
+            audit_driver,
+            options.orphan_audit_interval,
+            audit_report,
+            Arc::new(move || {
+                let names = operations.operations.volume_names();
+                names.into_iter().map(|(_, name)| name).collect()
+            }),
+        ) {
+            embedded.push(audit);
         }
         shared.caches.start(&shared.client);
         match &elector {
@@ -730,6 +761,7 @@ pub fn api_calls() -> Vec<(&'static str, &'static [ApiCall])> {
         ("provisioner", crate::provisioner::API_CALLS),
         ("leader-election", crate::leader::API_CALLS),
         ("snapshot-sweep", crate::snapshot_sweep::API_CALLS),
+        ("orphan-audit", crate::orphan_audit::API_CALLS),
         ("pvc-protection", crate::protection::API_CALLS),
         ("pv-releaser", crate::releaser::API_CALLS),
         ("statefulset-retention", crate::retention::API_CALLS),
@@ -739,6 +771,10 @@ pub fn api_calls() -> Vec<(&'static str, &'static [ApiCall])> {
             crate::provisioner::CROSS_NAMESPACE_API_CALLS,
         ),
         ("pod-pvc-provisioner", crate::pod_pvc::API_CALLS),
+        (
+            "namespace-metadata",
+            crate::provisioner::NAMESPACE_METADATA_API_CALLS,
+        ),
     ]
 }
 
@@ -790,6 +826,11 @@ pub fn provisioner_config(options: &Options, driver: &Driver) -> ProvisionerConf
     config.extra_create_metadata = options.extra_create_metadata;
     config.strict_topology = options.strict_topology;
     config.immediate_topology = options.immediate_topology;
+    config.immediate_topology_per_key_set = options.immediate_topology_per_key_set;
+    config.namespace_metadata = crate::provision::namespace_metadata::NamespaceMetadataKeys::new(
+        &options.extra_create_metadata_namespace_labels,
+        &options.extra_create_metadata_namespace_annotations,
+    );
     config.topology_enabled =
         gates.enabled(Feature::Topology) && info.plugin.volume_accessibility_constraints;
     config.controller_publish_readonly = options.controller_publish_readonly;

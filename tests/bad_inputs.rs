@@ -122,11 +122,11 @@ catalogue! {
     // Flags and gates.
     flag_unknown_gate: Case {
         input: Input::Flags(&["--feature-gates=Foo=true"]),
-        expect: Expect::Exit { code: 2, stderr: "error: invalid value 'Foo=true' for '--feature-gates <NAME=BOOL,...>': unrecognized feature gate: Foo" },
+        expect: Expect::Exit { code: 2, stderr: "error: invalid value 'Foo=true' for '--feature-gates <NAME=BOOL,...>': unrecognized feature gate: Foo; the gates are HonorPVReclaimPolicy, PVCProtection, StatefulSetAutoDeletePVC, PVReleaser, Topology, VolumeAttributesClass, CrossNamespaceVolumeDataSource, ReleaseLeaderElectionOnExit, PodPVCProvisioner, ClaimMetadataPropagation, AllAlpha and AllBeta (the Kubernetes library gates the Go image accepts, such as WatchList, are accepted and ignored)" },
     };
     flag_claim_metadata_gate_misspelled: Case {
         input: Input::Flags(&["--feature-gates=ClaimMetadataInParameters=true"]),
-        expect: Expect::Exit { code: 2, stderr: "error: invalid value 'ClaimMetadataInParameters=true' for '--feature-gates <NAME=BOOL,...>': unrecognized feature gate: ClaimMetadataInParameters" },
+        expect: Expect::Exit { code: 2, stderr: "error: invalid value 'ClaimMetadataInParameters=true' for '--feature-gates <NAME=BOOL,...>': unrecognized feature gate: ClaimMetadataInParameters; the gates are HonorPVReclaimPolicy, PVCProtection, StatefulSetAutoDeletePVC, PVReleaser, Topology, VolumeAttributesClass, CrossNamespaceVolumeDataSource, ReleaseLeaderElectionOnExit, PodPVCProvisioner, ClaimMetadataPropagation, AllAlpha and AllBeta (the Kubernetes library gates the Go image accepts, such as WatchList, are accepted and ignored)" },
     };
     flag_gate_without_value: Case {
         input: Input::Flags(&["--feature-gates=Topology"]),
@@ -184,13 +184,13 @@ catalogue! {
     };
     class_secret_template_with_unknown_token: Case {
         input: Input::Claim { class: r#"{"parameters": {"csi.storage.k8s.io/provisioner-secret-name": "${pvc.colour}", "csi.storage.k8s.io/provisioner-secret-namespace": "{ns}"}}"#, claim: "{}" },
-        expect: Expect::Event { reason: "ProvisioningFailed", message: "error resolving value \"${pvc.colour}\": invalid tokens: [\"pvc.colour\"]" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "error resolving value \"${pvc.colour}\" of StorageClass parameter \"csi.storage.k8s.io/provisioner-secret-name\": invalid tokens: [\"pvc.colour\"]; a secret name template may use ${pv.name}, ${pvc.namespace}, ${pvc.name} and ${pvc.annotations['KEY']} (of an annotation the claim has)" },
     };
     class_secret_template_forbidden_for_provisioning: Case {
         // A claim's annotations may pick a secret's name (upstream #1148),
         // never the namespace it is read from.
         input: Input::Claim { class: r#"{"parameters": {"csi.storage.k8s.io/provisioner-secret-name": "creds", "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.annotations['team']}"}}"#, claim: r#"{"metadata": {"annotations": {"team": "a"}}}"# },
-        expect: Expect::Event { reason: "ProvisioningFailed", message: "error resolving value \"${pvc.annotations['team']}\": invalid tokens: [\"pvc.annotations['team']\"]" },
+        expect: Expect::Event { reason: "ProvisioningFailed", message: "error resolving value \"${pvc.annotations['team']}\" of StorageClass parameter \"csi.storage.k8s.io/provisioner-secret-namespace\": invalid tokens: [\"pvc.annotations['team']\"]; a secret namespace template may use only ${pv.name} and ${pvc.namespace}" },
     };
     class_secret_name_not_a_name: Case {
         input: Input::Claim { class: r#"{"parameters": {"csi.storage.k8s.io/provisioner-secret-name": "Not_A_Name", "csi.storage.k8s.io/provisioner-secret-namespace": "{ns}"}}"#, claim: "{}" },

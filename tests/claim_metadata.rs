@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use csi_hostpath::faults::Fault;
 use csi_provisioner::provisioner::journal::JournalEntry;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{Backend, ClusterConfig, Env};
@@ -35,6 +35,7 @@ e2e!(ClusterConfig::standard();
     gate_on_names_the_volume_and_records_the_volume_context,
     gate_off_names_volumes_as_the_go_image,
     a_templated_name_survives_a_restart_with_the_class_changed,
+    namespace_labels_and_annotations_are_read_live_when_listed,
 );
 
 const GATE: &str = "--feature-gates=ClaimMetadataPropagation=true";
@@ -540,4 +541,84 @@ async fn a_templated_name_survives_a_restart_with_the_class_changed(backend: Bac
     );
     env.assert_consistent().await;
     delete_all_and_wait_clean(&env, &["data", "other"]).await;
+}
+
+/// `--extra-create-metadata-namespace-labels` / `-annotations` (beyond the
+/// Go image, upstream #1531): the listed keys the claim's namespace has go
+/// to the driver under `csi.storage.k8s.io/namespace/labels/` and
+/// `.../annotations/`; the namespace is read live, once per provisioning
+/// (a change shows in the next claim); without the flags nothing is added
+/// and the namespace is not read, as the Go image.
+async fn namespace_labels_and_annotations_are_read_live_when_listed(backend: Backend) {
+    const LABELS: &str =
+        "--extra-create-metadata-namespace-labels=example.com/tier,example.com/absent";
+    const ANNOTATIONS: &str =
+        "--extra-create-metadata-namespace-annotations=example.com/quota-pool-id";
+    let mut env = Env::new(backend).await;
+    env.storage_class("plain", "Immediate", "Delete", json!({"type": "ssd"}))
+        .await;
+    let namespaces = Api::<Namespace>::all(env.client.clone());
+    let ns = env.ns.clone();
+    let set_namespace = |tier: &'static str| {
+        let namespaces = namespaces.clone();
+        let ns = ns.clone();
+        async move {
+            let patch = json!({"metadata": {
+                "labels": {"example.com/tier": tier, "unlisted": "x"},
+                "annotations": {"example.com/quota-pool-id": "pool-7", "unlisted": "y"},
+            }});
+            namespaces
+                .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("patch namespace");
+        }
+    };
+    set_namespace("gold").await;
+    env.start_sidecar(&[LABELS, ANNOTATIONS]).await;
+    let expected = |tier: &str| {
+        BTreeMap::from([
+            ("type".to_owned(), "ssd".to_owned()),
+            (
+                "csi.storage.k8s.io/namespace/labels/example.com/tier".to_owned(),
+                tier.to_owned(),
+            ),
+            (
+                "csi.storage.k8s.io/namespace/annotations/example.com/quota-pool-id".to_owned(),
+                "pool-7".to_owned(),
+            ),
+        ])
+    };
+    env.create_pvc(&env.ns, "first", "plain", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "first").await;
+    let params = driver_parameters(&env, &pv);
+    excerpt(&env, "namespace metadata", &params, &pv);
+    assert_eq!(params, expected("gold"), "what the driver was sent");
+
+    // Read live: the namespace's new value goes with the next claim.
+    set_namespace("silver").await;
+    env.create_pvc(&env.ns, "second", "plain", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "second").await;
+    assert_eq!(driver_parameters(&env, &pv), expected("silver"));
+    // One read per provisioning (the audit log of a real cluster may lag).
+    env.wait_for("two namespace reads", Duration::from_secs(20), || async {
+        (env.sidecar_request_count("get", "namespaces") == 2).then_some(())
+    })
+    .await;
+
+    // Without the flags: the Go image's parameters, no namespace read.
+    assert_eq!(env.stop_sidecar(), Some(0), "{}", env.logs());
+    env.reset_counters();
+    env.start_sidecar(&[]).await;
+    env.create_pvc(&env.ns, "third", "plain", "5Mi", json!({}))
+        .await;
+    let pv = env.wait_bound(&env.ns, "third").await;
+    assert_eq!(
+        driver_parameters(&env, &pv),
+        BTreeMap::from([("type".to_owned(), "ssd".to_owned())])
+    );
+    assert_eq!(env.sidecar_request_count("get", "namespaces"), 0);
+    env.assert_consistent().await;
+    delete_all_and_wait_clean(&env, &["first", "second", "third"]).await;
 }

@@ -95,7 +95,7 @@ async fn waits_while_probe_says_not_ready() {
     let driver = RunningDriver::start(|_| {});
     driver.faults(Faults {
         probe_ready: false,
-        rules: Vec::new(),
+        ..Faults::default()
     });
     let socket = driver.config.endpoint.clone();
     let connecting =
@@ -297,6 +297,12 @@ async fn drivers_that_cannot_provision_are_refused() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("CONTROLLER_SERVICE"), "{stderr}");
+    // And what would be right.
+    assert!(
+        stderr
+            .contains("point --csi-address at the controller plugin's socket, not a node plugin's"),
+        "{stderr}"
+    );
 }
 
 /// A start-up call that fails stops the binary with exit 1 and says what it
@@ -338,6 +344,22 @@ async fn a_failed_start_up_call_exits_1_naming_what_it_asked() {
             stderr.contains(want) && stderr.contains("refused for the test"),
             "{method}: want {want:?} in\n{stderr}"
         );
+        // What would be right: the driver's log says why it refused.
+        assert!(
+            stderr.contains(
+                "read the driver container's log (this container exits and is restarted)"
+            ),
+            "{method}: {stderr}"
+        );
+        if method == "Probe" {
+            assert!(
+                stderr.contains(&format!(
+                    "the driver at {} (--csi-address) answered with a code that waiting does not fix",
+                    driver.config.endpoint.display()
+                )),
+                "{stderr}"
+            );
+        }
     }
 }
 
@@ -353,6 +375,12 @@ async fn invalid_driver_names_are_refused() {
         .await
         .expect_err("invalid");
     assert!(err.to_string().contains("is invalid"), "{err}");
+    assert!(
+        err.to_string().contains(
+            "a driver name has at most 63 characters, alphanumerics, '-' and '.', starting and ending with an alphanumeric"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -409,7 +437,7 @@ fn version_line_shape(output: &str, argv0: &str) -> Result<(), String> {
 }
 
 #[test]
-fn version_prints_argv0_and_the_version_as_the_go_image() {
+fn version_prints_argv0_first_then_the_version_and_the_commit() {
     // The shape itself, on the Go image's output and others.
     for (output, argv0, ok) in [
         (
@@ -438,7 +466,23 @@ fn version_prints_argv0_and_the_version_as_the_go_image() {
     let version = Command::new(ours).arg("--version").output().expect("run");
     assert!(version.status.success());
     let stdout = String::from_utf8_lossy(&version.stdout);
-    version_line_shape(&stdout, ours).unwrap_or_else(|e| panic!("ours: {e}"));
+    // Ours: the crate version, then the commit it was built from.
+    let crate_version = concat!("v", env!("CARGO_PKG_VERSION"));
+    let line = stdout
+        .strip_suffix('\n')
+        .filter(|l| !l.contains('\n'))
+        .unwrap_or_else(|| panic!("ours: not one line: {stdout:?}"));
+    let after = line
+        .strip_prefix(ours)
+        .and_then(|rest| rest.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("ours: not `{ours} <version>`: {line:?}"));
+    let commit = after
+        .strip_prefix(crate_version)
+        .and_then(|rest| rest.strip_prefix(" (git "))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("ours: not `{crate_version} (git <commit>)`: {after:?}"));
+    version_line_shape(&format!("{ours} {commit}\n"), ours)
+        .unwrap_or_else(|e| panic!("ours, its commit: {e}"));
     // The Go image's, where the upstream binaries are.
     if let Some(dir) = std::env::var_os("K8S_BIN_DIR").filter(|d| !d.is_empty()) {
         let go = std::path::Path::new(&dir).join("csi-provisioner");
@@ -479,6 +523,12 @@ fn sigterm_while_waiting_for_the_driver_exits_0() {
     assert_eq!(output.status.code(), Some(0));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("socket does not exist yet"), "{stderr}");
+    // What is wrong, the flag and the path, and what would be right.
+    let told = format!(
+        "still connecting to the CSI driver: socket does not exist yet at {} (--csi-address); the driver container must create it",
+        dir.path().join("none.sock").display()
+    );
+    assert!(stderr.contains(&told), "want {told:?} in\n{stderr}");
 }
 
 /// Runs the binary against the driver at `socket` (its API server

@@ -437,6 +437,21 @@ fn rbac_is_least_privilege() {
     fail_if_any("RBAC least privilege", &problems);
 }
 
+/// Whether the flags of the gateless component `dir` are on in `options`.
+fn flag_component_on(dir: &str, options: &Options) -> bool {
+    match dir {
+        "capacity" => options.enable_capacity,
+        "namespace-metadata" => {
+            !csi_provisioner::provision::namespace_metadata::NamespaceMetadataKeys::new(
+                &options.extra_create_metadata_namespace_labels,
+                &options.extra_create_metadata_namespace_annotations,
+            )
+            .is_empty()
+        }
+        other => panic!("components/{other}: no gate and no flag known to tests/deploy.rs"),
+    }
+}
+
 /// The provisioner's arguments are flags of the binary, they parse, and the
 /// gates and flags of the components take effect.
 #[test]
@@ -501,13 +516,15 @@ fn provisioner_arguments_parse() {
                     component.dir,
                     if active { "applied" } else { "not applied" }
                 )),
-                None if options.enable_capacity != active => problems.push(format!(
-                    "{}: --enable-capacity={} but components/{} is {}",
-                    r.name,
-                    options.enable_capacity,
-                    component.dir,
-                    if active { "applied" } else { "not applied" }
-                )),
+                None if flag_component_on(component.dir, &options) != active => {
+                    problems.push(format!(
+                        "{}: the flags of components/{} are {} but the component is {}",
+                        r.name,
+                        component.dir,
+                        if active { "off" } else { "on" },
+                        if active { "applied" } else { "not applied" }
+                    ))
+                }
                 _ => {}
             }
         }
@@ -1610,6 +1627,7 @@ fn loop_names_map_to_components() {
         ),
         ("pod-pvc-provisioner", Some("pod-pvc-provisioner")),
         ("PodPVCProvisioner", Some("pod-pvc-provisioner")),
+        ("namespace-metadata", Some("namespace-metadata")),
         (
             "CrossNamespaceVolumeDataSource",
             Some("cross-namespace-data-source"),

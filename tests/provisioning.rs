@@ -26,6 +26,7 @@ e2e!(ClusterConfig::standard();
     a_claim_made_before_its_class_is_provisioned_when_the_class_arrives,
     a_class_deleted_while_provisioning_is_in_flight_keeps_the_volume,
     a_node_the_caches_have_not_seen_yet_is_not_rescheduled,
+    immediate_topology_per_key_set_offers_every_key_set,
 );
 
 async fn provisions_and_deletes_filesystem_and_block_volumes(backend: Backend) {
@@ -875,4 +876,136 @@ async fn a_node_the_caches_have_not_seen_yet_is_not_rescheduled(backend: Backend
     env.delete_pvc(&env.ns, "late").await;
     env.delete("storage.k8s.io/v1", "CSINode", "", &node).await;
     env.delete("v1", "Node", "", &node).await;
+}
+
+/// `--immediate-topology-per-key-set` (beyond the Go image, upstream
+/// #1582/#1589): nodes registered different key sets for the driver (this
+/// test's node the driver's key K, a second node K and a region key R, a
+/// third R only). Each Immediate claim is asked with the terms of every key
+/// set, the same for every claim, where the Go image takes the keys of one
+/// CSINode found first (K, {K, R} or R: never a mix), and its preferred
+/// list is that requisite rotated by the claim's StatefulSet-aware hash.
+/// The requests are held in flight (the driver unavailable) and read from
+/// the journal, which freezes them.
+async fn immediate_topology_per_key_set_offers_every_key_set(backend: Backend) {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut env = Env::new(backend).await;
+    let k = env.driver.topology_key.clone();
+    let region = format!("e2e.csi-provisioner-rs/region-{}", env.id);
+    let zoned = format!("zoned-{}", env.id);
+    let regional = format!("regional-{}", env.id);
+    for (name, labels, keys) in [
+        (
+            &zoned,
+            json!({k.as_str(): zoned.as_str(), region.as_str(): "r1"}),
+            json!([k.as_str(), region.as_str()]),
+        ),
+        (
+            &regional,
+            json!({region.as_str(): "r2"}),
+            json!([region.as_str()]),
+        ),
+    ] {
+        env.create(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels}}))
+            .await;
+        env.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+            "metadata": {"name": name},
+            "spec": {"drivers": [{"name": env.driver_name, "nodeID": name, "topologyKeys": keys}]}}))
+            .await;
+    }
+    env.storage_class("spread", "Immediate", "Delete", json!({}))
+        .await;
+    env.set_faults(vec![Fault::error("CreateVolume", tonic::Code::Unavailable)]);
+    env.start_sidecar(&["--immediate-topology-per-key-set"])
+        .await;
+    let claims = ["data-web-0", "data-web-1", "data-web-2"];
+    for claim in claims {
+        env.create_pvc(&env.ns, claim, "spread", "5Mi", json!({}))
+            .await;
+    }
+    let requests = env
+        .wait_for(
+            "three requests in flight",
+            Duration::from_secs(30),
+            || async {
+                let entries = env.journal_entries().await;
+                (entries.len() == 3).then_some(entries)
+            },
+        )
+        .await;
+
+    let segments = |t: &csi_proto::v1::Topology| -> BTreeMap<String, String> {
+        t.segments.clone().into_iter().collect()
+    };
+    let term = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    // This test's terms (a real cluster's other nodes carry K too).
+    let ours = |t: &BTreeMap<String, String>| {
+        t.iter().all(|(key, value)| {
+            *key == region || [env.node.as_str(), zoned.as_str()].contains(&value.as_str())
+        })
+    };
+    let expected: BTreeSet<BTreeMap<String, String>> = [
+        term(&[(&k, &env.node)]),
+        term(&[(&k, &zoned)]),
+        term(&[(&region, "r1")]),
+        term(&[(&region, "r2")]),
+        term(&[(&k, &zoned), (&region, "r1")]),
+    ]
+    .into_iter()
+    .collect();
+    let mut requisites = BTreeSet::new();
+    for (entry, request) in requests.into_values() {
+        let claim = entry.name.clone();
+        let requirement = request
+            .accessibility_requirements
+            .as_ref()
+            .unwrap_or_else(|| panic!("{claim}: no accessibility requirements"));
+        let requisite: Vec<_> = requirement.requisite.iter().map(segments).collect();
+        let own: BTreeSet<_> = requisite.iter().filter(|t| ours(t)).cloned().collect();
+        assert_eq!(own, expected, "{claim}: every key set's terms");
+        if !env.is_real() {
+            assert_eq!(requisite.len(), expected.len(), "{claim}: {requisite:?}");
+        }
+        let (hash, index) = csi_provisioner::provision::pvc_name_hash_and_index(&claim);
+        let shift = (hash.wrapping_add(index) % requisite.len() as u32) as usize;
+        let rotated: Vec<_> = requisite[shift..]
+            .iter()
+            .chain(&requisite[..shift])
+            .cloned()
+            .collect();
+        let preferred: Vec<_> = requirement.preferred.iter().map(segments).collect();
+        assert_eq!(preferred, rotated, "{claim}: preferred");
+        requisites.insert(requisite);
+    }
+    eprintln!(
+        "({}) requisite with --immediate-topology-per-key-set: {:?}",
+        env.backend_name(),
+        requisites
+    );
+    if !env.is_real() {
+        assert_eq!(requisites.len(), 1, "the same for every claim");
+    }
+
+    env.clear_faults();
+    for claim in claims {
+        env.wait_bound(&env.ns, claim).await;
+    }
+    env.assert_consistent().await;
+    for claim in claims {
+        env.delete_pvc(&env.ns, claim).await;
+    }
+    env.wait_for("PVs and volumes gone", Duration::from_secs(30), || async {
+        (env.pvs().await.is_empty() && env.backend_volumes().is_empty()).then_some(())
+    })
+    .await;
+    for name in [&zoned, &regional] {
+        env.delete("storage.k8s.io/v1", "CSINode", "", name).await;
+        env.delete("v1", "Node", "", name).await;
+    }
 }

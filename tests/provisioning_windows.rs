@@ -428,3 +428,87 @@ async fn a_volume_id_over_the_spec_limit_is_kept_whole() {
     .await;
     env.assert_nothing_refused();
 }
+
+/// Provisions `claims` claims at once against a driver that takes at most
+/// three volume operations at once and refuses the rest with
+/// RESOURCE_EXHAUSTED; returns how many calls it refused and the lowest
+/// concurrency limit the sidecar reported meanwhile (`None` without the
+/// metric).
+async fn provision_against_a_choking_backend(
+    claims: usize,
+    flags: &[&str],
+) -> (usize, Option<u64>) {
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.set_faults_file(csi_hostpath::faults::Faults {
+        busy_above: Some(csi_hostpath::faults::BusyAbove {
+            limit: 3,
+            code: None,
+        }),
+        ..csi_hostpath::faults::Faults::with_rules(vec![Fault::delay(
+            "CreateVolume",
+            Duration::from_millis(200),
+        )])
+    });
+    let port = support::free_port();
+    let endpoint = format!("--http-endpoint=127.0.0.1:{port}");
+    let mut args = vec![endpoint.as_str()];
+    args.extend_from_slice(flags);
+    env.start_sidecar(&args).await;
+    for i in 0..claims {
+        env.create_pvc(&env.ns, &format!("c{i}"), "fast", "5Mi", json!({}))
+            .await;
+    }
+    let lowest: std::sync::Mutex<Option<u64>> = std::sync::Mutex::new(None);
+    env.wait_for("every claim bound", Duration::from_secs(120), || async {
+        let (_, metrics) = support::http_get(port, "/metrics").await;
+        if let Some(limit) = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("csi_provisioner_driver_concurrency_limit "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            let mut lowest = lowest.lock().expect("lock");
+            *lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
+        }
+        let mut bound = 0;
+        for i in 0..claims {
+            let phase = env
+                .pvc(&env.ns, &format!("c{i}"))
+                .await
+                .and_then(|c| c.status?.phase);
+            bound += usize::from(phase.as_deref() == Some("Bound"));
+        }
+        (bound == claims).then_some(())
+    })
+    .await;
+    let refused = env.logs().matches("backend busy").count();
+    env.assert_consistent().await;
+    let lowest = *lowest.lock().expect("lock");
+    (refused, lowest)
+}
+
+/// Issue 43 part 4, beyond the Go image: a driver that answers
+/// RESOURCE_EXHAUSTED when its backend is full gets fewer calls at once
+/// (the limit halves, `csi_provisioner_driver_concurrency_limit`), so it is
+/// asked in vain far less often than with the limit off, where every retry
+/// of every claim reaches it, as with the Go image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_choking_backend_gets_fewer_calls_at_once() {
+    let (adaptive, lowest) = provision_against_a_choking_backend(40, &[]).await;
+    let (fixed, none) =
+        provision_against_a_choking_backend(40, &["--adaptive-concurrency=false"]).await;
+    let lowest = lowest.expect("the limit is exported");
+    eprintln!(
+        "refused calls: {adaptive} with the adaptive limit (lowest {lowest}), {fixed} without"
+    );
+    assert!(
+        lowest <= 6,
+        "the limit came down near the driver's 3 (lowest seen {lowest})"
+    );
+    assert_eq!(none, None, "no limit when it is off");
+    assert!(
+        adaptive * 2 <= fixed,
+        "refused calls: {adaptive} with the adaptive limit, {fixed} without"
+    );
+}

@@ -16,6 +16,10 @@
 
 mod support;
 
+#[path = "snapshots/orphan_audit.rs"]
+mod orphan_audit;
+use orphan_audit::orphaned_volumes_are_reported_and_handed_over;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -41,6 +45,7 @@ e2e_real!(ClusterConfig::standard().with_apiserver_feature_gates("CrossNamespace
     a_snapshot_of_another_namespace_needs_a_reference_grant,
     orphaned_source_finalizers_are_swept,
     the_sweep_keeps_the_finalizer_of_another_provisioners_restore,
+    orphaned_volumes_are_reported_and_handed_over,
 );
 
 const MI: u64 = 1 << 20;

@@ -264,7 +264,7 @@ async fn fault_probe_errors_and_not_ready() {
         &driver,
         Faults {
             probe_ready: false,
-            rules: vec![],
+            ..Faults::default()
         },
     );
     let mut args = driver.cli_args(driver.socket());

@@ -21,8 +21,10 @@ const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// `Probe` failed with a code that waiting will not fix.
-    #[error("CSI driver probe failed: {0}")]
-    Probe(CsiError),
+    #[error(
+        "CSI driver probe failed: {source}; the driver at {address} (--csi-address) answered with a code that waiting does not fix: read the driver container's log (this container exits and is restarted)"
+    )]
+    Probe { address: String, source: CsiError },
 }
 
 /// What the connection is waiting for, for the periodic log line.
@@ -56,7 +58,8 @@ fn log_waiting(socket: &Path, what: &Waiting, since: Instant) {
         Waiting::Socket(reason) => tracing::warn!(
             address = %socket.display(),
             %waited,
-            "still connecting to the CSI driver: {reason}"
+            "{}",
+            socket_waiting_message(socket, reason)
         ),
         Waiting::Ready(reason) => tracing::warn!(
             address = %socket.display(),
@@ -89,9 +92,30 @@ async fn wait_for_socket(socket: &Path) -> Channel {
     }
 }
 
+/// What the periodic line says while the socket cannot be reached: the
+/// flag and the path, what is wrong, and what would be right.
+pub fn socket_waiting_message(socket: &Path, reason: &str) -> String {
+    let path = socket.display();
+    let right = if reason == SOCKET_MISSING {
+        "the driver container must create it: mount one volume (e.g. an emptyDir) \
+         at the socket's directory in both containers and point the driver's \
+         endpoint at the same file"
+    } else if reason.contains("ermission denied") {
+        "this container's user must be allowed to connect to it (runAsUser/fsGroup \
+         of the pod, or the mode the driver gives the socket)"
+    } else {
+        "the driver must be listening on it: check the driver container is running \
+         and its logs"
+    };
+    format!("still connecting to the CSI driver: {reason} at {path} (--csi-address); {right}")
+}
+
+/// The reason given while the socket file is not there.
+const SOCKET_MISSING: &str = "socket does not exist yet";
+
 fn socket_problem(socket: &Path, err: &tonic::transport::Error) -> String {
     if !socket.exists() {
-        return "socket does not exist yet".to_owned();
+        return SOCKET_MISSING.to_owned();
     }
     let mut source: Option<&dyn std::error::Error> = Some(err);
     while let Some(e) = source {
@@ -120,7 +144,12 @@ async fn wait_for_ready(
             }
             Ok(false) => Waiting::Ready("Probe answered ready=false".to_owned()),
             Err(e) if probe_error_is_transient(&e) => Waiting::Ready(e.to_string()),
-            Err(e) => return Err(ConnectError::Probe(e)),
+            Err(e) => {
+                return Err(ConnectError::Probe {
+                    address: socket.display().to_string(),
+                    source: e,
+                });
+            }
         };
         if last_log.is_none_or(|t| t.elapsed() >= WAIT_LOG_INTERVAL) {
             log_waiting(socket, &waiting, started);
@@ -182,4 +211,35 @@ pub async fn probe_once(
     )
     .await?;
     Ok(answer.ready.unwrap_or(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_socket_wait_names_the_flag_the_path_and_what_is_right() {
+        let socket = Path::new("/csi/csi.sock");
+        assert_eq!(
+            socket_waiting_message(socket, SOCKET_MISSING),
+            "still connecting to the CSI driver: socket does not exist yet at /csi/csi.sock \
+             (--csi-address); the driver container must create it: mount one volume (e.g. an \
+             emptyDir) at the socket's directory in both containers and point the driver's \
+             endpoint at the same file"
+        );
+        let refused = socket_waiting_message(socket, "Connection refused (os error 111)");
+        assert!(
+            refused.starts_with(
+                "still connecting to the CSI driver: Connection refused (os error 111) at /csi/csi.sock (--csi-address); "
+            ),
+            "{refused}"
+        );
+        assert!(refused.ends_with(
+            "the driver must be listening on it: check the driver container is running and its logs"
+        ));
+        assert!(
+            socket_waiting_message(socket, "Permission denied (os error 13)")
+                .contains("this container's user must be allowed to connect to it")
+        );
+    }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_proto::v1::controller_client::ControllerClient;
@@ -21,6 +23,7 @@ use csi_proto::v1::{
 };
 use tonic::transport::Channel;
 
+use super::adaptive::{CallOutcome, ConcurrencyLimit};
 use super::error::CsiError;
 use super::{request, with_deadline, with_deadline_migrated};
 
@@ -29,18 +32,28 @@ use super::{request, with_deadline, with_deadline_migrated};
 pub enum StartupError {
     /// `GetPluginInfo` failed. Worded as the Go image's fatal start-up
     /// error, so that a search for it finds this one too.
-    #[error("error getting CSI driver name: {0}")]
+    #[error(
+        "error getting CSI driver name: {0}; the driver must answer GetPluginInfo for the sidecar to start: read the driver container's log (this container exits and is restarted)"
+    )]
     Name(#[source] CsiError),
     /// `GetPluginCapabilities` or `ControllerGetCapabilities` failed (the
     /// Go image's other fatal start-up error): not the name, which was
     /// learned by then.
-    #[error("error getting CSI driver capabilities: {0}")]
+    #[error(
+        "error getting CSI driver capabilities: {0}; the driver must answer it for the sidecar to start: read the driver container's log (this container exits and is restarted)"
+    )]
     Capabilities(#[source] CsiError),
-    #[error("CSI driver returned an empty name in GetPluginInfo")]
+    #[error(
+        "CSI driver returned an empty name in GetPluginInfo; it must return its name (the provisioner of its StorageClasses, e.g. hostpath.csi.k8s.io): check the name the driver is configured with"
+    )]
     EmptyName,
-    #[error("CSI driver name {name:?} is invalid: {reason}")]
+    #[error(
+        "CSI driver name {name:?} is invalid: {reason}; a driver name has at most 63 characters, alphanumerics, '-' and '.', starting and ending with an alphanumeric (e.g. hostpath.csi.k8s.io): check the name the driver is configured with"
+    )]
     InvalidName { name: String, reason: &'static str },
-    #[error("CSI driver does not support dynamic provisioning: {0}")]
+    #[error(
+        "CSI driver does not support dynamic provisioning: {0}; the sidecar needs a controller plugin (CONTROLLER_SERVICE with CREATE_DELETE_VOLUME): point --csi-address at the controller plugin's socket, not a node plugin's"
+    )]
     MissingCapability(&'static str),
 }
 
@@ -152,6 +165,9 @@ pub struct Driver {
     node: NodeClient<Channel>,
     timeout: Duration,
     info: DriverInfo,
+    /// The adaptive limit of `CreateVolume` and `DeleteVolume` calls in
+    /// flight (`--adaptive-concurrency`); `None` when off.
+    volume_calls: Option<Arc<ConcurrencyLimit>>,
 }
 
 impl Driver {
@@ -233,6 +249,7 @@ impl Driver {
             controller,
             node,
             timeout,
+            volume_calls: None,
             info: DriverInfo {
                 name: plugin_info.name,
                 vendor_version: plugin_info.vendor_version,
@@ -245,6 +262,28 @@ impl Driver {
 
     pub fn info(&self) -> &DriverInfo {
         &self.info
+    }
+
+    /// Limits the `CreateVolume` and `DeleteVolume` calls in flight with
+    /// `limit` (`src/csi/adaptive.rs`), shared by every clone of this driver.
+    pub fn with_adaptive_concurrency(mut self, limit: Arc<ConcurrencyLimit>) -> Driver {
+        self.volume_calls = Some(limit);
+        self
+    }
+
+    /// Runs a volume call under the adaptive limit, if any: waits for a
+    /// slot, then tells the limit how the call ended.
+    async fn limited<T>(
+        &self,
+        call: impl Future<Output = Result<T, CsiError>>,
+    ) -> Result<T, CsiError> {
+        let Some(limit) = &self.volume_calls else {
+            return call.await;
+        };
+        let permit = limit.acquire().await;
+        let result = call.await;
+        permit.finish(CallOutcome::of(&result));
+        result
     }
 
     pub fn name(&self) -> &str {
@@ -289,12 +328,17 @@ impl Driver {
         migrated: bool,
     ) -> Result<CreateVolumeResponse, CsiError> {
         let mut client = self.controller.clone();
-        with_deadline_migrated(
-            "CreateVolume",
-            self.timeout,
-            migrated,
-            client.create_volume(request(message, self.timeout)),
-        )
+        // The deadline starts once the call has its slot: a wait for the
+        // adaptive limit is not the driver's time.
+        self.limited(async {
+            with_deadline_migrated(
+                "CreateVolume",
+                self.timeout,
+                migrated,
+                client.create_volume(request(message, self.timeout)),
+            )
+            .await
+        })
         .await
     }
 
@@ -314,12 +358,15 @@ impl Driver {
             volume_id: volume_id.to_owned(),
             secrets,
         };
-        with_deadline_migrated(
-            "DeleteVolume",
-            self.timeout,
-            migrated,
-            client.delete_volume(request(message, self.timeout)),
-        )
+        self.limited(async {
+            with_deadline_migrated(
+                "DeleteVolume",
+                self.timeout,
+                migrated,
+                client.delete_volume(request(message, self.timeout)),
+            )
+            .await
+        })
         .await
         .map(|_| ())
     }

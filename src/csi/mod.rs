@@ -6,6 +6,7 @@
 //! - [`error`]: [`CsiError`] and its final / non-final class (docs/design.md,
 //!   "Errors: final, non-final, retries").
 
+pub mod adaptive;
 pub mod connection;
 pub mod driver;
 pub mod error;

@@ -156,7 +156,9 @@ fn step_for(
     let Some(pvc) = pvc else {
         return refuse(
             REASON_MISSING_PVC,
-            format!("volume {volume} is enabled but annotation {PREFIX}{volume}.pvc is missing"),
+            format!(
+                "volume {volume} is enabled but annotation {PREFIX}{volume}.pvc is missing; set it to the PersistentVolumeClaim to create (YAML or JSON)"
+            ),
         );
     };
     let Some(claim_name) = claimant
@@ -169,8 +171,8 @@ fn step_for(
         return refuse(
             REASON_MISSING_VOLUME,
             format!(
-                "no volume {volume} with a persistentVolumeClaim in the {} spec",
-                claimant.kind.label()
+                "no volume {volume} with a persistentVolumeClaim in the {kind} spec; annotation {PREFIX}{volume}.enabled must name a volume of the {kind} whose source is persistentVolumeClaim (claimName: the PVC to create)",
+                kind = claimant.kind.label()
             ),
         );
     };

@@ -200,6 +200,37 @@ fn every_condition_of_a_request() {
 }
 
 #[test]
+fn a_refusal_says_what_is_missing_and_what_would_be_right() {
+    let volumes = [claim_volume("cache", "cache-agent-1"), empty_dir("tmp")];
+    let message = |pairs: &[(&str, &str)]| {
+        let annotations = annotations(pairs);
+        let steps = plan(
+            &claimant(OwnerKind::Pod, &annotations, &volumes),
+            ID,
+            |_| false,
+        );
+        match steps.as_slice() {
+            [(_, Step::Refuse { message, .. })] => message.clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        message(&[("cache.enabled", "true")]),
+        "volume cache is enabled but annotation dynamic-pvc-provisioner.kubernetes.io/cache.pvc \
+         is missing; set it to the PersistentVolumeClaim to create (YAML or JSON)"
+    );
+    assert_eq!(
+        message(&[("tmp.enabled", "true"), ("tmp.pvc", PVC_YAML)]),
+        format!(
+            "no volume tmp with a persistentVolumeClaim in the {pod} spec; annotation \
+             dynamic-pvc-provisioner.kubernetes.io/tmp.enabled must name a volume of the {pod} \
+             whose source is persistentVolumeClaim (claimName: the PVC to create)",
+            pod = OwnerKind::Pod.label()
+        )
+    );
+}
+
+#[test]
 fn the_created_claim_is_named_labelled_and_owned() {
     let volumes = [claim_volume("cache", "cache-agent-1")];
     let annotations = annotations(&[("cache.enabled", "true"), ("cache.pvc", PVC_YAML)]);

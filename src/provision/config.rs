@@ -61,6 +61,13 @@ pub struct ProvisionerConfig {
     pub strict_topology: bool,
     /// `--immediate-topology`.
     pub immediate_topology: bool,
+    /// `--immediate-topology-per-key-set` (beyond the Go image, upstream
+    /// #1582/#1589): immediate binding aggregates every registered key set.
+    pub immediate_topology_per_key_set: bool,
+    /// `--extra-create-metadata-namespace-labels` and `-annotations`
+    /// (beyond the Go image, upstream #1531): the claim's namespace's
+    /// keys sent as CreateVolume parameters ([`super::namespace_metadata`]).
+    pub namespace_metadata: super::namespace_metadata::NamespaceMetadataKeys,
     /// Driver advertises `VOLUME_ACCESSIBILITY_CONSTRAINTS` and the `Topology` gate is on.
     pub topology_enabled: bool,
     /// `--controller-publish-readonly`.
@@ -120,6 +127,8 @@ impl ProvisionerConfig {
             extra_create_metadata: false,
             strict_topology: false,
             immediate_topology: true,
+            immediate_topology_per_key_set: false,
+            namespace_metadata: Default::default(),
             topology_enabled: false,
             controller_publish_readonly: false,
             prevent_volume_mode_conversion: true,

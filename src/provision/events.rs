@@ -159,7 +159,7 @@ pub fn finalizer_patch_refused(what: &str, error: &str) -> EventNote {
         event_type: EventType::Warning,
         reason: wk::REASON_FINALIZER_PATCH_REFUSED,
         message: format!(
-            "the API server refused to {what} although the volume is as the patch expects: {error}; not retried until the volume changes"
+            "the API server refused to {what} although the volume is as the patch expects: {error}; not retried until the volume changes. A validating admission webhook or policy on PersistentVolumes is the likely cause: let it allow this change"
         ),
     }
 }
@@ -254,6 +254,16 @@ mod tests {
                 "persistentvolume pvc-1 is still attached to node node-a",
             ),
         ];
+        // Ours: no upstream counterpart, says what to look at.
+        let refused = finalizer_patch_refused("add the finalizer", "denied by policy");
+        assert_eq!(refused.reason, "FinalizerPatchRefused");
+        assert_eq!(
+            refused.message,
+            "the API server refused to add the finalizer although the volume is as the patch \
+             expects: denied by policy; not retried until the volume changes. A validating \
+             admission webhook or policy on PersistentVolumes is the likely cause: let it allow \
+             this change"
+        );
         for (note, event_type, reason, message) in cases {
             assert_eq!(note.event_type, event_type, "{message}");
             assert_eq!(note.reason, reason, "{message}");

@@ -107,6 +107,7 @@ pub mod events;
 mod finalizer;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub mod namespace_metadata;
 pub mod node_deployment;
 mod ours;
 mod outcome;

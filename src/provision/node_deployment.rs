@@ -39,7 +39,9 @@ use crate::wellknown as wk;
 /// Why node deployment cannot start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeDeploymentError {
-    #[error("the NODE_NAME environment variable must be set when using --node-deployment")]
+    #[error(
+        "the NODE_NAME environment variable must be set when using --node-deployment; set it from the downward API (env NODE_NAME with valueFrom.fieldRef.fieldPath: spec.nodeName)"
+    )]
     MissingNodeName,
 }
 
@@ -191,6 +193,7 @@ pub fn allowed_topologies_admit(
         csi_nodes: &csi_nodes,
         strict_topology: config.strict_topology,
         immediate_topology: config.immediate_topology,
+        immediate_per_key_set: config.immediate_topology_per_key_set,
     })
     .map(|_| ())
 }

@@ -91,6 +91,12 @@ fn node_name_is_required() {
             .to_string()
             .contains("NODE_NAME")
     );
+    // What would be right.
+    assert!(
+        NodeDeploymentError::MissingNodeName
+            .to_string()
+            .ends_with("; set it from the downward API (env NODE_NAME with valueFrom.fieldRef.fieldPath: spec.nodeName)")
+    );
 }
 
 #[test]

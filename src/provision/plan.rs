@@ -370,6 +370,7 @@ pub fn plan_provision(
             csi_nodes: inputs.csi_nodes,
             strict_topology: config.strict_topology,
             immediate_topology: config.immediate_topology,
+            immediate_per_key_set: config.immediate_topology_per_key_set,
         })?;
     }
 

@@ -165,8 +165,15 @@ pub enum SecretError {
         "failed to get name and namespace template from params: {kind} secrets specified in parameters but value of either namespace or name is empty"
     )]
     EmptyTemplate { kind: &'static str },
-    #[error("error resolving value {template:?}: invalid tokens: {tokens:?}")]
+    /// Upstream's words, with the StorageClass parameter they come from
+    /// and the tokens that field may use.
+    #[error(
+        "error resolving value {template:?} of StorageClass parameter {key:?}: invalid tokens: {tokens:?}; {}",
+        field.valid_tokens()
+    )]
     InvalidTokens {
+        key: &'static str,
+        field: Field,
         template: String,
         tokens: Vec<String>,
     },
@@ -180,27 +187,34 @@ pub enum SecretError {
     InvalidName { template: String },
 }
 
+/// A template and the StorageClass parameter it is the value of.
+type Template = (&'static str, String);
+
 /// Finds the name and namespace templates of one key family.
 fn templates(
     keys: &ParamKeys,
     params: &BTreeMap<String, String>,
-) -> Result<Option<(String, String)>, SecretError> {
+) -> Result<Option<(Template, Template)>, SecretError> {
     let mut names = Vec::new();
     let mut namespaces = Vec::new();
+    let found = |key: &'static str| params.get(key).map(|value| (key, value));
     if let Some((legacy_name, legacy_namespace)) = keys.legacy {
-        names.extend(params.get(legacy_name));
-        namespaces.extend(params.get(legacy_namespace));
+        names.extend(found(legacy_name));
+        namespaces.extend(found(legacy_namespace));
     }
-    names.extend(params.get(keys.name));
-    namespaces.extend(params.get(keys.namespace));
+    names.extend(found(keys.name));
+    namespaces.extend(found(keys.namespace));
     let kind = keys.kind_name;
     match (names.as_slice(), namespaces.as_slice()) {
         ([], []) => Ok(None),
-        ([name], [namespace]) => {
+        ([(name_key, name)], [(namespace_key, namespace)]) => {
             if name.is_empty() || namespace.is_empty() {
                 Err(SecretError::EmptyTemplate { kind })
             } else {
-                Ok(Some(((*name).clone(), (*namespace).clone())))
+                Ok(Some((
+                    (*name_key, (*name).clone()),
+                    (*namespace_key, (*namespace).clone()),
+                )))
             }
         }
         _ if names.len() > 1 || namespaces.len() > 1 => Err(SecretError::DoublySpecified { kind }),
@@ -219,13 +233,18 @@ pub fn resolve_secret_ref(
         Some(found) => Some(found),
         None => templates(&DEFAULT_KEYS, params)?,
     };
-    let Some((name_template, namespace_template)) = found else {
+    let Some(((name_key, name_template), (namespace_key, namespace_template))) = found else {
         return Ok(None);
     };
 
     // The namespace may only use values outside the PVC user's control, so a
     // user cannot point the sidecar at another tenant's Secret.
-    let namespace = expand(&namespace_template, context, Field::Namespace)?;
+    let namespace = expand(
+        namespace_key,
+        &namespace_template,
+        context,
+        Field::Namespace,
+    )?;
     if !is_dns1123_label(&namespace) {
         return Err(if namespace != namespace_template {
             SecretError::InvalidResolvedNamespace {
@@ -239,7 +258,7 @@ pub fn resolve_secret_ref(
         });
     }
 
-    let name = expand(&name_template, context, Field::Name)?;
+    let name = expand(name_key, &name_template, context, Field::Name)?;
     if !is_dns1123_subdomain(&name) {
         return Err(if name != name_template {
             SecretError::InvalidResolvedName {
@@ -256,16 +275,32 @@ pub fn resolve_secret_ref(
 }
 
 /// Which field of a Secret reference a template names.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Field {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
     Name,
     Namespace,
+}
+
+impl Field {
+    /// What a template of this field may use, for the error that names a
+    /// token it may not.
+    fn valid_tokens(self) -> &'static str {
+        match self {
+            Field::Name => {
+                "a secret name template may use ${pv.name}, ${pvc.namespace}, ${pvc.name} and ${pvc.annotations['KEY']} (of an annotation the claim has)"
+            }
+            Field::Namespace => {
+                "a secret namespace template may use only ${pv.name} and ${pvc.namespace}"
+            }
+        }
+    }
 }
 
 /// Go's `os.Expand` over the tokens `field` may use; every name it meets
 /// that is not one of them (or an annotation the claim lacks) is collected
 /// and reported.
 fn expand(
+    key: &'static str,
     template: &str,
     context: &TemplateContext<'_>,
     field: Field,
@@ -295,6 +330,8 @@ fn expand(
         Ok(out)
     } else {
         Err(SecretError::InvalidTokens {
+            key,
+            field,
             template: template.to_owned(),
             tokens: missing.into_iter().collect(),
         })
@@ -502,12 +539,20 @@ mod tests {
             )
         };
         let ok = |name: &str, namespace: &str| Ok(Some(secret(name, namespace)));
-        let invalid = |template: &str, tokens: &[&str]| {
+        let invalid_in = |field: Field, template: &str, tokens: &[&str]| {
             Err(SecretError::InvalidTokens {
+                key: match field {
+                    Field::Name => wk::PARAM_PROVISIONER_SECRET_NAME,
+                    Field::Namespace => wk::PARAM_PROVISIONER_SECRET_NAMESPACE,
+                },
+                field,
                 template: template.to_owned(),
                 tokens: tokens.iter().map(|t| (*t).to_owned()).collect(),
             })
         };
+        let invalid = |template: &str, tokens: &[&str]| invalid_in(Field::Name, template, tokens);
+        let invalid_namespace =
+            |template: &str, tokens: &[&str]| invalid_in(Field::Namespace, template, tokens);
         assert_eq!(
             resolve("${pv.name}", "${pv.name}"),
             ok("pvc-1234", "pvc-1234")
@@ -532,11 +577,11 @@ mod tests {
         // The namespace must not depend on what the PVC's user controls.
         assert_eq!(
             resolve("x", "${pvc.name}"),
-            invalid("${pvc.name}", &["pvc.name"])
+            invalid_namespace("${pvc.name}", &["pvc.name"])
         );
         assert_eq!(
             resolve("x", "${pvc.annotations['example.com/key']}"),
-            invalid(
+            invalid_namespace(
                 "${pvc.annotations['example.com/key']}",
                 &["pvc.annotations['example.com/key']"]
             )
@@ -601,6 +646,44 @@ mod tests {
             Err(SecretError::InvalidName {
                 template: "Upper".into()
             })
+        );
+    }
+
+    #[test]
+    fn a_bad_token_is_told_with_its_parameter_and_the_valid_tokens() {
+        let resolve = |pairs: &[(&str, &str)]| {
+            resolve_secret_ref(SecretKind::Provisioner, &params(pairs), &context(None))
+                .expect_err("a bad token")
+                .to_string()
+        };
+        assert_eq!(
+            resolve(&[
+                (wk::PARAM_PROVISIONER_SECRET_NAME, "${pvc.foo}"),
+                (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "ns"),
+            ]),
+            "error resolving value \"${pvc.foo}\" of StorageClass parameter \"csi.storage.k8s.io/provisioner-secret-name\": invalid tokens: [\"pvc.foo\"]; a secret name template may use ${pv.name}, ${pvc.namespace}, ${pvc.name} and ${pvc.annotations['KEY']} (of an annotation the claim has)"
+        );
+        assert_eq!(
+            resolve(&[
+                (wk::PARAM_PROVISIONER_SECRET_NAME, "x"),
+                (wk::PARAM_PROVISIONER_SECRET_NAMESPACE, "${pvc.name}"),
+            ]),
+            "error resolving value \"${pvc.name}\" of StorageClass parameter \"csi.storage.k8s.io/provisioner-secret-namespace\": invalid tokens: [\"pvc.name\"]; a secret namespace template may use only ${pv.name} and ${pvc.namespace}"
+        );
+        // The key the class really used: a legacy one, or the default pair.
+        assert!(
+            resolve(&[
+                ("csiProvisionerSecretName", "${x}"),
+                ("csiProvisionerSecretNamespace", "ns"),
+            ])
+            .contains("of StorageClass parameter \"csiProvisionerSecretName\"")
+        );
+        assert!(
+            resolve(&[
+                (wk::PARAM_DEFAULT_SECRET_NAME, "x"),
+                (wk::PARAM_DEFAULT_SECRET_NAMESPACE, "$y"),
+            ])
+            .contains("of StorageClass parameter \"csi.storage.k8s.io/secret-namespace\"")
         );
     }
 

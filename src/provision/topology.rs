@@ -8,6 +8,7 @@
 //! | delayed | none | no | segments of every Node carrying all the selected node's topology keys | same rotation |
 //! | immediate | set | – | allowedTopologies flattened | requisite rotated by the StatefulSet-aware hash of the PVC name |
 //! | immediate | none, `--immediate-topology` | – | segments of every Node carrying the keys of the first CSINode that has keys for the driver | same hash rotation |
+//! | immediate | none, `--immediate-topology --immediate-topology-per-key-set` | – | for each distinct key set any CSINode registered for the driver, the segments of every Node carrying those keys (the union) | same hash rotation |
 //! | immediate | none, `--immediate-topology=false` | – | none (no requirement sent) | none |
 //!
 //! Requisite terms are sorted (fewer segments first, then by key and value) and
@@ -52,6 +53,12 @@ pub struct TopologyInputs<'a> {
     pub csi_nodes: &'a [&'a CSINode],
     pub strict_topology: bool,
     pub immediate_topology: bool,
+    /// Immediate binding without allowedTopologies: aggregate every
+    /// distinct key set the CSINodes registered for the driver (true,
+    /// `--immediate-topology-per-key-set`, upstream #1582/#1589), so the
+    /// requisite does not depend on the order of `csi_nodes`; or only the
+    /// first CSINode's keys (false, the Go image).
+    pub immediate_per_key_set: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -224,6 +231,9 @@ fn aggregate(
     inputs: &TopologyInputs<'_>,
     selected_keys: Option<&[String]>,
 ) -> Result<Vec<Term>, TopologyError> {
+    if selected_keys.is_none() && inputs.immediate_per_key_set {
+        return aggregate_every_key_set(inputs);
+    }
     let keys = match selected_keys {
         Some(keys) => keys,
         None => match inputs
@@ -243,6 +253,38 @@ fn aggregate(
         .collect();
     if terms.is_empty() {
         return Err(TopologyError::KeysNotOnAnyNode(keys.to_vec()));
+    }
+    Ok(terms)
+}
+
+/// Immediate binding, per key set: for each distinct set of keys a CSINode
+/// registered for the driver (compared sorted), the segments of every Node
+/// carrying those keys; their union, whatever the order of the CSINodes.
+/// A key set no Node carries adds nothing; an error only when none does.
+fn aggregate_every_key_set(inputs: &TopologyInputs<'_>) -> Result<Vec<Term>, TopologyError> {
+    let key_sets: std::collections::BTreeSet<Vec<String>> = inputs
+        .csi_nodes
+        .iter()
+        .map(|csi_node| {
+            let mut keys = topology_keys(csi_node, inputs.driver_name).to_vec();
+            keys.sort();
+            keys.dedup();
+            keys
+        })
+        .filter(|keys| !keys.is_empty())
+        .collect();
+    if key_sets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let terms: Vec<Term> = key_sets
+        .iter()
+        .flat_map(|keys| inputs.nodes.iter().filter_map(|node| node_term(node, keys)))
+        .collect();
+    if terms.is_empty() {
+        let mut all: Vec<String> = key_sets.into_iter().flatten().collect();
+        all.sort();
+        all.dedup();
+        return Err(TopologyError::KeysNotOnAnyNode(all));
     }
     Ok(terms)
 }

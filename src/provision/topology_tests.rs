@@ -113,6 +113,7 @@ impl Cluster {
             csi_nodes: &csi_nodes,
             strict_topology: strict,
             immediate_topology: immediate,
+            immediate_per_key_set: false,
         })
     }
 }
@@ -211,6 +212,7 @@ fn immediate_with_allowed_topologies_rotates_by_the_claim_name() {
             csi_nodes: &csi_nodes,
             strict_topology: false,
             immediate_topology: false,
+            immediate_per_key_set: false,
         })
         .expect("requirements")
         .expect("some");
@@ -548,6 +550,294 @@ fn node_affinity_matching() {
             node_affinity_matches(Some(&affinity(terms.clone())), &labels),
             *expected,
             "{terms:?}"
+        );
+    }
+}
+
+// --- `--immediate-topology-per-key-set` (upstream #1582/#1589) ---
+
+const REGION: &str = "topology.kubernetes.io/region";
+
+/// Nodes that registered different key sets for the driver, as in upstream
+/// #1589: two region-only nodes, two with region and zone (one listing its
+/// keys in the other order), a node of another driver and a CSINode of the
+/// driver without keys.
+fn mixed_key_sets() -> (Vec<Node>, Vec<CSINode>) {
+    let nodes = vec![
+        node("r-1", &[(REGION, "r1")]),
+        node("r-2", &[(REGION, "r2")]),
+        node("z-1", &[(REGION, "r1"), (ZONE, "a")]),
+        node("z-2", &[(REGION, "r2"), (ZONE, "b")]),
+        node("other", &[(RACK, "k")]),
+        node("keyless", &[(REGION, "r3")]),
+    ];
+    let csi_nodes = vec![
+        csi_node("r-1", &[(DRIVER, &[REGION])]),
+        csi_node("r-2", &[(DRIVER, &[REGION])]),
+        csi_node("z-1", &[(DRIVER, &[ZONE, REGION])]),
+        csi_node("z-2", &[(DRIVER, &[REGION, ZONE])]),
+        csi_node("other", &[("other.csi.k8s.io", &[RACK])]),
+        csi_node("keyless", &[(DRIVER, &[])]),
+    ];
+    (nodes, csi_nodes)
+}
+
+/// Every order of `items`.
+fn permutations<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
+    if items.len() <= 1 {
+        return vec![items.to_vec()];
+    }
+    let mut out = Vec::new();
+    for i in 0..items.len() {
+        let mut rest = items.to_vec();
+        let first = rest.remove(i);
+        for mut tail in permutations(&rest) {
+            tail.insert(0, first.clone());
+            out.push(tail);
+        }
+    }
+    out
+}
+
+fn immediate(
+    nodes: &[Node],
+    csi_nodes: &[&CSINode],
+    pvc_name: &str,
+    allowed_topologies: &[TopologySelectorTerm],
+    per_key_set: bool,
+) -> Result<Option<TopologyRequirement>, TopologyError> {
+    let nodes: Vec<&Node> = nodes.iter().collect();
+    accessibility_requirements(&TopologyInputs {
+        driver_name: DRIVER,
+        pvc_name,
+        allowed_topologies,
+        selected_node: None,
+        nodes: &nodes,
+        csi_nodes,
+        strict_topology: false,
+        immediate_topology: true,
+        immediate_per_key_set: per_key_set,
+    })
+}
+
+/// The region-only terms, the region+zone terms, and their union (fewer
+/// segments first, as every requisite is sorted).
+/// (The node whose CSINode has no keys counts by its labels, as in the
+/// Go image: nodes are selected by label, whatever their CSINode says.)
+fn region_terms() -> Vec<Topology> {
+    vec![
+        topo(&[(REGION, "r1")]),
+        topo(&[(REGION, "r2")]),
+        topo(&[(REGION, "r3")]),
+    ]
+}
+
+fn region_zone_terms() -> Vec<Topology> {
+    vec![
+        topo(&[(REGION, "r1"), (ZONE, "a")]),
+        topo(&[(REGION, "r2"), (ZONE, "b")]),
+    ]
+}
+
+/// `terms` rotated as the claim `pvc_name` is spread.
+fn rotated_for(terms: &[Topology], pvc_name: &str) -> Vec<Topology> {
+    let (hash, index) = pvc_name_hash_and_index(pvc_name);
+    let shift = (hash.wrapping_add(index) % terms.len() as u32) as usize;
+    terms[shift..]
+        .iter()
+        .chain(&terms[..shift])
+        .cloned()
+        .collect()
+}
+
+/// Every claim of [`CLAIMS`] is asked with `requisite`, and prefers it
+/// rotated by its name's hash.
+fn assert_every_claim(
+    nodes: &[Node],
+    csi_nodes: &[&CSINode],
+    per_key_set: bool,
+    requisite: &[Topology],
+) {
+    for claim in CLAIMS {
+        let got = immediate(nodes, csi_nodes, claim, &[], per_key_set)
+            .expect("requirements")
+            .expect("some");
+        assert_eq!(
+            got.requisite, requisite,
+            "{claim} (per key set: {per_key_set})"
+        );
+        assert_eq!(got.preferred, rotated_for(requisite, claim), "{claim}");
+    }
+}
+
+const CLAIMS: &[&str] = &[
+    "data-web-0",
+    "data-web-1",
+    "data-web-2",
+    "data-web-3",
+    "solo",
+];
+
+/// The Go image's choice, in every order of the CSINodes: the keys of the
+/// first CSINode with keys for the driver decide, so the requisite is the
+/// region terms or the region+zone terms depending on the order, the
+/// non-determinism upstream #1589 reports.
+#[test]
+fn by_default_the_first_csinode_with_keys_decides_in_every_order() {
+    let (nodes, csi_nodes) = mixed_key_sets();
+    let mut seen = std::collections::BTreeSet::new();
+    for order in permutations(&csi_nodes.iter().collect::<Vec<_>>()) {
+        let first_keys = order
+            .iter()
+            .map(|c| topology_keys(c, DRIVER))
+            .find(|keys| !keys.is_empty())
+            .expect("a CSINode with keys");
+        let expected = if first_keys.len() == 1 {
+            region_terms()
+        } else {
+            region_zone_terms()
+        };
+        assert_every_claim(&nodes, &order, false, &expected);
+        seen.insert(first_keys.len());
+    }
+    assert_eq!(seen.len(), 2, "both outcomes occur: {seen:?}");
+}
+
+/// Per key set, in every order of the CSINodes: always the union of both
+/// key sets' terms, each claim's preferred list the same rotation of it.
+#[test]
+fn per_key_set_is_the_same_union_in_every_order() {
+    let (nodes, csi_nodes) = mixed_key_sets();
+    let union: Vec<Topology> = region_terms()
+        .into_iter()
+        .chain(region_zone_terms())
+        .collect();
+    for order in permutations(&csi_nodes.iter().collect::<Vec<_>>()) {
+        assert_every_claim(&nodes, &order, true, &union);
+    }
+    // The replicas of a StatefulSet still spread: each of the four starts
+    // on another term.
+    let (_, csi_nodes) = mixed_key_sets();
+    let refs: Vec<&CSINode> = csi_nodes.iter().collect();
+    let firsts: std::collections::BTreeSet<String> = CLAIMS[..4]
+        .iter()
+        .map(|claim| {
+            let got = immediate(&nodes, &refs, claim, &[], true)
+                .expect("requirements")
+                .expect("some");
+            format!("{:?}", got.preferred[0].segments)
+        })
+        .collect();
+    assert_eq!(firsts.len(), 4, "{firsts:?}");
+}
+
+/// When every node registered the same keys, both modes give the Go
+/// image's requirement, in every order; with allowedTopologies, or with
+/// immediate topology off, the flag changes nothing.
+#[test]
+fn per_key_set_equals_the_default_where_the_default_is_deterministic() {
+    let cluster = Cluster::zoned();
+    for order in permutations(&cluster.csi_nodes.iter().collect::<Vec<_>>()) {
+        for claim in CLAIMS {
+            assert_eq!(
+                immediate(&cluster.nodes, &order, claim, &[], true),
+                immediate(&cluster.nodes, &order, claim, &[], false),
+                "{claim}"
+            );
+        }
+    }
+    let (nodes, csi_nodes) = mixed_key_sets();
+    let refs: Vec<&CSINode> = csi_nodes.iter().collect();
+    let allowed = [topology_term(&[(ZONE, &["b", "a"])])];
+    for claim in CLAIMS {
+        assert_eq!(
+            immediate(&nodes, &refs, claim, &allowed, true),
+            immediate(&nodes, &refs, claim, &allowed, false),
+            "{claim}"
+        );
+    }
+    let node_refs: Vec<&Node> = nodes.iter().collect();
+    for per_key_set in [false, true] {
+        let off = accessibility_requirements(&TopologyInputs {
+            driver_name: DRIVER,
+            pvc_name: "solo",
+            allowed_topologies: &[],
+            selected_node: None,
+            nodes: &node_refs,
+            csi_nodes: &refs,
+            strict_topology: false,
+            immediate_topology: false,
+            immediate_per_key_set: per_key_set,
+        });
+        assert_eq!(off, Ok(None), "--immediate-topology=false");
+    }
+}
+
+/// A selected node (WaitForFirstConsumer) uses its own keys in both modes.
+#[test]
+fn per_key_set_does_not_touch_delayed_binding() {
+    let (nodes, csi_nodes) = mixed_key_sets();
+    let node_refs: Vec<&Node> = nodes.iter().collect();
+    let refs: Vec<&CSINode> = csi_nodes.iter().collect();
+    let run = |per_key_set| {
+        accessibility_requirements(&TopologyInputs {
+            driver_name: DRIVER,
+            pvc_name: "solo",
+            allowed_topologies: &[],
+            selected_node: Some(SelectedNodeTopology {
+                name: "z-2",
+                node: Some(&nodes[3]),
+                csi_node: Some(&csi_nodes[3]),
+            }),
+            nodes: &node_refs,
+            csi_nodes: &refs,
+            strict_topology: false,
+            immediate_topology: true,
+            immediate_per_key_set: per_key_set,
+        })
+    };
+    let expected = requirement(
+        region_zone_terms(),
+        vec![
+            region_zone_terms()[1].clone(),
+            region_zone_terms()[0].clone(),
+        ],
+    );
+    assert_eq!(run(false), Ok(expected.clone()));
+    assert_eq!(run(true), Ok(expected));
+}
+
+/// No key registered anywhere: wait (as the Go image). Keys no node
+/// carries: an error naming them, unless another key set has nodes.
+#[test]
+fn per_key_set_errors_only_when_no_key_set_has_nodes() {
+    let nodes = vec![node("n-1", &[(ZONE, "a")]), node("n-2", &[])];
+    let keyless = [csi_node("n-1", &[(DRIVER, &[])])];
+    let keyless: Vec<&CSINode> = keyless.iter().collect();
+    assert_eq!(
+        immediate(&nodes, &keyless, "solo", &[], true),
+        Err(TopologyError::NoAvailableTopology)
+    );
+    let unlabelled = [
+        csi_node("n-1", &[(DRIVER, &[RACK])]),
+        csi_node("n-2", &[(DRIVER, &[REGION, RACK])]),
+    ];
+    let unlabelled: Vec<&CSINode> = unlabelled.iter().collect();
+    assert_eq!(
+        immediate(&nodes, &unlabelled, "solo", &[], true),
+        Err(TopologyError::KeysNotOnAnyNode(vec![
+            RACK.to_owned(),
+            REGION.to_owned()
+        ]))
+    );
+    let one_good = [
+        csi_node("n-1", &[(DRIVER, &[ZONE])]),
+        csi_node("n-2", &[(DRIVER, &[RACK])]),
+    ];
+    for order in permutations(&one_good.iter().collect::<Vec<_>>()) {
+        assert_eq!(
+            immediate(&nodes, &order, "solo", &[], true),
+            Ok(requirement(zones(&["a"]), zones(&["a"])))
         );
     }
 }

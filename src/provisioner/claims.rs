@@ -570,6 +570,16 @@ async fn plan_and_record(
             note(ctx, claim, notes::provisioning_failed(&message)).await;
             return Err(Attempt::Uncounted(Next::Retry));
         }
+        // Upstream #1531's words.
+        Err(PlanError::Namespace { namespace, error }) => {
+            tracing::warn!(claim = %key, error = %error, "cannot read the claim's namespace");
+            let message = format!(
+                "failed to get namespace {namespace:?} for create metadata: {}",
+                notes::kube_error_text(&error)
+            );
+            note(ctx, claim, notes::provisioning_failed(&message)).await;
+            return Err(Attempt::Uncounted(Next::Retry));
+        }
     };
     // Read back from the journal: a retry sends exactly the request of the
     // first attempt, so the plan takes the recorded one.

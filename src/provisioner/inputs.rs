@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
@@ -20,6 +21,7 @@ use crate::api::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::projection::{
     CSINode, Node, PersistentVolume, PersistentVolumeClaim, StorageClass, VolumeAttributesClass,
 };
+use crate::provision::namespace_metadata::namespace_parameters;
 use crate::provision::reference_grant::{CrossNamespaceSource, is_granted};
 use crate::provision::{
     DataSourceKind, DataSourceObjects, DataSourceRef, ProvisionError, ProvisionInputs,
@@ -43,6 +45,13 @@ pub enum PlanError {
     /// server (read there only when the classes are not watched).
     #[error(transparent)]
     AttributesClass(kube::Error),
+    /// The claim's namespace could not be read from the API server
+    /// (`--extra-create-metadata-namespace-labels` / `-annotations`).
+    #[error("failed to get namespace {namespace:?} for create metadata: {error}")]
+    Namespace {
+        namespace: String,
+        error: kube::Error,
+    },
 }
 
 /// Gathers the inputs of `claim`'s plan (provisioned with `class`, on the
@@ -87,7 +96,7 @@ pub(super) async fn plan(
         };
         plan_provision(&inputs, &ctx.config)
     };
-    match plan_with(&topology) {
+    let planned = match plan_with(&topology) {
         // A reschedule sends the claim back to the scheduler on the word
         // of the Node and CSINode caches, which may not have seen the node
         // the scheduler (with its own, fresher watch) chose: a node that
@@ -101,10 +110,51 @@ pub(super) async fn plan(
                 .with_live_selected_node(ctx, selected)
                 .await
                 .map_err(PlanError::SelectedNode)?;
-            Ok(plan_with(&live)?)
+            plan_with(&live)?
         }
-        planned => Ok(planned?),
+        planned => planned?,
+    };
+    if decided_volume_name.is_some() {
+        // An operation in flight: its frozen request replaces this one's
+        // (namespace metadata included), so the namespace is not read.
+        return Ok(planned);
     }
+    with_namespace_metadata(ctx, claim, planned).await
+}
+
+/// The plan with the claim's namespace's listed labels and annotations
+/// added to its parameters ([`crate::provision::namespace_metadata`]): the
+/// namespace read live, once per operation (its first plan; a request read
+/// back from the journal keeps the values it was frozen with), and only
+/// when a key is listed; the Go image's request otherwise.
+async fn with_namespace_metadata(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    mut plan: ProvisionPlan,
+) -> Result<ProvisionPlan, PlanError> {
+    let keys = &ctx.config.namespace_metadata;
+    if keys.is_empty() {
+        return Ok(plan);
+    }
+    let name = claim
+        .metadata
+        .namespace
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let namespace = Api::<Namespace>::all(ctx.client.clone())
+        .get(&name)
+        .await
+        .map_err(|error| PlanError::Namespace {
+            namespace: name,
+            error,
+        })?;
+    plan.request.parameters.extend(namespace_parameters(
+        keys,
+        namespace.metadata.labels.as_ref(),
+        namespace.metadata.annotations.as_ref(),
+    ));
+    Ok(plan)
 }
 
 /// The claim's VolumeAttributesClass: the cache's, or, when the classes

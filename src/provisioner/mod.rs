@@ -125,6 +125,11 @@ pub const API_CALLS: &[ApiCall] = &[
 pub const CROSS_NAMESPACE_API_CALLS: &[ApiCall] =
     &[call("gateway.networking.k8s.io", "referencegrants", WATCH)];
 
+/// `--extra-create-metadata-namespace-labels` / `-annotations` (beyond the
+/// Go image, upstream #1531): the claim's namespace, read live once per
+/// provisioning for its labels and annotations.
+pub const NAMESPACE_METADATA_API_CALLS: &[ApiCall] = &[call("", "namespaces", &["get"])];
+
 /// A claim, identified by name and uid: a new claim with the same name is
 /// different work.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

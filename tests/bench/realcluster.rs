@@ -10,6 +10,9 @@
 //! BENCH_SCENARIOS=backlog,delete cargo bench --bench realcluster
 //! BENCH_SMOKE=1 cargo bench --bench realcluster        # tiny sizes, one driver per
 //!                                   # scenario in turn (CI)
+//! BENCH_SCENARIOS=choking BENCH_DRIVERS=csi-hostpath cargo bench --bench realcluster
+//!                                   # 500 claims against a backend that refuses more than
+//!                                   # 10 volume operations at once (our driver only)
 //! BENCH_SCENARIOS=scale BENCH_DRIVERS=csi-hostpath cargo bench --bench realcluster
 //!                                   # memory at 0, 10k, 50k objects (scale.rs)
 //! BENCH_SCENARIOS=delete-attached BENCH_DELETE_ATTACHED=1000 cargo bench --bench realcluster
@@ -631,6 +634,7 @@ async fn backlog(
     driver: DriverKind,
     n: usize,
     sidecar_args: Vec<String>,
+    faults: Option<csi_hostpath::faults::Faults>,
 ) -> Value {
     let tag = run_tag(format!(
         "{}{}{}",
@@ -639,6 +643,13 @@ async fn backlog(
         &driver.name()[..1]
     ));
     let mut world = World::new(plane, &tag, driver).await;
+    // Only our in-process driver reads a faults file.
+    if let Some(faults) = &faults {
+        faults
+            .write(&world.dir.path().join("faults.json"))
+            .expect("faults file");
+    }
+    let refused_before = csi_hostpath::faults::busy_refusals();
     world.start_driver();
     let claims: Vec<Value> = (0..n).map(|i| world.claim(&format!("c{i}"))).collect();
     world.create_many(claims).await;
@@ -667,7 +678,8 @@ async fn backlog(
         pvs.seen().len(),
         seconds,
         &mut latencies,
-        json!({"claims": n, "completed": done}),
+        json!({"claims": n, "completed": done,
+               "refused_calls": csi_hostpath::faults::busy_refusals() - refused_before}),
     );
     sidecar.stop(Duration::from_secs(10));
     watch_task.abort();
@@ -1513,12 +1525,29 @@ fn summarize(scenario: &str, driver: DriverKind, rounds: &[Value]) -> Vec<Value>
     lines
 }
 
+/// A backend that takes at most `limit` volume operations at once, each
+/// `CreateVolume` 50 ms, and refuses the rest with RESOURCE_EXHAUSTED (the
+/// `choking` scenario; our driver only).
+fn choking_backend(limit: usize) -> csi_hostpath::faults::Faults {
+    csi_hostpath::faults::Faults {
+        busy_above: Some(csi_hostpath::faults::BusyAbove {
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+            code: None,
+        }),
+        ..csi_hostpath::faults::Faults::with_rules(vec![csi_hostpath::faults::Fault::delay(
+            "CreateVolume",
+            Duration::from_millis(50),
+        )])
+    }
+}
+
 fn headline(result: &Value) -> Option<(&'static str, f64, bool)> {
     // (metric, value, higher is better)
     let scenario = result["scenario"].as_str()?;
     match scenario {
         "backlog"
         | "throttled"
+        | "choking"
         | "delete"
         | "delete-attached"
         | "delete-attached-busy"
@@ -1593,6 +1622,8 @@ async fn main() {
         .collect();
     let backlog_n = env_usize("BENCH_BACKLOG", 1000, 20);
     let throttled_n = env_usize("BENCH_THROTTLED", 100, 10);
+    let choking_n = env_usize("BENCH_CHOKING", 500, 20);
+    let choking_limit = env_usize("BENCH_CHOKING_LIMIT", 10, 10);
     let delete_n = env_usize("BENCH_DELETE", 1000, 20);
     let delete_attached_n = env_usize("BENCH_DELETE_ATTACHED", 1000, 10);
     let scale_volumes = env_usize("BENCH_SCALE_VOLUMES", 50_000, 100);
@@ -1650,6 +1681,7 @@ async fn main() {
                                 *driver,
                                 backlog_n,
                                 args("1000", "2000"),
+                                None,
                             )
                             .await
                         }
@@ -1661,6 +1693,19 @@ async fn main() {
                                 *driver,
                                 throttled_n,
                                 args("5", "10"),
+                                None,
+                            )
+                            .await
+                        }
+                        "choking" => {
+                            backlog(
+                                &plane,
+                                "choking",
+                                binary,
+                                *driver,
+                                choking_n,
+                                args("1000", "2000"),
+                                Some(choking_backend(choking_limit)),
                             )
                             .await
                         }

@@ -221,6 +221,8 @@ pub fn component_of(loop_name: &str) -> Option<&'static str> {
         Some("pod-pvc-provisioner")
     } else if n.contains("crossnamespace") {
         Some("cross-namespace-data-source")
+    } else if n.contains("namespacemetadata") {
+        Some("namespace-metadata")
     } else {
         None
     }
@@ -236,6 +238,7 @@ pub const KNOWN_BASE_LOOPS: &[&str] = &[
     "leader-election",
     "leaderelection",
     "snapshot-sweep",
+    "orphan-audit",
     "events",
     "metrics",
     "cloning-protection",

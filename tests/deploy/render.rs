@@ -21,7 +21,8 @@ pub fn kubernetes_dir() -> PathBuf {
 pub struct Component {
     /// Directory under `deploy/kubernetes/components`.
     pub dir: &'static str,
-    /// The feature gate it enables, or None for `--enable-capacity`.
+    /// The feature gate it enables, or None for a flag (`--enable-capacity`,
+    /// `--extra-create-metadata-namespace-labels` / `-annotations`).
     pub gate: Option<csi_provisioner::features::Feature>,
 }
 
@@ -49,6 +50,10 @@ pub const COMPONENTS: &[Component] = &[
     Component {
         dir: "cross-namespace-data-source",
         gate: Some(csi_provisioner::features::Feature::CrossNamespaceVolumeDataSource),
+    },
+    Component {
+        dir: "namespace-metadata",
+        gate: None,
     },
 ];
 

@@ -1381,16 +1381,18 @@ fn build_images(
 }
 
 /// The version a sidecar binary prints (`<argv[0]> <version>`), which
-/// `build-oci.sh` tags a Go image with.
+/// `build-oci.sh` tags a Go image with: all after argv[0] (ours is
+/// `v0.1.0 (git 3dd1527)`, the Go image's one word).
 fn printed_version(binary: &Path) -> String {
     let out = Command::new(binary)
         .arg("--version")
         .output()
         .unwrap_or_else(|e| panic!("{} --version: {e}", binary.display()));
     String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .nth(1)
+        .trim()
+        .split_once(' ')
         .unwrap_or_else(|| panic!("{} --version: no `<name> <version>`", binary.display()))
+        .1
         .to_owned()
 }
 

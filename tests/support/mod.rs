@@ -1244,6 +1244,12 @@ impl Env {
             .expect("faults file");
     }
 
+    /// Writes a whole faults file (rules and the driver-wide switches,
+    /// e.g. `busy_above`).
+    pub fn set_faults_file(&self, faults: Faults) {
+        faults.write(&self.driver.faults_file).expect("faults file");
+    }
+
     pub fn clear_faults(&self) {
         faults::clear(&self.driver.faults_file).expect("clear faults");
     }
@@ -1713,6 +1719,13 @@ pub fn components_for(args: &[&str]) -> Vec<&'static str> {
         .any(|a| *a == "--enable-capacity" || *a == "--enable-capacity=true")
     {
         components.push("capacity");
+    }
+    if args.iter().any(|a| {
+        a.strip_prefix("--extra-create-metadata-namespace-labels=")
+            .or_else(|| a.strip_prefix("--extra-create-metadata-namespace-annotations="))
+            .is_some_and(|keys| keys.split(',').any(|k| !k.trim().is_empty()))
+    }) {
+        components.push("namespace-metadata");
     }
     components
 }

@@ -31,6 +31,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
+use backon::RetryableWithContext as _;
 use base64::Engine as _;
 use csi_proto::v1::CreateVolumeRequest;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -766,33 +767,37 @@ impl JournalStore {
             if !flushes.is_empty() {
                 // Asked again while anyone waits (the caller bounds the
                 // wait: the shutdown grace), so that a write failing once
-                // does not leave the entries behind.
-                let mut delay = FLUSH_RETRY;
-                let flushed = loop {
-                    let removes = std::mem::take(&mut pending_removes);
-                    let attempt = match self.flush(&removes).await {
-                        Ok(()) => match self.pending_deletes.first() {
-                            // Emptied but still there: its entries would
-                            // be replayed.
-                            Some(name) => {
-                                Err(format!("journal segment {name} could not be deleted"))
+                // does not leave the entries behind. A retry on `backon`;
+                // the journal and its pending removals go into each attempt
+                // and come back out, whole, with its result.
+                let ((journal, removals), flushed) =
+                    (|(mut journal, mut pending): (Self, BTreeSet<String>)| async move {
+                        let removes = std::mem::take(&mut pending);
+                        let attempt = match journal.flush(&removes).await {
+                            Ok(()) => match journal.pending_deletes.first() {
+                                // Emptied but still there: its entries
+                                // would be replayed.
+                                Some(name) => {
+                                    Err(format!("journal segment {name} could not be deleted"))
+                                }
+                                None => Ok(()),
+                            },
+                            Err(e) => {
+                                pending.extend(removes);
+                                Err(e.to_string())
                             }
-                            None => Ok(()),
-                        },
-                        Err(e) => {
-                            pending_removes.extend(removes);
-                            Err(e.to_string())
-                        }
-                    };
-                    match attempt {
-                        Err(e) if flushes.iter().any(|done| !done.is_closed()) => {
-                            tracing::warn!(error = %e, ?delay, "cannot write the journal's removals; trying again");
-                            tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(1));
-                        }
-                        done => break done,
-                    }
-                };
+                        };
+                        ((journal, pending), attempt)
+                    })
+                    .retry(flush_retry_delays())
+                    .context((self, std::mem::take(&mut pending_removes)))
+                    .when(|_| flushes.iter().any(|done| !done.is_closed()))
+                    .notify(|e, delay| {
+                        tracing::warn!(error = %e, ?delay, "cannot write the journal's removals; trying again");
+                    })
+                    .await;
+                self = journal;
+                pending_removes = removals;
                 for done in flushes {
                     let _ = done.send(flushed.clone());
                 }
@@ -803,6 +808,16 @@ impl JournalStore {
 
 /// The first wait before a failed [`Journal::flush`] is tried again.
 const FLUSH_RETRY: Duration = Duration::from_millis(50);
+
+/// The waits between tries of a failed [`Journal::flush`]: from
+/// [`FLUSH_RETRY`], doubling, at most a second, without end (the caller
+/// bounds the wait). Exact, as `backon` takes any iterator of waits: its
+/// `ExponentialBuilder` multiplies in `f32`, off by nanoseconds.
+fn flush_retry_delays() -> impl backon::Backoff {
+    std::iter::successors(Some(FLUSH_RETRY), |delay| {
+        Some((*delay * 2).min(Duration::from_secs(1)))
+    })
+}
 
 #[cfg(test)]
 mod tests {
@@ -820,6 +835,24 @@ mod tests {
             secrets: [("password".to_owned(), "hunter2".to_owned())].into(),
             ..CreateVolumeRequest::default()
         }
+    }
+
+    #[test]
+    fn a_failed_flush_is_tried_again_after_doubling_waits_up_to_a_second() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            flush_retry_delays().take(8).collect::<Vec<_>>(),
+            [
+                ms(50),
+                ms(100),
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1000),
+                ms(1000),
+                ms(1000)
+            ]
+        );
     }
 
     #[test]

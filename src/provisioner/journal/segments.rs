@@ -58,7 +58,7 @@ impl std::fmt::Display for Rejection {
         match self {
             Rejection::TooLarge { bytes, limit } => write!(
                 f,
-                "the journal entry is {bytes} bytes, more than the {limit} a journal ConfigMap may hold (a very large CreateVolume request, e.g. topology of thousands of nodes)"
+                "the journal entry is {bytes} bytes, more than the {limit} a journal ConfigMap may hold (a very large CreateVolume request, e.g. topology of thousands of nodes); make the request smaller: a StorageClass with volumeBindingMode WaitForFirstConsumer and --strict-topology sends one node's topology, allowedTopologies a few"
             ),
             Rejection::Full { limit } => write!(
                 f,
@@ -487,6 +487,21 @@ mod tests {
         let (plan, next) = s.plan(&adds(a), &set(r));
         *s = next;
         names(&plan)
+    }
+
+    #[test]
+    fn a_refused_entry_says_what_would_fit() {
+        assert_eq!(
+            Rejection::TooLarge {
+                bytes: 2_000_000,
+                limit: 1_000_000
+            }
+            .to_string(),
+            "the journal entry is 2000000 bytes, more than the 1000000 a journal ConfigMap may hold \
+             (a very large CreateVolume request, e.g. topology of thousands of nodes); make the \
+             request smaller: a StorageClass with volumeBindingMode WaitForFirstConsumer and \
+             --strict-topology sends one node's topology, allowedTopologies a few"
+        );
     }
 
     #[test]

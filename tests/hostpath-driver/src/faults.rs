@@ -37,12 +37,17 @@
 //! * `code` takes the gRPC code name in any case, with or without
 //!   underscores (`UNAVAILABLE`, `DeadlineExceeded`, `resource_exhausted`),
 //!   or its number. `code` excludes `exit_after_backend_change` and `reply`.
+//! * `busy_above: {"limit": N, "code": "ABORTED"}` refuses `CreateVolume`
+//!   and `DeleteVolume` while N of them are running (code default
+//!   `RESOURCE_EXHAUSTED`), before any rule: a backend that takes only so
+//!   many operations at once.
 //! * A malformed file (bad JSON, unknown field or method, bad code) fails
 //!   every call with `INTERNAL` naming the problem, so that a typo is not
 //!   silently ignored.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -93,6 +98,21 @@ pub struct Faults {
     /// Rules, first match wins.
     #[serde(default)]
     pub rules: Vec<Fault>,
+    /// A backend that chokes: `CreateVolume` and `DeleteVolume` calls
+    /// beyond this many running at once are refused (before any rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_above: Option<BusyAbove>,
+}
+
+/// Refuses `CreateVolume` and `DeleteVolume` calls while `limit` of them
+/// are running, with `code` (default `RESOURCE_EXHAUSTED`), as a backend
+/// that takes only so many operations at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusyAbove {
+    pub limit: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 fn default_true() -> bool {
@@ -104,6 +124,7 @@ impl Default for Faults {
         Faults {
             probe_ready: true,
             rules: Vec::new(),
+            busy_above: None,
         }
     }
 }
@@ -314,6 +335,7 @@ impl Faults {
         Faults {
             probe_ready: true,
             rules,
+            busy_above: None,
         }
     }
 }
@@ -328,6 +350,25 @@ pub(crate) struct Injector {
     path: PathBuf,
     // Serializes read-modify-write of the file between concurrent calls.
     lock: Mutex<()>,
+    /// `CreateVolume` and `DeleteVolume` calls running now (`busy_above`).
+    volume_calls: Arc<AtomicUsize>,
+}
+
+/// Calls refused by `busy_above` in this process, for benchmarks.
+static BUSY_REFUSALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many calls `busy_above` has refused in this process so far.
+pub fn busy_refusals() -> u64 {
+    BUSY_REFUSALS.load(Ordering::SeqCst)
+}
+
+/// A running `CreateVolume` or `DeleteVolume`, counted while it lives.
+pub(crate) struct VolumeCall(Arc<AtomicUsize>);
+
+impl Drop for VolumeCall {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What a matched rule asks of the call after its delay and error.
@@ -342,7 +383,42 @@ impl Injector {
         Injector {
             path,
             lock: Mutex::new(()),
+            volume_calls: Arc::default(),
         }
+    }
+
+    /// Counts a `CreateVolume` or `DeleteVolume` as running, or refuses it
+    /// when `busy_above` says the backend is full; other calls pass.
+    pub(crate) fn admit(&self, method: &str) -> Result<Option<VolumeCall>, Status> {
+        if !matches!(method, "CreateVolume" | "DeleteVolume") {
+            return Ok(None);
+        }
+        let busy = if self.enabled() {
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.load()?.busy_above
+        } else {
+            None
+        };
+        let running = self.volume_calls.fetch_add(1, Ordering::SeqCst);
+        let call = VolumeCall(Arc::clone(&self.volume_calls));
+        if let Some(busy) = busy
+            && running >= busy.limit as usize
+        {
+            let code = match &busy.code {
+                Some(code) => parse_code(code).map_err(Status::internal)?,
+                None => Code::ResourceExhausted,
+            };
+            BUSY_REFUSALS.fetch_add(1, Ordering::SeqCst);
+            tracing::info!(method, running, limit = busy.limit, "backend busy: refused");
+            return Err(Status::new(
+                code,
+                format!(
+                    "backend busy: {running} volume operations running, at most {} at once",
+                    busy.limit
+                ),
+            ));
+        }
+        Ok(Some(call))
     }
 
     fn enabled(&self) -> bool {
@@ -504,6 +580,10 @@ mod tests {
                 )
                 .times(1),
             ],
+            busy_above: Some(BusyAbove {
+                limit: 3,
+                code: Some("ABORTED".to_owned()),
+            }),
         };
         faults.write(&path).expect("write");
         assert_eq!(Faults::load(&path).expect("load"), faults);

@@ -419,6 +419,7 @@ impl Driver {
         target: Option<&str>,
         body: impl Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
+        let _running = self.inner.faults.admit(method)?;
         let pending = self.inner.faults.before(method, target).await?;
         let reply = pending.reply.clone();
         let mut result = body.await;

@@ -126,7 +126,7 @@ async fn probe_not_ready_and_bad_faults_file() {
     assert_eq!(ready(id.probe(csi::ProbeRequest {}).await), Some(true));
     Faults {
         probe_ready: false,
-        rules: vec![],
+        ..Faults::default()
     }
     .write(&server.config.faults_file)
     .expect("write faults");
