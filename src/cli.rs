@@ -166,15 +166,15 @@ pub struct Options {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, value_name = "BOOL")]
     pub immediate_topology: bool,
 
-    /// Beyond the Go image (upstream PR #1531): label keys of the claim's namespace whose values are added to the parameters of CreateVolume as csi.storage.k8s.io/namespace/labels/<key> (keys the namespace lacks are left out). The namespace is read live, once per provisioning; needs get on namespaces. Independent of --extra-create-metadata. Comma-separated, repeatable.
+    /// Beyond the Go image (docs/operations.md, opt-ins): label keys of the claim's namespace whose values are added to the parameters of CreateVolume as csi.storage.k8s.io/namespace/labels/<key> (keys the namespace lacks are left out). The namespace is read live, once per provisioning; needs get on namespaces. Independent of --extra-create-metadata. Comma-separated, repeatable.
     #[arg(long, value_delimiter = ',', value_name = "KEY,...")]
     pub extra_create_metadata_namespace_labels: Vec<String>,
 
-    /// Beyond the Go image (upstream PR #1531): as --extra-create-metadata-namespace-labels, for annotation keys, under csi.storage.k8s.io/namespace/annotations/<key>.
+    /// Beyond the Go image (docs/operations.md, opt-ins): as --extra-create-metadata-namespace-labels, for annotation keys, under csi.storage.k8s.io/namespace/annotations/<key>.
     #[arg(long, value_delimiter = ',', value_name = "KEY,...")]
     pub extra_create_metadata_namespace_annotations: Vec<String>,
 
-    /// Beyond the Go image (upstream #1582/#1589): immediate binding aggregates the topology of every key set the nodes registered for the driver (the union), the same for every claim, instead of the keys of one CSINode picked in no particular order.
+    /// Beyond the Go image (docs/operations.md, opt-ins): immediate binding aggregates the topology of every key set the nodes registered for the driver (the union), the same for every claim, instead of the keys of one CSINode picked in no particular order.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, value_name = "BOOL")]
     pub immediate_topology_per_key_set: bool,
 
@@ -287,7 +287,7 @@ pub struct Options {
     #[arg(long, default_value = "5m", value_parser = go_duration, value_name = "DURATION")]
     pub snapshot_orphan_sweep_interval: Duration,
 
-    /// Beyond the Go image (issue 45): how often the leader audits the driver's volumes (ListVolumes) for ones no PersistentVolume names, and reports them (metric, log, ConfigMap <lease name>-orphan-audit); never deletes. Drivers without LIST_VOLUMES are not audited. 0 turns the audit off.
+    /// Beyond the Go image (docs/operations.md, "Orphan audit"): how often the leader audits the driver's volumes (ListVolumes) for ones no PersistentVolume names, and reports them (metric, log, ConfigMap <lease name>-orphan-audit); never deletes. Drivers without LIST_VOLUMES are not audited. 0 turns the audit off.
     #[arg(long, default_value = "6h", value_parser = go_duration, value_name = "DURATION")]
     pub orphan_audit_interval: Duration,
 
@@ -1019,7 +1019,7 @@ mod tests {
         vec![format!("--{name}={value}")]
     }
 
-    /// The opt-ins of upstream requests (#1531, #1582/#1589): off by
+    /// The opt-ins of upstream requests (docs/operations.md): off by
     /// default; lists comma-separated and repeatable, as pflag's StringSlice.
     #[test]
     fn upstream_request_opt_ins() {

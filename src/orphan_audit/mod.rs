@@ -1,6 +1,6 @@
 //! The orphan audit (`--orphan-audit-interval`, every 6 hours by default; 0
 //! turns it off): backend volumes that no PV of this cluster names,
-//! **reported, never deleted** (issue 45, part 1).
+//! **reported, never deleted** (docs/operations.md, "Orphan audit").
 //!
 //! Clusters that ran other provisioners leaked volumes: a crash in the
 //! middle of `CreateVolume` with the claim deleted, a `DeleteVolume` given

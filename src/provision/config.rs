@@ -61,11 +61,11 @@ pub struct ProvisionerConfig {
     pub strict_topology: bool,
     /// `--immediate-topology`.
     pub immediate_topology: bool,
-    /// `--immediate-topology-per-key-set` (beyond the Go image, upstream
-    /// #1582/#1589): immediate binding aggregates every registered key set.
+    /// `--immediate-topology-per-key-set` (beyond the Go image,
+    /// docs/operations.md, opt-ins): immediate binding aggregates every registered key set.
     pub immediate_topology_per_key_set: bool,
     /// `--extra-create-metadata-namespace-labels` and `-annotations`
-    /// (beyond the Go image, upstream #1531): the claim's namespace's
+    /// (beyond the Go image, docs/operations.md, opt-ins): the claim's namespace's
     /// keys sent as CreateVolume parameters ([`super::namespace_metadata`]).
     pub namespace_metadata: super::namespace_metadata::NamespaceMetadataKeys,
     /// Driver advertises `VOLUME_ACCESSIBILITY_CONSTRAINTS` and the `Topology` gate is on.

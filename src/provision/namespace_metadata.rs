@@ -1,5 +1,5 @@
 //! The claim's namespace's labels and annotations as `CreateVolume`
-//! parameters: beyond the Go image, as upstream's pull request #1531
+//! parameters: beyond the Go image, as an upstream pull request
 //! proposes (`--extra-create-metadata-namespace-labels` and
 //! `--extra-create-metadata-namespace-annotations`). Only the keys listed
 //! on the command line are sent, each under its prefix, and only when the

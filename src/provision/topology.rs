@@ -55,7 +55,7 @@ pub struct TopologyInputs<'a> {
     pub immediate_topology: bool,
     /// Immediate binding without allowedTopologies: aggregate every
     /// distinct key set the CSINodes registered for the driver (true,
-    /// `--immediate-topology-per-key-set`, upstream #1582/#1589), so the
+    /// `--immediate-topology-per-key-set`, docs/operations.md, opt-ins), so the
     /// requisite does not depend on the order of `csi_nodes`; or only the
     /// first CSINode's keys (false, the Go image).
     pub immediate_per_key_set: bool,

@@ -554,12 +554,12 @@ fn node_affinity_matching() {
     }
 }
 
-// --- `--immediate-topology-per-key-set` (upstream #1582/#1589) ---
+// --- `--immediate-topology-per-key-set` (docs/operations.md, opt-ins) ---
 
 const REGION: &str = "topology.kubernetes.io/region";
 
 /// Nodes that registered different key sets for the driver, as in upstream
-/// #1589: two region-only nodes, two with region and zone (one listing its
+/// The upstream report: two region-only nodes, two with region and zone (one listing its
 /// keys in the other order), a node of another driver and a CSINode of the
 /// driver without keys.
 fn mixed_key_sets() -> (Vec<Node>, Vec<CSINode>) {
@@ -681,7 +681,7 @@ const CLAIMS: &[&str] = &[
 /// The Go image's choice, in every order of the CSINodes: the keys of the
 /// first CSINode with keys for the driver decide, so the requisite is the
 /// region terms or the region+zone terms depending on the order, the
-/// non-determinism upstream #1589 reports.
+/// non-determinism the upstream report describes (docs/operations.md, opt-ins).
 #[test]
 fn by_default_the_first_csinode_with_keys_decides_in_every_order() {
     let (nodes, csi_nodes) = mixed_key_sets();

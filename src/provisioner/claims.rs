@@ -570,7 +570,7 @@ async fn plan_and_record(
             note(ctx, claim, notes::provisioning_failed(&message)).await;
             return Err(Attempt::Uncounted(Next::Retry));
         }
-        // Upstream #1531's words.
+        // The wording of the upstream request (docs/operations.md, opt-ins).
         Err(PlanError::Namespace { namespace, error }) => {
             tracing::warn!(claim = %key, error = %error, "cannot read the claim's namespace");
             let message = format!(

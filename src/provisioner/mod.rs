@@ -126,7 +126,7 @@ pub const CROSS_NAMESPACE_API_CALLS: &[ApiCall] =
     &[call("gateway.networking.k8s.io", "referencegrants", WATCH)];
 
 /// `--extra-create-metadata-namespace-labels` / `-annotations` (beyond the
-/// Go image, upstream #1531): the claim's namespace, read live once per
+/// Go image, docs/operations.md, opt-ins): the claim's namespace, read live once per
 /// provisioning for its labels and annotations.
 pub const NAMESPACE_METADATA_API_CALLS: &[ApiCall] = &[call("", "namespaces", &["get"])];
 
