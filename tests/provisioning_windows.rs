@@ -63,6 +63,83 @@ async fn killed_after_the_pv_is_saved_keeps_the_volume() {
 
 /// Killed after DeleteVolume but before the PV object was deleted: the
 /// restart repeats the (idempotent) DeleteVolume and finishes.
+/// The count of `CreateVolume` calls in the sidecar's metrics.
+fn create_volume_calls(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("csi_sidecar_operations_seconds_count{"))
+        .filter(|l| l.contains("method_name=\"/csi.v1.Controller/CreateVolume\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A pass of the claim after its PV is saved and before the PV watch shows
+/// the PV (here the claim's own event; in tests/cancellation.rs, "then
+/// continued", the queue's re-add) finds the PV saved: no second journal
+/// entry, `CreateVolume` or PV create. The binder is off, so the claim
+/// stays unbound and only the PV tells the pass it is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_before_the_pv_watch_shows_the_saved_pv_does_not_provision_again() {
+    const LAG: Duration = Duration::from_secs(3);
+    let mut env = Env::new(Backend::TestServer).await;
+    env.api().set_controller_manager(false);
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.lag_watch("persistentvolumes", LAG);
+    let port = support::free_port();
+    let http = format!("--http-endpoint=127.0.0.1:{port}");
+    env.start_sidecar(&[http.as_str()]).await;
+    // What the PV controller (off) would annotate.
+    env.create_pvc(
+        &env.ns,
+        "data",
+        "fast",
+        "5Mi",
+        json!({"metadata": {"annotations": {
+            "volume.kubernetes.io/storage-provisioner": env.driver_name,
+            "volume.beta.kubernetes.io/storage-provisioner": env.driver_name,
+        }}}),
+    )
+    .await;
+    env.wait_for("the PV saved", Duration::from_secs(20), || async {
+        env.pvs().await.into_iter().next()
+    })
+    .await;
+    // Within the lag: the claim's event queues it again.
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    claims
+        .patch(
+            "data",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("claim labelled");
+    tokio::time::sleep(LAG + Duration::from_secs(1)).await;
+    assert!(
+        env.api().watch_events_held("persistentvolumes") > 0,
+        "the PV watch lagged"
+    );
+    let (_, metrics) = support::http_get(port, "/metrics").await;
+    assert_eq!(
+        create_volume_calls(&metrics),
+        1,
+        "CreateVolume called again for a saved PV\n{}",
+        env.logs()
+    );
+    assert_eq!(
+        env.api().request_count(Verb::Create, "persistentvolumes"),
+        1,
+        "the PV was created again"
+    );
+    env.clear_watch_lag("persistentvolumes");
+    env.api().set_controller_manager(true);
+    env.wait_bound(&env.ns, "data").await;
+    assert_eq!(env.backend_volumes().len(), 1);
+    env.assert_consistent().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_delete_volume_finishes_on_restart() {
     // Needs the API test server (fault injection or exact counters).

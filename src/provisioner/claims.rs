@@ -428,6 +428,8 @@ async fn attempt(
 
     match save_pv(ctx, key, &pv).await {
         SaveOutcome::Saved => {
+            // Before any further await: a pass that follows finds it saved.
+            ctx.saved_volumes.saved(&pv.name_any(), &key.uid);
             let took = started.elapsed();
             tracing::info!(claim = %key, volume = %plan.volume_name, "provisioned");
             ctx.volume_events
@@ -525,6 +527,7 @@ fn saved_pv(
     if volumes
         .get(&ObjectRef::new(name))
         .is_some_and(|pv| records_claim(&pv))
+        || ctx.saved_volumes.records(name, &key.uid)
     {
         return Some(name.to_owned());
     }
@@ -536,7 +539,10 @@ fn saved_pv(
     if decided || !ctx.config.claim_metadata_propagation || !templated {
         return None;
     }
-    volumes.find(|pv| records_claim(pv)).map(|pv| pv.name_any())
+    volumes
+        .find(|pv| records_claim(pv))
+        .map(|pv| pv.name_any())
+        .or_else(|| ctx.saved_volumes.saved_for(&key.uid))
 }
 
 /// Plans from the inputs ([`inputs::plan`]) and records a new operation

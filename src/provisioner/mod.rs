@@ -212,6 +212,62 @@ impl FinalizerWrites {
     }
 }
 
+/// How long a PV saved by this process is taken as saved without the
+/// cache showing it: far longer than any watch lag, short enough that a
+/// PV whose events were all missed (created and deleted between two
+/// lists) is not remembered for ever.
+const SAVED_VOLUME_MEMORY: Duration = Duration::from_secs(600);
+
+/// PVs this process saved that the PV cache has not shown yet, by name →
+/// the claim uid each records. A pass of the claim that runs before the PV
+/// watch delivers the PV (the claim's own events, the queue's re-add of a
+/// key changed while it was processed) would otherwise find no PV and start
+/// the operation again: a second journal entry, `CreateVolume` and PV
+/// create for a volume already saved (tests/cancellation.rs, "then
+/// continued", failed so). The Go image's check reads its informer only and
+/// repeats the call in that window.
+#[derive(Debug, Default)]
+pub struct SavedVolumes(Mutex<HashMap<String, (String, tokio::time::Instant)>>);
+
+impl SavedVolumes {
+    /// The PV `name` recording claim `uid` was saved now.
+    pub fn saved(&self, name: &str, uid: &str) {
+        let now = tokio::time::Instant::now();
+        let mut saved = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        saved.retain(|_, (_, at)| now.duration_since(*at) < SAVED_VOLUME_MEMORY);
+        saved.insert(name.to_owned(), (uid.to_owned(), now));
+        crate::metrics::set_remembered("saved_volumes", saved.len());
+    }
+
+    /// Whether this process saved the PV `name` for claim `uid` and the
+    /// cache may not show it yet.
+    pub fn records(&self, name: &str, uid: &str) -> bool {
+        let saved = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        saved
+            .get(name)
+            .is_some_and(|(claim, at)| claim == uid && at.elapsed() < SAVED_VOLUME_MEMORY)
+    }
+
+    /// The PV this process saved for claim `uid` that the cache may not
+    /// show yet, whatever its name.
+    pub fn saved_for(&self, uid: &str) -> Option<String> {
+        let saved = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        saved
+            .iter()
+            .find(|(_, (claim, at))| claim == uid && at.elapsed() < SAVED_VOLUME_MEMORY)
+            .map(|(name, _)| name.clone())
+    }
+
+    /// The cache has seen the PV `name` (or its deletion): it answers from
+    /// now on.
+    pub fn seen(&self, name: &str) {
+        let mut saved = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if saved.remove(name).is_some() {
+            crate::metrics::set_remembered("saved_volumes", saved.len());
+        }
+    }
+}
+
 /// Everything a worker needs.
 pub struct Context {
     pub client: Client,
@@ -229,6 +285,8 @@ pub struct Context {
     pub deleted_volumes: Arc<Mutex<HashMap<String, DeletedVolume>>>,
     /// Finalizer changes the cache has not seen yet.
     pub finalizer_writes: Arc<FinalizerWrites>,
+    /// PVs saved here that the cache has not shown yet.
+    pub saved_volumes: Arc<SavedVolumes>,
     /// Told of each volume provisioned or deleted (capacity refresh).
     pub volume_events: Arc<crate::shared::VolumeEvents>,
     /// Node deployment: this node's Node and CSINode, planned with instead
@@ -477,14 +535,17 @@ pub async fn new(
     // number of PVs ever deleted (docs/design.md, hazard 12).
     let deleted_volumes: Arc<Mutex<HashMap<String, DeletedVolume>>> = Arc::default();
     let finalizer_writes: Arc<FinalizerWrites> = Arc::default();
+    let saved_volumes: Arc<SavedVolumes> = Arc::default();
     {
         let finalizer_writes = Arc::clone(&finalizer_writes);
+        let saved_volumes = Arc::clone(&saved_volumes);
         let queue = volumes.clone();
         let config = config.clone();
         let deleted_volumes = Arc::clone(&deleted_volumes);
         let recorder = Arc::clone(&shared.recorder);
         caches.volumes.on_change(move |change| match change {
             Change::Applied(pv) => {
+                saved_volumes.seen(&pv.name_any());
                 // Node mode: other nodes' PVs are theirs to manage (their
                 // finalizer and deletion), so N nodes do not race on each.
                 if is_our_volume(pv, &config) && volume_on_this_node(pv, &config) {
@@ -492,6 +553,7 @@ pub async fn new(
                 }
             }
             Change::Deleted(pv) => {
+                saved_volumes.seen(&pv.name_any());
                 queue.forget(&pv.name_any());
                 if let Some(uid) = pv.uid() {
                     let mut deleted = deleted_volumes.lock().unwrap_or_else(|p| p.into_inner());
@@ -524,6 +586,7 @@ pub async fn new(
         volumes: volumes.clone(),
         deleted_volumes,
         finalizer_writes,
+        saved_volumes,
         volume_events: Arc::clone(&shared.volume_events),
         local_topology,
         infeasible: InfeasibleClaims::new(shared.backoff.max),
@@ -719,6 +782,40 @@ impl Context {
                 self.operations.finish(&uid);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod saved_volumes_tests {
+    use super::{SAVED_VOLUME_MEMORY, SavedVolumes};
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_saved_pv_counts_until_the_cache_shows_it_or_its_memory_ends() {
+        let saved = SavedVolumes::default();
+        assert!(!saved.records("pvc-1", "u1"), "nothing saved yet");
+        saved.saved("pvc-1", "u1");
+        assert!(saved.records("pvc-1", "u1"));
+        assert_eq!(saved.saved_for("u1").as_deref(), Some("pvc-1"));
+        assert!(!saved.records("pvc-1", "u2"), "another claim of the name");
+        assert!(!saved.records("pvc-2", "u1"), "another name");
+        assert_eq!(saved.saved_for("u2"), None);
+        saved.seen("pvc-1");
+        assert!(!saved.records("pvc-1", "u1"), "the cache answers now");
+        assert_eq!(saved.saved_for("u1"), None);
+
+        saved.saved("pvc-3", "u3");
+        tokio::time::advance(SAVED_VOLUME_MEMORY - Duration::from_secs(1)).await;
+        assert!(saved.records("pvc-3", "u3"), "still within its memory");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!saved.records("pvc-3", "u3"), "a lag that long is no lag");
+        assert_eq!(saved.saved_for("u3"), None);
+        saved.saved("pvc-4", "u4");
+        assert_eq!(
+            saved.0.lock().map(|m| m.len()).unwrap_or_default(),
+            1,
+            "an entry past its memory goes with the next save"
+        );
     }
 }
 
