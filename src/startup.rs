@@ -259,6 +259,7 @@ pub async fn run(
     let capacity_driver = driver.clone();
     let restores_snapshots = config.capabilities.create_delete_snapshot;
     let audit_driver = driver.clone();
+    let audit_naming = crate::orphan_audit::decide::Naming::of(&config);
     let audit_report = crate::orphan_audit::ReportPlace {
         namespace: namespace.clone(),
         name: crate::orphan_audit::decide::report_name(
@@ -308,6 +309,7 @@ pub async fn run(
                 let names = operations.operations.volume_names();
                 names.into_iter().map(|(_, name)| name).collect()
             }),
+            audit_naming,
         ) {
             embedded.push(audit);
         }

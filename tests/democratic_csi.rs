@@ -133,6 +133,27 @@ async fn a_scheduled_claim_is_provisioned_on_its_node_and_deleted(backend: Backe
         };
         assert_eq!(side.volumes(), want, "volumes on {}", side.name);
     }
+    // The driver has no LIST_VOLUMES: the sidecar that provisioned (so is
+    // past its start, where the audit is set up: src/orphan_audit/mod.rs)
+    // said once that it runs no orphan audit.
+    let provisioner = c
+        .nodes
+        .iter()
+        .position(|side| side.name == node)
+        .expect("the scheduled node is one of ours");
+    let not_supported = c
+        .sidecar_log(provisioner)
+        .lines()
+        .filter(|l| {
+            l.contains("orphan audit not supported by this driver (no LIST_VOLUMES capability)")
+        })
+        .count();
+    assert_eq!(
+        not_supported,
+        1,
+        "the sidecar of {node} logs once that the orphan audit is not supported\n{}",
+        c.logs()
+    );
     c.delete_and_assert_nothing_left(&["app"], &["data"]).await;
     c.finish().await;
 }

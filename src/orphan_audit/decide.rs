@@ -1,6 +1,7 @@
 //! The audit's decisions, with plain values in: which backend volumes no
 //! PV names (suspects), which of them are orphans (suspects at two audits
-//! in a row), what the metric shows and what the report holds.
+//! in a row), which a sidecar with another `--volume-name-prefix` made (left
+//! out), what the metric shows and what the report holds.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,6 +30,120 @@ pub struct Inputs<'a> {
     /// The suspects of the previous audit of this process; `None` at its
     /// first audit.
     pub previous: Option<&'a BTreeSet<String>>,
+    /// How this sidecar names its volumes.
+    pub naming: &'a Naming,
+}
+
+/// How this sidecar names its volumes (`volume_name` in
+/// src/provision/plan.rs): `<prefix>-<claim uid>`, or with a uuid length
+/// `<prefix>-<the uid without dashes, cut to that length>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Naming {
+    /// `--volume-name-prefix`.
+    pub prefix: String,
+    /// `--volume-name-uuid-length`, when set.
+    pub uuid_length: Option<usize>,
+    /// The gate `ClaimMetadataPropagation` is on: a StorageClass's
+    /// `csi-provisioner-rs.io/volume-name-template` may give this sidecar's
+    /// volumes names with any prefix, so another prefix proves nothing.
+    pub templates: bool,
+}
+
+impl Naming {
+    /// The naming of the provisioner's configuration.
+    pub fn of(config: &crate::provision::ProvisionerConfig) -> Naming {
+        Naming {
+            prefix: config.volume_name_prefix.clone(),
+            uuid_length: config.volume_name_uuid_length,
+            templates: config.claim_metadata_propagation,
+        }
+    }
+
+    /// Names with other prefixes mean another sidecar made the volume:
+    /// this sidecar's names are found (its prefix is made of characters a
+    /// PV name may have, else no token holds it) and always carry its
+    /// prefix (no name templates).
+    fn other_prefixes_decide(&self) -> bool {
+        !self.templates && !self.prefix.is_empty() && self.prefix.chars().all(pv_name_char)
+    }
+}
+
+/// Who made a listed volume, by the PV-style names its id and volume
+/// context show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MadeBy {
+    /// A name with this sidecar's prefix.
+    OurPrefix,
+    /// Names with other prefixes only: a sidecar with another
+    /// `--volume-name-prefix` (another cluster sharing the backend).
+    OtherPrefixes,
+    /// No name shown (a generated id, as the hostpath driver's), or names
+    /// that prove nothing (see [`Naming::other_prefixes_decide`]).
+    Unknown,
+}
+
+/// A character a PV name (a DNS subdomain) may have.
+fn pv_name_char(c: char) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'
+}
+
+/// A claim uid as the API server writes it: 8-4-4-4-12 lowercase hex.
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
+        })
+}
+
+/// The prefix of `token` when it is a volume name: `<prefix>-<uuid>` (any
+/// non-empty prefix; a bare uuid is no name), or, with a uuid length N,
+/// `<our prefix>-<N lowercase hex digits>` (the uid cut to N after its
+/// dashes are dropped, at most 32; other sidecars' lengths are unknown).
+fn name_prefix<'t>(token: &'t str, naming: &Naming) -> Option<&'t str> {
+    if let Some(prefix) = token
+        .len()
+        .checked_sub(37)
+        .filter(|&at| at > 0 && token.is_char_boundary(at))
+        .and_then(|at| {
+            let (prefix, rest) = token.split_at(at);
+            rest.strip_prefix('-')
+                .filter(|uuid| is_uuid(uuid))
+                .map(|_| prefix)
+        })
+    {
+        return Some(prefix);
+    }
+    let length = naming.uuid_length.filter(|n| (1..=32).contains(n))?;
+    let short = token
+        .strip_prefix(naming.prefix.as_str())?
+        .strip_prefix('-')?;
+    (short.len() == length
+        && short
+            .chars()
+            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)))
+    .then(|| &token[..naming.prefix.len()])
+}
+
+/// Who made `volume`: the names in its id and in its volume context's
+/// values, split into tokens at every character a PV name cannot have
+/// (csi-driver-nfs: `server#share#pvc-<uid>#`; democratic-csi: the name
+/// itself; drivers that echo `csi.storage.k8s.io/pv/name` in the context).
+pub fn made_by(volume: &Listed, naming: &Naming) -> MadeBy {
+    let mut other = false;
+    let texts = std::iter::once(&volume.volume_id).chain(volume.volume_context.values());
+    for token in texts.flat_map(|text| text.split(|c| !pv_name_char(c))) {
+        match name_prefix(token, naming) {
+            Some(prefix) if prefix == naming.prefix => return MadeBy::OurPrefix,
+            Some(_) => other = true,
+            None => {}
+        }
+    }
+    if other && naming.other_prefixes_decide() {
+        MadeBy::OtherPrefixes
+    } else {
+        MadeBy::Unknown
+    }
 }
 
 /// What one audit found.
@@ -51,6 +166,10 @@ pub struct Outcome {
     pub named: usize,
     /// Listed volumes no PV names that an operation in flight may be making.
     pub in_flight: usize,
+    /// Listed volumes no PV names and no operation in flight may be making
+    /// whose names show only other prefixes ([`MadeBy::OtherPrefixes`]):
+    /// neither suspects nor reported.
+    pub other_prefix: usize,
 }
 
 /// Whether an operation in flight of CSI name `name` may have made `volume`:
@@ -65,12 +184,13 @@ fn made_in_flight(volume: &Listed, in_flight: &BTreeSet<String>) -> bool {
             .any(|value| in_flight.contains(value))
 }
 
-/// The audit: a listed volume no PV names and no operation in flight may
-/// have made is a suspect; a suspect of the previous audit that is still
-/// one is an orphan. A volume being provisioned right now (its PV saved a
-/// moment after the PV list) or deleted right now (its PV gone, its
-/// `DeleteVolume` not yet done) is a suspect once, never an orphan, as long
-/// as the interval is longer than the provisioning or deletion.
+/// The audit: a listed volume no PV names, no operation in flight may have
+/// made and no sidecar with another prefix made ([`made_by`]) is a suspect;
+/// a suspect of the previous audit that is still one is an orphan. A volume
+/// being provisioned right now (its PV saved a moment after the PV list) or
+/// deleted right now (its PV gone, its `DeleteVolume` not yet done) is a
+/// suspect once, never an orphan, as long as the interval is longer than the
+/// provisioning or deletion.
 pub fn audit(inputs: Inputs<'_>) -> Outcome {
     let mut seen = BTreeSet::new();
     let mut out = Outcome {
@@ -90,6 +210,10 @@ pub fn audit(inputs: Inputs<'_>) -> Outcome {
         }
         if made_in_flight(volume, inputs.in_flight) {
             out.in_flight += 1;
+            continue;
+        }
+        if made_by(volume, inputs.naming) == MadeBy::OtherPrefixes {
+            out.other_prefix += 1;
             continue;
         }
         out.suspects.insert(volume.volume_id.clone());
@@ -172,6 +296,8 @@ impl Default for ReportLimits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReportHeader<'a> {
     pub driver: &'a str,
+    /// `--volume-name-prefix`.
+    pub volume_name_prefix: &'a str,
     /// RFC 3339.
     pub audited_at: &'a str,
     pub interval: &'a str,
@@ -221,11 +347,13 @@ pub fn report_data(
     let quoted = |s: &str| serde_json::Value::from(s).to_string();
     let summary = [
         ("driver", quoted(header.driver)),
+        ("volumeNamePrefix", quoted(header.volume_name_prefix)),
         ("auditedAt", quoted(header.audited_at)),
         ("interval", quoted(header.interval)),
         ("listed", outcome.listed.to_string()),
         ("namedByPVs", outcome.named.to_string()),
         ("inFlight", outcome.in_flight.to_string()),
+        ("madeByOtherPrefixes", outcome.other_prefix.to_string()),
         ("orphans", outcome.orphans.len().to_string()),
         ("orphanBytes", bytes),
         ("shown", shown.to_string()),

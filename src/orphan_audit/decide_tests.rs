@@ -27,7 +27,31 @@ fn ids(volumes: &[Listed]) -> Vec<&str> {
     volumes.iter().map(|v| v.volume_id.as_str()).collect()
 }
 
+/// The default naming: `--volume-name-prefix=pvc`, no uuid length, no
+/// name templates.
+fn pvc() -> Naming {
+    naming("pvc", None, false)
+}
+
+fn naming(prefix: &str, uuid_length: Option<usize>, templates: bool) -> Naming {
+    Naming {
+        prefix: prefix.to_owned(),
+        uuid_length,
+        templates,
+    }
+}
+
 fn run(
+    listed: &[Listed],
+    named: &[&str],
+    in_flight: &[&str],
+    previous: Option<&[&str]>,
+) -> Outcome {
+    run_as(&pvc(), listed, named, in_flight, previous)
+}
+
+fn run_as(
+    naming: &Naming,
     listed: &[Listed],
     named: &[&str],
     in_flight: &[&str],
@@ -41,44 +65,374 @@ fn run(
         named: &named,
         in_flight: &in_flight,
         previous: previous.as_ref(),
+        naming,
     })
 }
 
-/// Every combination of the three facts about one listed volume, at a first
+/// A claim uid as the API server writes it.
+const UID: &str = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+
+/// Every combination of the four facts about one listed volume, at a first
 /// audit and at a later one: only a volume no PV names, that no operation in
-/// flight may be making, and that was a suspect at the previous audit is an
-/// orphan.
+/// flight may be making, whose names do not show only other prefixes, and
+/// that was a suspect at the previous audit is an orphan. A volume of
+/// another prefix is counted, never a suspect.
 #[test]
 fn every_combination_of_one_volume() {
-    for named in [false, true] {
-        for in_flight in [false, true] {
-            for was_suspect in [false, true] {
-                for first in [false, true] {
-                    let listed = [vol("v", 1)];
-                    let named_ids: &[&str] = if named { &["v"] } else { &[] };
-                    let flight: &[&str] = if in_flight { &["v"] } else { &[] };
-                    let previous: &[&str] = if was_suspect { &["v"] } else { &[] };
-                    let out = run(&listed, named_ids, flight, (!first).then_some(previous));
-                    let case = format!(
-                        "named={named} in_flight={in_flight} was_suspect={was_suspect} first={first}"
-                    );
-                    let suspect = !named && !in_flight;
-                    let orphan = suspect && was_suspect && !first;
-                    assert_eq!(out.suspects.contains("v"), suspect, "{case}");
-                    assert_eq!(out.orphans.len(), usize::from(orphan), "{case}");
-                    assert_eq!(
-                        out.awaiting_confirmation,
-                        usize::from(suspect && !orphan),
-                        "{case}"
-                    );
-                    assert_eq!(out.confirmed, !first, "{case}");
-                    assert_eq!(out.listed, 1, "{case}");
-                    assert_eq!(out.named, usize::from(named), "{case}");
-                    assert_eq!(out.in_flight, usize::from(!named && in_flight), "{case}");
+    let ours = format!("pvc-{UID}");
+    let other = format!("other-{UID}");
+    for (id, made) in [
+        (UID, MadeBy::Unknown),
+        (ours.as_str(), MadeBy::OurPrefix),
+        (other.as_str(), MadeBy::OtherPrefixes),
+    ] {
+        assert_eq!(made_by(&vol(id, 1), &pvc()), made, "{id}");
+        for named in [false, true] {
+            for in_flight in [false, true] {
+                for was_suspect in [false, true] {
+                    for first in [false, true] {
+                        let listed = [vol(id, 1)];
+                        let named_ids: &[&str] = if named { &[id] } else { &[] };
+                        let flight: &[&str] = if in_flight { &[id] } else { &[] };
+                        let previous: &[&str] = if was_suspect { &[id] } else { &[] };
+                        let out = run(&listed, named_ids, flight, (!first).then_some(previous));
+                        let case = format!(
+                            "made={made:?} named={named} in_flight={in_flight} \
+                             was_suspect={was_suspect} first={first}"
+                        );
+                        let left_out = !named && !in_flight && made == MadeBy::OtherPrefixes;
+                        let suspect = !named && !in_flight && !left_out;
+                        let orphan = suspect && was_suspect && !first;
+                        assert_eq!(out.suspects.contains(id), suspect, "{case}");
+                        assert_eq!(out.orphans.len(), usize::from(orphan), "{case}");
+                        assert_eq!(
+                            out.awaiting_confirmation,
+                            usize::from(suspect && !orphan),
+                            "{case}"
+                        );
+                        assert_eq!(out.confirmed, !first, "{case}");
+                        assert_eq!(out.listed, 1, "{case}");
+                        assert_eq!(out.named, usize::from(named), "{case}");
+                        assert_eq!(out.in_flight, usize::from(!named && in_flight), "{case}");
+                        assert_eq!(out.other_prefix, usize::from(left_out), "{case}");
+                    }
                 }
             }
         }
     }
+}
+
+/// The names a volume shows, in its id and its volume context's values,
+/// and who made it by them, for each naming of this sidecar.
+#[test]
+fn who_made_a_volume_by_the_names_it_shows() {
+    use MadeBy::{OtherPrefixes as Other, OurPrefix as Ours, Unknown};
+    let upper = UID.to_ascii_uppercase();
+    let nfs = |prefix: &str| format!("nfs-server.default.svc.cluster.local#share#{prefix}-{UID}#");
+    let cases: Vec<(&str, Listed, Naming, MadeBy)> = vec![
+        // The hostpath driver: a generated uuid, no context.
+        ("bare uuid id", vol(UID, 1), pvc(), Unknown),
+        (
+            "bare uuid in the context",
+            with_context(UID, &[("id", UID)]),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "a uuid after a lone dash",
+            vol(&format!("/-{UID}"), 1),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "a generated id",
+            vol("vol-0123456789abcdef0", 1),
+            pvc(),
+            Unknown,
+        ),
+        ("empty", vol("", 1), pvc(), Unknown),
+        // democratic-csi: the name is the id.
+        ("the name as id", vol(&format!("pvc-{UID}"), 1), pvc(), Ours),
+        (
+            "another prefix as id",
+            vol(&format!("other-{UID}"), 1),
+            pvc(),
+            Other,
+        ),
+        // csi-driver-nfs: `server#share#name#`.
+        ("nfs, ours", vol(&nfs("pvc"), 1), pvc(), Ours),
+        ("nfs, another prefix", vol(&nfs("other"), 1), pvc(), Other),
+        (
+            "nfs with a subdirectory",
+            vol(&format!("10.0.0.1#/exports#team/pvc-{UID}#"), 1),
+            pvc(),
+            Ours,
+        ),
+        // The name echoed into the context.
+        (
+            "the name in the context",
+            with_context(
+                UID,
+                &[("csi.storage.k8s.io/pv/name", &format!("pvc-{UID}"))],
+            ),
+            pvc(),
+            Ours,
+        ),
+        (
+            "another prefix in the context",
+            with_context(UID, &[("csi.storage.k8s.io/pv/name", &format!("b-{UID}"))]),
+            pvc(),
+            Other,
+        ),
+        (
+            "a name as a context key is not read",
+            with_context(UID, &[(&format!("pvc-{UID}"), "x")]),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "ours anywhere wins over others",
+            with_context(&format!("other-{UID}"), &[("name", &format!("pvc-{UID}"))]),
+            pvc(),
+            Ours,
+        ),
+        (
+            "several other prefixes",
+            with_context(&format!("a-{UID}"), &[("name", &format!("b-{UID}"))]),
+            pvc(),
+            Other,
+        ),
+        // The prefix is the whole token before the uuid.
+        (
+            "a longer prefix",
+            vol(&format!("my-pvc-{UID}"), 1),
+            pvc(),
+            Other,
+        ),
+        (
+            "a prefix with dots",
+            vol(&format!("a.pvc-{UID}"), 1),
+            pvc(),
+            Other,
+        ),
+        (
+            "our prefix with dots",
+            vol(&format!("x#cluster.a-{UID}"), 1),
+            naming("cluster.a", None, false),
+            Ours,
+        ),
+        // What is not `<prefix>-<uuid>` is no name.
+        (
+            "an uppercase uuid",
+            vol(&format!("pvc-{upper}"), 1),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "an uppercase uuid of another prefix",
+            vol(&format!("other-{upper}"), 1),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "a suffix after the uuid",
+            vol(&format!("pvc-{UID}.img"), 1),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "a dash after the uuid",
+            vol(&format!("other-{UID}-snap"), 1),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "a short uuid",
+            vol(&format!("other-{}", &UID[1..]), 1),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "a uuid without dashes",
+            vol(&format!("other-{}", UID.replace('-', "")), 1),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "dashes out of place",
+            vol("other-0a1b2c3d4-e5f-4a6b-8c7d-9e0f1a2b3c4d", 1),
+            pvc(),
+            Unknown,
+        ),
+        (
+            "not hex",
+            vol("other-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4g", 1),
+            pvc(),
+            Unknown,
+        ),
+        // `--volume-name-uuid-length`: the uid without dashes, cut.
+        (
+            "cut to 8",
+            vol("pvc-0a1b2c3d", 1),
+            naming("pvc", Some(8), false),
+            Ours,
+        ),
+        (
+            "cut, too short",
+            vol("pvc-0a1b2c3", 1),
+            naming("pvc", Some(8), false),
+            Unknown,
+        ),
+        (
+            "cut, too long",
+            vol("pvc-0a1b2c3d4", 1),
+            naming("pvc", Some(8), false),
+            Unknown,
+        ),
+        (
+            "cut, not hex",
+            vol("pvc-0a1b2c3g", 1),
+            naming("pvc", Some(8), false),
+            Unknown,
+        ),
+        (
+            "cut, uppercase",
+            vol("pvc-0A1B2C3D", 1),
+            naming("pvc", Some(8), false),
+            Unknown,
+        ),
+        ("cut, no length set", vol("pvc-0a1b2c3d", 1), pvc(), Unknown),
+        (
+            "cut, another prefix: its length is unknown",
+            vol("other-0a1b2c3d", 1),
+            naming("pvc", Some(8), false),
+            Unknown,
+        ),
+        (
+            "a length set, a whole uuid",
+            vol(&format!("pvc-{UID}"), 1),
+            naming("pvc", Some(8), false),
+            Ours,
+        ),
+        (
+            "a length set, another prefix with a whole uuid",
+            vol(&format!("other-{UID}"), 1),
+            naming("pvc", Some(8), false),
+            Other,
+        ),
+        (
+            "length 0 makes no name",
+            vol("pvc-", 1),
+            naming("pvc", Some(0), false),
+            Unknown,
+        ),
+        // Names with other prefixes prove nothing when this sidecar's
+        // names may have any prefix, or cannot be found.
+        (
+            "name templates, another prefix",
+            vol(&format!("team-a-data-{UID}"), 1),
+            naming("pvc", None, true),
+            Unknown,
+        ),
+        (
+            "name templates, ours",
+            vol(&format!("pvc-{UID}"), 1),
+            naming("pvc", None, true),
+            Ours,
+        ),
+        (
+            "a prefix no PV name can hold",
+            vol(&format!("other-{UID}"), 1),
+            naming("PVC", None, false),
+            Unknown,
+        ),
+        (
+            "a prefix no PV name can hold, its own names",
+            vol(&format!("PVC-{UID}"), 1),
+            naming("PVC", None, false),
+            Unknown,
+        ),
+    ];
+    for (case, volume, naming, want) in cases {
+        assert_eq!(
+            made_by(&volume, &naming),
+            want,
+            "{case}: {volume:?} {naming:?}"
+        );
+    }
+}
+
+/// The names `volume_name` (src/provision/plan.rs) makes are found as this
+/// sidecar's, and as another prefix's by a sidecar with another prefix
+/// (except cut ones: another sidecar's length is unknown).
+#[test]
+fn the_names_the_provisioner_makes_are_found() {
+    for prefix in ["pvc", "cluster-a", "a.b", "x"] {
+        for length in [None, Some(1), Some(8), Some(16), Some(32)] {
+            let name = crate::provision::volume_name(prefix, UID, length).expect("a name");
+            let ours = naming(prefix, length, false);
+            let case = format!("{name} ({prefix}, {length:?})");
+            for volume in [
+                vol(&name, 1),
+                vol(&format!("server#share#{name}#"), 1),
+                with_context(UID, &[("csi.storage.k8s.io/pv/name", &name)]),
+            ] {
+                assert_eq!(made_by(&volume, &ours), MadeBy::OurPrefix, "{case}");
+                let theirs = naming("another", length, false);
+                let want = match length {
+                    None => MadeBy::OtherPrefixes,
+                    Some(_) => MadeBy::Unknown,
+                };
+                assert_eq!(made_by(&volume, &theirs), want, "{case}, seen by another");
+            }
+        }
+    }
+}
+
+/// Many volumes: those of other prefixes are counted, never suspects, and
+/// the two-audit rule holds for the rest, ours and unknown alike.
+#[test]
+fn volumes_of_other_prefixes_are_left_out_and_the_rest_confirmed_twice() {
+    let ours = format!("pvc-{UID}");
+    let other = format!("other-{UID}");
+    let nfs_other = format!("srv#share#b-{UID}#");
+    let listed = [
+        vol(&ours, 1),
+        vol(&other, 2),
+        vol(UID, 3),
+        vol(&nfs_other, 4),
+        vol("named", 5),
+    ];
+    let first = run(&listed, &["named"], &[], None);
+    assert_eq!(first.other_prefix, 2);
+    assert_eq!(first.suspects, set(&[&ours, UID]));
+    assert_eq!(first.awaiting_confirmation, 2);
+    assert!(first.orphans.is_empty());
+    let previous: Vec<&str> = first.suspects.iter().map(String::as_str).collect();
+    let second = run(&listed, &["named"], &[], Some(&previous));
+    assert_eq!(ids(&second.orphans), [UID, ours.as_str()]);
+    assert_eq!(second.other_prefix, 2);
+    assert_eq!((second.listed, second.named), (5, 1));
+    // Even remembered as a suspect (the same process cannot, but the rule
+    // does not rest on it), another prefix's volume is no orphan.
+    let third = run(&listed, &["named"], &[], Some(&[&other, &nfs_other]));
+    assert!(third.orphans.is_empty());
+    assert_eq!(third.other_prefix, 2);
+    // With name templates every volume of a name counts.
+    let templates = naming("pvc", None, true);
+    let all = run_as(&templates, &listed, &["named"], &[], Some(&[]));
+    assert_eq!(all.other_prefix, 0);
+    assert_eq!(all.suspects.len(), 4);
+}
+
+#[test]
+fn naming_comes_from_the_provisioner_config() {
+    let mut config = crate::provision::ProvisionerConfig::with_defaults("d".to_owned());
+    assert_eq!(Naming::of(&config), naming("pvc", None, false));
+    config.volume_name_prefix = "cluster-a".to_owned();
+    config.volume_name_uuid_length = Some(8);
+    config.claim_metadata_propagation = true;
+    assert_eq!(Naming::of(&config), naming("cluster-a", Some(8), true));
 }
 
 #[test]
@@ -272,6 +626,7 @@ fn report_names() {
 fn header() -> ReportHeader<'static> {
     ReportHeader {
         driver: "hostpath.csi.k8s.io",
+        volume_name_prefix: "pvc",
         audited_at: "2026-11-29T16:00:00Z",
         interval: "6h0m0s",
     }
@@ -293,21 +648,25 @@ fn summary_of(data: &BTreeMap<String, String>) -> BTreeMap<String, String> {
 
 #[test]
 fn the_report_states_the_audit_and_lists_each_orphan() {
+    let other = format!("other-{UID}");
     let listed = [
         with_context("b", &[("k", "v \"quoted\"")]),
         vol("a", 5 << 20),
         vol("named", 1),
+        vol(&other, 7),
     ];
-    let out = run(&listed, &["named"], &[], Some(&["a", "b"]));
+    let out = run(&listed, &["named"], &[], Some(&["a", "b", &other]));
     let data = report_data(&header(), &out, ReportLimits::default());
     let summary = summary_of(&data);
     for (key, want) in [
         ("driver", "hostpath.csi.k8s.io"),
+        ("volumeNamePrefix", "pvc"),
         ("auditedAt", "2026-11-29T16:00:00Z"),
         ("interval", "6h0m0s"),
-        ("listed", "3"),
+        ("listed", "4"),
         ("namedByPVs", "1"),
         ("inFlight", "0"),
+        ("madeByOtherPrefixes", "1"),
         ("orphans", "2"),
         ("orphanBytes", "5242880"),
         ("shown", "2"),

@@ -9,9 +9,12 @@
 //! between pages), notes the operations in flight of this process (the
 //! journal's entries: their CSI names), then lists every PV live, in pages
 //! (one consistent read, never the cache), and keeps the volume handles of
-//! this driver's PVs. A listed volume that no PV names and that no
-//! operation in flight may be making is a *suspect*; a suspect of the
-//! previous audit that still is one is an *orphan* ([`decide::audit`]). So
+//! this driver's PVs. A listed volume whose id or volume context shows only
+//! names with another `--volume-name-prefix` was made by another sidecar
+//! (another cluster sharing the backend) and is only counted
+//! ([`decide::made_by`]). Any other listed volume that no PV names and
+//! that no operation in flight may be making is a *suspect*; a suspect of
+//! the previous audit that still is one is an *orphan* ([`decide::audit`]). So
 //! a volume being provisioned right now (its PV saved a moment after the
 //! list) or deleted right now is never reported. The first audit of a
 //! process only notes its suspects.
@@ -76,6 +79,9 @@ pub struct Audit {
     interval: Duration,
     report: ReportPlace,
     in_flight: InFlightNames,
+    /// How this sidecar names its volumes: volumes named by sidecars with
+    /// other prefixes are left out.
+    naming: decide::Naming,
     /// The suspects of the last audit that completed; `None` before it.
     previous: Mutex<Option<BTreeSet<String>>>,
     /// The report was written once by this process (replaced from then on).
@@ -113,6 +119,7 @@ impl Audit {
         interval: Duration,
         report: ReportPlace,
         in_flight: InFlightNames,
+        naming: decide::Naming,
     ) -> Option<Arc<Audit>> {
         if interval.is_zero() {
             return None;
@@ -124,6 +131,7 @@ impl Audit {
         tracing::info!(
             interval = %crate::duration::format_go_duration(interval),
             report = %format!("{}/{}", report.namespace, report.name),
+            volume_name_prefix = %naming.prefix,
             "orphan audit on: backend volumes no PV names are reported, never deleted"
         );
         Some(Arc::new(Audit {
@@ -132,6 +140,7 @@ impl Audit {
             interval,
             report,
             in_flight,
+            naming,
             previous: Mutex::new(None),
             written: std::sync::atomic::AtomicBool::new(false),
             page_pause: PAGE_PAUSE,

@@ -1,6 +1,7 @@
 //! One audit's I/O: the pages of `ListVolumes`, the operations in flight,
 //! the live pages of PVs, then the report (gauges, log lines, ConfigMap)
-//! of what [`decide`](super::decide) finds.
+//! of what [`decide`](super::decide) finds. Volumes that a sidecar with
+//! another `--volume-name-prefix` made are only counted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -123,6 +124,7 @@ impl Audit {
             named: &named,
             in_flight: &in_flight,
             previous: previous.as_ref(),
+            naming: &self.naming,
         });
         *self.previous.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome.suspects.clone());
         self.report(&outcome).await;
@@ -137,6 +139,7 @@ impl Audit {
                 listed = outcome.listed,
                 named = outcome.named,
                 in_flight = outcome.in_flight,
+                made_by_other_prefixes = outcome.other_prefix,
                 suspects = outcome.suspects.len(),
                 "orphan audit: first audit of this process; volumes no PV names are reported if still so at the next audit"
             );
@@ -156,6 +159,7 @@ impl Audit {
             listed = outcome.listed,
             named = outcome.named,
             in_flight = outcome.in_flight,
+            made_by_other_prefixes = outcome.other_prefix,
             orphans = outcome.orphans.len(),
             awaiting_confirmation = outcome.awaiting_confirmation,
             report = %format!("{}/{}", self.report.namespace, self.report.name),
@@ -166,6 +170,7 @@ impl Audit {
         let data = decide::report_data(
             &ReportHeader {
                 driver: self.driver.name(),
+                volume_name_prefix: &self.naming.prefix,
                 audited_at: &audited_at,
                 interval: &interval,
             },
