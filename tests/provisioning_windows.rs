@@ -3,13 +3,15 @@
 //! WaitForFirstConsumer claim on RESOURCE_EXHAUSTED, and the driver habits
 //! of docs/driver-habits.md that had no test (refused deletes, non-final
 //! answers for a claim deleted meanwhile, ids and contexts at the spec's
-//! size limits).
+//! size limits, a repeated `CreateVolume` answered with another size or
+//! with ALREADY_EXISTS while the first call still works, a start-up Probe
+//! slower than `--timeout`, an error message that is not UTF-8).
 
 mod support;
 
 use std::time::Duration;
 
-use csi_hostpath::faults::Fault;
+use csi_hostpath::faults::{Fault, Faults, Reply};
 use kube::api::{Api, DeleteParams};
 use kube_testserver::{RequestMatch, Verb};
 use serde_json::json;
@@ -377,16 +379,17 @@ async fn a_delete_answered_not_found_is_retried() {
     .await;
 }
 
-/// A `CreateVolume` answered with a non-final `code` (`ABORTED` "operation
-/// pending", row 4; `RESOURCE_EXHAUSTED` without a node to reschedule from,
-/// row 6) keeps the request in flight; the claim deleted meanwhile has its
-/// request asked again once the driver answers, and the volume that answer
-/// made deleted: nothing leaked, the journal empty.
-async fn a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(code: tonic::Code) {
+/// A `CreateVolume` answered as `answer` says, with a non-final code
+/// (`ABORTED` "operation pending", row 4; `RESOURCE_EXHAUSTED` without a
+/// node to reschedule from, row 6; a message that cannot be read, row 13),
+/// keeps the request in flight; the claim deleted meanwhile has its request
+/// asked again once the driver answers, and the volume that answer made
+/// deleted: nothing leaked, the journal empty. Returns the test's `Env`.
+async fn a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(answer: Fault) -> Env {
     let mut env = Env::new(Backend::TestServer).await;
     env.storage_class("fast", "Immediate", "Delete", json!({}))
         .await;
-    env.set_faults(vec![Fault::error("CreateVolume", code)]);
+    env.set_faults(vec![answer]);
     env.start_sidecar(&[]).await;
     env.create_pvc(&env.ns, "pending", "fast", "5Mi", json!({}))
         .await;
@@ -407,6 +410,21 @@ async fn a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(code:
         env.pvc(&env.ns, "pending").await.is_none().then_some(())
     })
     .await;
+    // The driver answers again only once the cleanup of the deleted claim
+    // has been answered as `answer` says too. Cleared earlier, a call the claim's
+    // own retry sent before the deletion could be answered OK and take the
+    // PV's path (saved, then deleted by its reclaim policy) instead of the
+    // cleanup's: seen under load, with the log line below missing.
+    env.wait_for(
+        "the deleted claim's cleanup asked the driver",
+        Duration::from_secs(30),
+        || async {
+            env.logs()
+                .contains("cleanup CreateVolume failed")
+                .then_some(())
+        },
+    )
+    .await;
     env.clear_faults();
     env.wait_for(
         "the volume made by the answer deleted",
@@ -422,19 +440,52 @@ async fn a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(code:
     .await;
     assert!(env.pvs().await.is_empty(), "no PV for a deleted claim");
     env.assert_consistent().await;
+    env
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_deleted_while_the_driver_answers_aborted_leaves_nothing() {
-    a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(tonic::Code::Aborted).await;
+    a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(Fault::error(
+        "CreateVolume",
+        tonic::Code::Aborted,
+    ))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_deleted_while_the_driver_answers_resource_exhausted_leaves_nothing() {
-    a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(
+    a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(Fault::error(
+        "CreateVolume",
         tonic::Code::ResourceExhausted,
+    ))
+    .await;
+}
+
+/// Row 13: an error whose message is not UTF-8 on the wire (the test
+/// driver's `wire_message`: `%E9` is Latin-1 "é"). tonic cannot read it and
+/// reports `Unknown`; ours takes it as `Unavailable` (src/csi/mod.rs,
+/// `local_failure_as_unavailable`), so even the driver's `INTERNAL`, final
+/// when readable, keeps the request in flight: the claim deleted meanwhile
+/// has its request asked again once the driver answers readably, and the
+/// volume that answer made is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_deleted_while_the_driver_answers_an_unreadable_message_leaves_nothing() {
+    let env = a_claim_deleted_while_the_driver_answers_non_final_leaves_nothing(
+        Fault::error("CreateVolume", tonic::Code::Internal)
+            .with_wire_message("erreur de cr%E9ation"),
     )
     .await;
+    let unreadable = env.logs().lines().any(|l| {
+        l.contains("CreateVolume failed")
+            && l.contains("code = Unavailable")
+            && l.contains("Error deserializing status message header")
+            && l.contains("outcome=\"InBackground\"")
+    });
+    assert!(
+        unreadable,
+        "the unreadable answer kept the request in flight\n{}",
+        env.logs()
+    );
 }
 
 /// Row 14: a volume context near the spec's 4 KiB limit for a
@@ -588,4 +639,191 @@ async fn a_choking_backend_gets_fewer_calls_at_once() {
         adaptive * 2 <= fixed,
         "refused calls: {adaptive} with the adaptive limit, {fixed} without"
     );
+}
+
+/// Row 2 (dell/csm#1899: 1.5 GB on the first call, 3 GB on a repeat): the
+/// first `CreateVolume` outlives `--timeout` while the backend makes the
+/// volume (the test driver's `work_ms`), its answer is lost; the repeat
+/// answers twice the size the first would have. The PV records the answer
+/// it was built from, the repeat's, as Go's `Provision` does; one volume,
+/// and deleting the claim deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_answered_with_another_size_is_recorded_as_answered() {
+    const REQUEST: u64 = 5 << 20;
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.set_faults(vec![
+        Fault::work("CreateVolume", Duration::from_secs(3)).times(1),
+        Fault::reply(
+            "CreateVolume",
+            Reply {
+                capacity_bytes: Some(2 * REQUEST as i64),
+                ..Default::default()
+            },
+        ),
+    ]);
+    env.start_sidecar(&["--timeout=2s"]).await;
+    let (pv, name) = env.provision(&env.ns, "resized", "fast").await;
+    assert!(
+        env.logs().contains("no answer within --timeout (2s)"),
+        "the first answer was lost to the timeout\n{}",
+        env.logs()
+    );
+    let volumes = env.backend_volumes();
+    assert_eq!(volumes.len(), 1, "one volume for both calls");
+    assert_eq!(
+        volumes[0].capacity_bytes, REQUEST,
+        "the backend made the size asked, which the lost first answer carried"
+    );
+    let recorded = pv
+        .spec
+        .and_then(|s| s.capacity)
+        .and_then(|c| c.get("storage").cloned())
+        .expect("PV capacity");
+    assert_eq!(
+        csi_proto::quantity::parse_quantity(&recorded.0).ok(),
+        Some(2 * REQUEST),
+        "the PV records the repeat's answer: {recorded:?}"
+    );
+    env.assert_consistent().await;
+    env.delete_pvc(&env.ns, "resized").await;
+    env.wait_for("volume and PV deleted", Duration::from_secs(20), || async {
+        (env.backend_volumes().is_empty() && env.pv(&name).await.is_none()).then_some(())
+    })
+    .await;
+    env.assert_consistent().await;
+}
+
+/// Row 5 (synology-csi#12): the first `CreateVolume` outlives `--timeout`
+/// while the backend works on it (`work_ms`), and a repeat meanwhile is
+/// answered ALREADY_EXISTS (the test driver's `name_busy`: only while the
+/// first call holds the name). Returns once ALREADY_EXISTS was answered.
+async fn already_exists_while_the_first_call_works(claim: &str) -> Env {
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.set_faults_file(Faults {
+        name_busy: Some("ALREADY_EXISTS".to_owned()),
+        ..Faults::with_rules(vec![
+            Fault::work("CreateVolume", Duration::from_secs(5)).times(1),
+        ])
+    });
+    env.start_sidecar(&["--timeout=2s"]).await;
+    env.create_pvc(&env.ns, claim, "fast", "5Mi", json!({}))
+        .await;
+    env.wait_for(
+        "ALREADY_EXISTS answered to a repeat",
+        Duration::from_secs(20),
+        || async {
+            env.events(&env.ns, claim)
+                .await
+                .iter()
+                .any(|(reason, m)| reason == "ProvisioningFailed" && m.contains("AlreadyExists"))
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        env.backend_volumes().is_empty(),
+        "the first call still works\n{}",
+        env.logs()
+    );
+    // The first call may still make the volume: ours keeps the request in
+    // flight (src/provision/outcome.rs, `classify_create_volume_error`),
+    // where the Go image's `checkError` takes ALREADY_EXISTS as final.
+    let kept = env.logs().lines().any(|l| {
+        l.contains("CreateVolume failed")
+            && l.contains("code = AlreadyExists")
+            && l.contains("outcome=\"InBackground\"")
+    });
+    assert!(
+        kept,
+        "ALREADY_EXISTS kept the operation in flight\n{}",
+        env.logs()
+    );
+    env
+}
+
+/// Row 5: the operation kept in flight after ALREADY_EXISTS, the retry
+/// sends the same request again; once the first call's work is done, the
+/// driver answers it with the volume that call made, and the claim is
+/// bound to that one volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn already_exists_while_the_first_call_works_then_binds_the_one_volume() {
+    let env = already_exists_while_the_first_call_works("busy").await;
+    let pv = env.wait_bound(&env.ns, "busy").await;
+    let volumes = env.backend_volumes();
+    assert_eq!(volumes.len(), 1, "one volume for every call");
+    let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle);
+    assert_eq!(handle.as_deref(), Some(volumes[0].id.as_str()));
+    env.wait_for("journal pruned", Duration::from_secs(20), || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    env.assert_consistent().await;
+}
+
+/// Row 5: the claim deleted after ALREADY_EXISTS, while the first call
+/// still works. The volume that call makes once the claim is gone is
+/// deleted: the request stayed in flight and journalled, and the cleanup
+/// repeats it until the driver answers with the volume. It leaked while
+/// ALREADY_EXISTS ended the operation, as the Go image's `checkError` does
+/// (docs/driver-habits.md, gap 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn already_exists_while_the_first_call_works_and_the_claim_deleted_leaves_nothing() {
+    let env = already_exists_while_the_first_call_works("gone").await;
+    env.delete_pvc(&env.ns, "gone").await;
+    env.wait_for("claim gone", Duration::from_secs(20), || async {
+        env.pvc(&env.ns, "gone").await.is_none().then_some(())
+    })
+    .await;
+    env.wait_for(
+        "the first call's volume made",
+        Duration::from_secs(20),
+        || async { (!env.backend_volumes().is_empty()).then_some(()) },
+    )
+    .await;
+    env.wait_for(
+        "the first call's volume deleted",
+        Duration::from_secs(20),
+        || async {
+            (env.backend_volumes().is_empty() && journal_entries(&env).await == 0).then_some(())
+        },
+    )
+    .await;
+    assert!(env.pvs().await.is_empty(), "no PV for a deleted claim");
+    env.assert_consistent().await;
+}
+
+/// Row 11: a `Probe` slower than `--timeout` at start. Its
+/// `DeadlineExceeded` is waited out (src/csi/connection.rs,
+/// `probe_error_is_transient`), as csi-lib-utils' `ProbeForever` does, and
+/// the sidecar provisions once the Probe answers in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_slower_than_the_timeout_at_start_is_waited_out() {
+    let mut env = Env::new(Backend::TestServer).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    env.set_faults(vec![
+        Fault::delay("Probe", Duration::from_millis(2500)).times(2),
+    ]);
+    env.start_sidecar(&["--timeout=1s"]).await;
+    env.create_pvc(&env.ns, "probed", "fast", "5Mi", json!({}))
+        .await;
+    env.wait_bound(&env.ns, "probed").await;
+    let log = env.logs();
+    let waited = log.lines().position(|l| {
+        l.contains("CSI driver is not ready yet")
+            && l.contains("code = DeadlineExceeded")
+            && l.contains("no answer within --timeout (1s)")
+    });
+    let ready = log.lines().position(|l| l.contains("CSI driver is ready"));
+    assert!(
+        matches!((waited, ready), (Some(w), Some(r)) if w < r),
+        "waited for the slow Probe, then ready\n{log}"
+    );
+    let left = Faults::load(&env.driver.faults_file).expect("faults file");
+    assert_eq!(left.rules[0].count, Some(0), "both slow Probes were asked");
+    env.assert_consistent().await;
 }

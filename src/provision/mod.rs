@@ -145,6 +145,7 @@ pub use plan::{
 };
 pub use pv::{
     PvBuildError, build_pv, records_same_volume, retained_volume_pv, skipped_volume_context,
+    topology_outside_requisite,
 };
 pub use secrets::{SecretError, SecretKind, SecretRef, resolve_secret_ref};
 pub use should_provision::{

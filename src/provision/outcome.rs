@@ -45,6 +45,8 @@ pub fn may_reschedule(topology_enabled: bool, selected_node: Option<&str>) -> bo
 /// reached the driver (no gRPC status at all) must be passed as
 /// [`Code::Unavailable`]: we cannot know whether an earlier attempt is running.
 ///
+/// `AlreadyExists` is in background too (see below).
+///
 /// `ResourceExhausted` without rescheduling is treated as in background, on
 /// purpose: the code is also what gRPC reports for oversized messages
 /// (tonic says `OutOfRange`; src/csi/mod.rs turns it into this code),
@@ -57,6 +59,13 @@ pub fn classify_create_volume_error(code: Code, may_reschedule: bool) -> CreateV
         // The non-final codes are the CSI client's (one list for the whole
         // sidecar).
         _ if classify(code) == ErrorClass::NonFinal => CreateVolumeOutcome::InBackground,
+        // A driver may answer a repeat with ALREADY_EXISTS while its first
+        // call for the name still runs (docs/driver-habits.md, row 5): that
+        // call may still make the volume, so the request stays in flight
+        // (a claim deleted meanwhile would leak it). The cleanup never
+        // takes this code for "no volume" either (`cleanup_after_error`).
+        // Upstream treats it as final.
+        Code::AlreadyExists => CreateVolumeOutcome::InBackground,
         Code::InvalidArgument => CreateVolumeOutcome::Infeasible,
         _ => CreateVolumeOutcome::Final,
     }
@@ -199,7 +208,7 @@ mod tests {
             (Code::InvalidArgument, Infeasible, Infeasible),
             (Code::DeadlineExceeded, InBackground, InBackground),
             (Code::NotFound, Final, Final),
-            (Code::AlreadyExists, Final, Final),
+            (Code::AlreadyExists, InBackground, InBackground),
             (Code::PermissionDenied, Final, Final),
             (Code::ResourceExhausted, InBackground, Reschedule),
             (Code::FailedPrecondition, Final, Final),

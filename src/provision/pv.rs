@@ -35,13 +35,6 @@ pub enum PvBuildError {
     NegativeCapacity(i64),
     #[error("volume content source missing")]
     MissingContentSource,
-    #[error(
-        "created volume is accessible from {accessible:?}, outside the requested topology {requisite:?}"
-    )]
-    TopologyOutsideRequisite {
-        accessible: Vec<BTreeMap<String, String>>,
-        requisite: Vec<BTreeMap<String, String>>,
-    },
     /// CSI migration: the volume cannot be written in the in-tree form (for
     /// instance its topology has a key the translation does not know; the
     /// message then says "failed to translate topology", as upstream's).
@@ -102,29 +95,6 @@ pub fn build_pv(
     if plan.has_data_source && volume.content_source.is_none() {
         return Err(PvBuildError::MissingContentSource);
     }
-    if config.topology_enabled
-        && !satisfies_requisite(
-            &volume.accessible_topology,
-            plan.request.accessibility_requirements.as_ref(),
-        )
-    {
-        let sorted = |topologies: &[csi_proto::v1::Topology]| {
-            topologies
-                .iter()
-                .map(|t| t.segments.clone().into_iter().collect())
-                .collect()
-        };
-        return Err(PvBuildError::TopologyOutsideRequisite {
-            accessible: sorted(&volume.accessible_topology),
-            requisite: plan
-                .request
-                .accessibility_requirements
-                .as_ref()
-                .map(|r| sorted(&r.requisite))
-                .unwrap_or_default(),
-        });
-    }
-
     let volume_attributes = volume_attributes(volume, config);
 
     // Only a claim that is ReadOnlyMany and nothing else is published read-only.
@@ -249,6 +219,39 @@ fn context_metadata(
         &volume.volume_context,
         copied_bytes,
     )
+}
+
+/// A returned topology outside the requested one, for the claim's warning:
+/// `build_pv` records it on the PV anyway, as the Go image does (its
+/// `Provision` writes whatever `accessible_topology` says). The driver knows
+/// where it made the volume; deleting it and asking again would churn the
+/// backend for ever with a driver that always answers its own node or zone
+/// (docs/driver-habits.md, row 3), and a WaitForFirstConsumer pod is
+/// scheduled again to where the PV's node affinity points. `None` when
+/// topology is off or the answer lies inside the requisite.
+pub fn topology_outside_requisite(
+    plan: &ProvisionPlan,
+    response: &CreateVolumeResponse,
+    config: &ProvisionerConfig,
+) -> Option<String> {
+    let volume = response.volume.as_ref()?;
+    let requirements = plan.request.accessibility_requirements.as_ref();
+    if !config.topology_enabled || satisfies_requisite(&volume.accessible_topology, requirements) {
+        return None;
+    }
+    let sorted = |topologies: &[csi_proto::v1::Topology]| -> Vec<BTreeMap<String, String>> {
+        topologies
+            .iter()
+            .map(|t| t.segments.clone().into_iter().collect())
+            .collect()
+    };
+    Some(format!(
+        "created volume is accessible from {:?}, outside the requested topology {:?}; recorded on the PV as the driver answered",
+        sorted(&volume.accessible_topology),
+        requirements
+            .map(|r| sorted(&r.requisite))
+            .unwrap_or_default()
+    ))
 }
 
 /// The listed volume context entries that [`build_pv`] left off the PV, for

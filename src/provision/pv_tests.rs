@@ -150,7 +150,7 @@ fn unusable_responses() {
 }
 
 #[test]
-fn topology_becomes_node_affinity_and_must_match_the_request() {
+fn topology_becomes_node_affinity_even_outside_the_request() {
     let topology = ProvisionerConfig {
         topology_enabled: true,
         ..config()
@@ -188,12 +188,35 @@ fn topology_becomes_node_affinity_and_must_match_the_request() {
     if let Some(volume) = outside.volume.as_mut() {
         volume.accessible_topology = vec![zone("c")];
     }
+    // Outside the requisite: recorded as the driver answered (the Go
+    // image's `Provision`), with a warning for the claim.
+    let pv = build_pv(&plan, &outside, &topology).expect("pv");
     assert_eq!(
-        build_pv(&plan, &outside, &topology),
-        Err(PvBuildError::TopologyOutsideRequisite {
-            accessible: vec![map(&[("zone", "c")])],
-            requisite: vec![map(&[("zone", "a")]), map(&[("zone", "b")])],
+        pv.spec.expect("spec").node_affinity,
+        Some(VolumeNodeAffinity {
+            required: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "zone".into(),
+                        operator: "In".into(),
+                        values: Some(vec!["c".into()]),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
         })
+    );
+    assert_eq!(
+        topology_outside_requisite(&plan, &outside, &topology).as_deref(),
+        Some(
+            "created volume is accessible from [{\"zone\": \"c\"}], outside the requested topology [{\"zone\": \"a\"}, {\"zone\": \"b\"}]; recorded on the PV as the driver answered"
+        )
+    );
+    assert_eq!(topology_outside_requisite(&plan, &inside, &topology), None);
+    assert_eq!(
+        topology_outside_requisite(&plan, &outside, &config()),
+        None,
+        "topology off"
     );
 }
 

@@ -44,7 +44,7 @@ use crate::provision::{
     CLEANUP_FINAL_ANSWERS, ClaimIdentity, CleanupAfterError, CreateVolumeOutcome, DataSourceKind,
     ProvisionDecision, ProvisionPlan, SourceFinalizer, build_pv, classify_create_volume_error,
     cleanup_after_error, may_reschedule, records_same_volume, retained_volume_pv, should_provision,
-    skipped_volume_context, volume_name,
+    skipped_volume_context, topology_outside_requisite, volume_name,
 };
 use crate::wellknown as wk;
 
@@ -436,6 +436,9 @@ async fn attempt(
                 .changed(&crate::projection::PersistentVolume::project(&pv));
             note(ctx, claim, notes::provisioning_succeeded(&plan.volume_name)).await;
             finish_operation(ctx, &key.namespace, &key.uid);
+            if let Some(warning) = topology_outside_requisite(&plan, &response, &ctx.config) {
+                tracing::warn!(claim = %key, volume = %plan.volume_name, "{warning}");
+            }
             for skipped in skipped_volume_context(&plan, &response) {
                 let warning = notes::volume_context_skipped(&key.namespace, &key.name, &skipped);
                 tracing::warn!(claim = %key, volume = %plan.volume_name, "{}", warning.message);

@@ -385,7 +385,17 @@ impl Driver {
         let locked_source = source_key(&self.state());
         let mut keys = vec![volume_key(&req.name)];
         keys.extend(locked_source.clone());
-        let _guards = self.inner.locks.lock(keys).await;
+        let _guards = match self.inner.faults.name_busy()? {
+            None => self.inner.locks.lock(keys).await,
+            Some(code) => self.inner.locks.try_lock(keys).ok_or_else(|| {
+                tracing::info!(name = %req.name, ?code, "fault injected: the name is busy");
+                Status::new(
+                    code,
+                    format!("volume {:?} already exists: it is being created", req.name),
+                )
+            })?,
+        };
+        crate::faults::slow_work("CreateVolume", &req.name).await;
 
         let (source_dir, source_size, source_type) = {
             let state = self.state();

@@ -31,6 +31,19 @@
 //! * With `reply`, the call runs normally and its answer is then altered
 //!   as a misbehaving driver's would be (see [`Reply`]): the backend holds
 //!   what the call did, the caller learns something else.
+//! * `work_ms` (`CreateVolume` only; other methods ignore it) makes the
+//!   backend work itself slow: once the volume's name is locked, the call
+//!   waits that long before it creates the volume. Unlike `delay_ms`, which
+//!   ends with the call when the caller gives up (a deadline passed: tonic
+//!   drops the handler), the work goes on and the volume is created all the
+//!   same, as by a backend that does not watch the caller's deadline; a
+//!   repeated call for the same name waits for it (or see `name_busy`).
+//! * `wire_message` (with `code`) is the status message exactly as it goes
+//!   on the wire, the value of the `grpc-message` header: percent-encoded
+//!   bytes, as gRPC encodes a message there, sent unchanged, so that `%FF`
+//!   puts a byte on the wire that is not UTF-8 once decoded. A tonic `Status`
+//!   holds its message as a `String` and cannot carry one;
+//!   [`WireMessage`] writes the header. It replaces `message`.
 //! * `count` is decremented in the file (atomic rewrite) each time the rule
 //!   fires, so a restarted driver sees what is left; a rule at 0 stays in
 //!   the file and is inert.
@@ -41,16 +54,24 @@
 //!   and `DeleteVolume` while N of them are running (code default
 //!   `RESOURCE_EXHAUSTED`), before any rule: a backend that takes only so
 //!   many operations at once.
+//! * `name_busy: "ALREADY_EXISTS"` answers a `CreateVolume` at once with
+//!   that code while an earlier call for the same name (or its content
+//!   source) still runs, instead of waiting for it, as drivers do that
+//!   answer a repeat after a timeout with "already exists", or with ABORTED
+//!   "operation locked" (docs/driver-habits.md, rows 5 and 4).
 //! * A malformed file (bad JSON, unknown field or method, bad code) fails
 //!   every call with `INTERNAL` naming the problem, so that a typo is not
 //!   silently ignored.
 
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tonic::codegen::http::{self, HeaderMap, HeaderValue};
+use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
 
 use crate::Error;
@@ -102,6 +123,10 @@ pub struct Faults {
     /// beyond this many running at once are refused (before any rule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_above: Option<BusyAbove>,
+    /// A `CreateVolume` for a name whose earlier call still runs is
+    /// answered at once with this code (name or number) instead of waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_busy: Option<String>,
 }
 
 /// Refuses `CreateVolume` and `DeleteVolume` calls while `limit` of them
@@ -125,6 +150,7 @@ impl Default for Faults {
             probe_ready: true,
             rules: Vec::new(),
             busy_above: None,
+            name_busy: None,
         }
     }
 }
@@ -145,9 +171,18 @@ pub struct Fault {
     /// Status message of the injected error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Status message of the injected error as its `grpc-message` header
+    /// carries it: percent-encoded, sent unchanged (may decode to bytes
+    /// that are not UTF-8). Replaces `message`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire_message: Option<String>,
     /// Delay before the call is handled (or fails).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub delay_ms: u64,
+    /// `CreateVolume`: time its backend work takes, with the name locked;
+    /// the work finishes even when the caller has gone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub work_ms: u64,
     /// Run the call, then exit with [`EXIT_CODE`] instead of replying.
     #[serde(default, skip_serializing_if = "is_false")]
     pub exit_after_backend_change: bool,
@@ -195,6 +230,10 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Fault {
     fn new(method: &str) -> Fault {
         Fault {
@@ -202,7 +241,9 @@ impl Fault {
             target: None,
             code: None,
             message: None,
+            wire_message: None,
             delay_ms: 0,
+            work_ms: 0,
             exit_after_backend_change: false,
             reply: None,
             count: None,
@@ -220,7 +261,16 @@ impl Fault {
     /// Delays `method` by `delay` (then handles it normally).
     pub fn delay(method: &str, delay: Duration) -> Fault {
         Fault {
-            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            delay_ms: millis(delay),
+            ..Fault::new(method)
+        }
+    }
+
+    /// Makes the backend work of `method` (`CreateVolume`) take `work`,
+    /// and go on when the caller has gone.
+    pub fn work(method: &str, work: Duration) -> Fault {
+        Fault {
+            work_ms: millis(work),
             ..Fault::new(method)
         }
     }
@@ -251,9 +301,16 @@ impl Fault {
         self
     }
 
+    /// Sets the status message of an error rule as it goes on the wire
+    /// (percent-encoded `grpc-message`; see [`Fault::wire_message`]).
+    pub fn with_wire_message(mut self, encoded: &str) -> Fault {
+        self.wire_message = Some(encoded.to_owned());
+        self
+    }
+
     /// Adds a delay to the rule.
     pub fn with_delay(mut self, delay: Duration) -> Fault {
-        self.delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.delay_ms = millis(delay);
         self
     }
 
@@ -280,6 +337,13 @@ impl Fault {
             if self.reply.is_some() {
                 return Err("code and reply are exclusive".to_owned());
             }
+        }
+        if let Some(encoded) = &self.wire_message {
+            if self.code.is_none() {
+                return Err("wire_message needs a code".to_owned());
+            }
+            HeaderValue::from_str(encoded)
+                .map_err(|_| format!("wire_message {encoded:?} is not a valid header value"))?;
         }
         Ok(())
     }
@@ -312,21 +376,29 @@ impl Faults {
             return Ok(Faults::default());
         }
         let faults: Faults = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
-        for (i, rule) in faults.rules.iter().enumerate() {
-            rule.validate().map_err(|r| bad(format!("rule {i}: {r}")))?;
-        }
+        faults.validate().map_err(bad)?;
         Ok(faults)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            rule.validate().map_err(|r| format!("rule {i}: {r}"))?;
+        }
+        if let Some(code) = &self.name_busy
+            && parse_code(code).map_err(|e| format!("name_busy: {e}"))? == Code::Ok
+        {
+            return Err("name_busy: code OK is not a fault".to_owned());
+        }
+        Ok(())
     }
 
     /// Writes the file atomically (temporary file + rename), so that a
     /// running driver never reads a partial file.
     pub fn write(&self, path: &Path) -> Result<(), Error> {
-        for (i, rule) in self.rules.iter().enumerate() {
-            rule.validate().map_err(|r| Error::Faults {
-                path: path.to_path_buf(),
-                reason: format!("rule {i}: {r}"),
-            })?;
-        }
+        self.validate().map_err(|reason| Error::Faults {
+            path: path.to_path_buf(),
+            reason,
+        })?;
         crate::store::write_json_atomic(path, self)
     }
 
@@ -336,6 +408,7 @@ impl Faults {
             probe_ready: true,
             rules,
             busy_above: None,
+            name_busy: None,
         }
     }
 }
@@ -376,6 +449,120 @@ pub(crate) struct Pending {
     exit: Option<(usize, Fault)>,
     /// How to alter the answer.
     pub(crate) reply: Option<Reply>,
+    /// How long the call's backend work takes (`work_ms`).
+    pub(crate) work: Duration,
+}
+
+impl Pending {
+    fn none() -> Pending {
+        Pending {
+            exit: None,
+            reply: None,
+            work: Duration::ZERO,
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The `work_ms` of the rule that matched the running call; set around
+    /// the call's body by `Driver::call` and carried into the task of
+    /// `Driver::to_completion`, so that it survives the caller's going.
+    static WORK: Duration;
+}
+
+/// Runs `body` with `work` as its backend work time ([`slow_work`]).
+pub(crate) async fn with_work<F: Future>(work: Duration, body: F) -> F::Output {
+    WORK.scope(work, body).await
+}
+
+/// The backend work time of the running call (zero outside a call).
+pub(crate) fn current_work() -> Duration {
+    WORK.try_with(|work| *work).unwrap_or_default()
+}
+
+/// The backend work of a `work_ms` rule: called by the handler once its
+/// object is locked, it waits that long (nothing without the rule).
+pub(crate) async fn slow_work(method: &str, target: &str) {
+    let work = current_work();
+    if !work.is_zero() {
+        tracing::info!(method, target, ?work, "fault injected: slow backend work");
+        tokio::time::sleep(work).await;
+    }
+}
+
+/// The metadata key that carries a `wire_message` from the injector to
+/// [`WireMessage`], which moves it into `grpc-message`.
+pub(crate) const WIRE_MESSAGE_METADATA: &str = "x-hostpath-wire-message";
+
+/// The header that carries a gRPC status message.
+const GRPC_MESSAGE: &str = "grpc-message";
+
+/// Moves the value of [`WIRE_MESSAGE_METADATA`] (set by a `wire_message`
+/// rule) into `grpc-message`, unchanged. tonic answers an error with
+/// headers only ("Trailers-Only"), so the response headers hold both.
+pub fn put_wire_message(headers: &mut HeaderMap) {
+    if let Some(encoded) = headers.remove(WIRE_MESSAGE_METADATA) {
+        headers.insert(http::HeaderName::from_static(GRPC_MESSAGE), encoded);
+    }
+}
+
+/// A gRPC service whose error responses may carry a `wire_message`: the
+/// status message as its bytes go on the wire (see [`put_wire_message`]).
+#[derive(Clone)]
+pub struct WireMessage<S>(pub S);
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for WireMessage<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tonic::codegen::Service<http::Request<B>> for WireMessage<S>
+where
+    S: tonic::codegen::Service<
+            http::Request<B>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        >,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let answer = self.0.call(request);
+        Box::pin(async move {
+            let mut response = answer.await?;
+            put_wire_message(response.headers_mut());
+            Ok(response)
+        })
+    }
+}
+
+/// The status of an error rule: `message`, or a `wire_message` in the
+/// metadata for [`WireMessage`] to send.
+fn injected_status(rule: &Fault) -> Result<Status, Status> {
+    let code = parse_code(rule.code.as_deref().unwrap_or_default()).map_err(Status::internal)?;
+    let message = rule
+        .message
+        .clone()
+        .unwrap_or_else(|| "injected fault".to_owned());
+    let Some(encoded) = &rule.wire_message else {
+        return Ok(Status::new(code, message));
+    };
+    let value = MetadataValue::try_from(encoded.as_str())
+        .map_err(|e| Status::internal(format!("wire_message {encoded:?}: {e}")))?;
+    let mut metadata = MetadataMap::new();
+    metadata.insert(WIRE_MESSAGE_METADATA, value);
+    Ok(Status::with_metadata(code, message, metadata))
 }
 
 impl Injector {
@@ -432,6 +619,21 @@ impl Injector {
         })
     }
 
+    /// The code `name_busy` answers a call for a busy name with (`None`:
+    /// the call waits for the name).
+    pub(crate) fn name_busy(&self) -> Result<Option<Code>, Status> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        let name_busy = {
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.load()?.name_busy
+        };
+        name_busy
+            .map(|code| parse_code(&code).map_err(Status::internal))
+            .transpose()
+    }
+
     /// Whether `Probe` should report ready.
     pub(crate) fn probe_ready(&self) -> Result<bool, Status> {
         if !self.enabled() {
@@ -449,19 +651,13 @@ impl Injector {
         target: Option<&str>,
     ) -> Result<Pending, Status> {
         if !self.enabled() {
-            return Ok(Pending {
-                exit: None,
-                reply: None,
-            });
+            return Ok(Pending::none());
         }
         let matched = {
             let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
             let mut faults = self.load()?;
             let Some(index) = faults.rules.iter().position(|r| r.matches(method, target)) else {
-                return Ok(Pending {
-                    exit: None,
-                    reply: None,
-                });
+                return Ok(Pending::none());
             };
             let rule = faults.rules[index].clone();
             if !rule.exit_after_backend_change
@@ -479,16 +675,12 @@ impl Injector {
         if rule.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(rule.delay_ms)).await;
         }
-        if let Some(code) = &rule.code {
-            let code = parse_code(code).map_err(Status::internal)?;
-            let message = rule
-                .message
-                .clone()
-                .unwrap_or_else(|| "injected fault".to_owned());
-            return Err(Status::new(code, message));
+        if rule.code.is_some() {
+            return Err(injected_status(&rule)?);
         }
         Ok(Pending {
             reply: rule.reply.clone(),
+            work: Duration::from_millis(rule.work_ms),
             exit: rule.exit_after_backend_change.then_some((index, rule)),
         })
     }
@@ -549,6 +741,10 @@ mod tests {
             r#"{"rules":[{"method":"CreateVolume","reply":{"volume":""}}]}"#,
             r#"{"ready":false}"#,
             r#"{"rules":"#,
+            r#"{"name_busy":"NOPE"}"#,
+            r#"{"name_busy":"OK"}"#,
+            r#"{"rules":[{"method":"CreateVolume","wire_message":"caf%E9"}]}"#,
+            "{\"rules\":[{\"method\":\"CreateVolume\",\"code\":\"INTERNAL\",\"wire_message\":\"a\\nb\"}]}",
         ] {
             std::fs::write(&path, bad).expect("write");
             assert!(
@@ -564,6 +760,8 @@ mod tests {
                     .on("pvc-1")
                     .with_message("busy"),
                 Fault::delay("*", Duration::from_millis(5)),
+                Fault::work("CreateVolume", Duration::from_millis(7)).times(1),
+                Fault::error("CreateVolume", Code::Internal).with_wire_message("caf%E9"),
                 Fault::exit_after_backend_change("DeleteVolume").times(1),
                 Fault::reply(
                     "CreateVolume",
@@ -584,6 +782,7 @@ mod tests {
                 limit: 3,
                 code: Some("ABORTED".to_owned()),
             }),
+            name_busy: Some("ALREADY_EXISTS".to_owned()),
         };
         faults.write(&path).expect("write");
         assert_eq!(Faults::load(&path).expect("load"), faults);
@@ -635,5 +834,71 @@ mod tests {
         let disabled = Injector::new(PathBuf::new());
         assert!(disabled.before("CreateVolume", None).await.is_ok());
         assert!(disabled.probe_ready().expect("probe"));
+    }
+
+    #[tokio::test]
+    async fn work_and_wire_message_and_name_busy_reach_the_call() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("faults.json");
+        Faults {
+            name_busy: Some("already_exists".to_owned()),
+            ..Faults::with_rules(vec![
+                Fault::work("CreateVolume", Duration::from_millis(300)).times(1),
+                Fault::error("CreateVolume", Code::Internal)
+                    .with_message("readable")
+                    .with_wire_message("caf%E9")
+                    .times(1),
+            ])
+        }
+        .write(&path)
+        .expect("write");
+        let injector = Injector::new(path);
+        assert_eq!(
+            injector.name_busy().expect("name_busy"),
+            Some(Code::AlreadyExists)
+        );
+        let pending = injector
+            .before("CreateVolume", Some("a"))
+            .await
+            .expect("a work rule is no error");
+        assert_eq!(pending.work, Duration::from_millis(300));
+        assert_eq!(current_work(), Duration::ZERO, "outside a call");
+        assert_eq!(
+            with_work(pending.work, async { current_work() }).await,
+            Duration::from_millis(300)
+        );
+        let status = injector
+            .before("CreateVolume", Some("a"))
+            .await
+            .err()
+            .expect("the error rule");
+        assert_eq!(status.code(), Code::Internal);
+        // The wire message rides in the metadata, and the service wrapper
+        // puts it in grpc-message byte for byte (0xE9 alone: not UTF-8).
+        let mut headers = status.into_http::<()>().into_parts().0.headers;
+        put_wire_message(&mut headers);
+        assert!(headers.get(WIRE_MESSAGE_METADATA).is_none());
+        let sent = headers.get(GRPC_MESSAGE).expect("grpc-message");
+        assert_eq!(sent.as_bytes(), b"caf%E9");
+        let decoded = Status::from_header_map(&headers).expect("a status");
+        assert_eq!(decoded.code(), Code::Unknown, "tonic cannot read it");
+        assert!(
+            decoded
+                .message()
+                .starts_with("Error deserializing status message header"),
+            "{}",
+            decoded.message()
+        );
+        // Without a wire message the header is the readable message.
+        let mut headers = Status::internal("plain")
+            .into_http::<()>()
+            .into_parts()
+            .0
+            .headers;
+        put_wire_message(&mut headers);
+        assert_eq!(
+            headers.get(GRPC_MESSAGE).map(HeaderValue::as_bytes),
+            Some(&b"plain"[..])
+        );
     }
 }

@@ -52,6 +52,18 @@ impl KeyedLocks {
         }
         Guards { _guards: guards }
     }
+
+    /// Acquires all `keys` if none is held now; `None` (and nothing held)
+    /// otherwise.
+    pub(crate) fn try_lock(&self, mut keys: Vec<String>) -> Option<Guards> {
+        keys.sort();
+        keys.dedup();
+        let mut guards = Vec::with_capacity(keys.len());
+        for key in keys {
+            guards.push(self.mutex(&key).try_lock_owned().ok()?);
+        }
+        Some(Guards { _guards: guards })
+    }
 }
 
 #[cfg(test)]
@@ -85,6 +97,24 @@ mod tests {
         assert!(
             again.is_ok(),
             "released key must be free, duplicates taken once"
+        );
+        drop(again);
+        let held = locks.lock(vec![volume_key("b")]).await;
+        assert!(
+            locks
+                .try_lock(vec![volume_key("b"), volume_key("a")])
+                .is_none(),
+            "a held key fails the try"
+        );
+        assert!(
+            locks.try_lock(vec![volume_key("a")]).is_some(),
+            "and the keys it took before are released"
+        );
+        drop(held);
+        assert!(
+            locks
+                .try_lock(vec![volume_key("a"), volume_key("b")])
+                .is_some()
         );
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tonic::{Response, Status};
 
 use crate::authority::AuthorityRewrite;
-use crate::faults::Injector;
+use crate::faults::{Injector, WireMessage};
 use crate::ids::VolumeIds;
 use crate::locks::KeyedLocks;
 use crate::registration::{self, NodeRegistration, RegistrationService};
@@ -336,9 +336,11 @@ impl Driver {
             let _ = signalled.send(());
         };
         let server = tonic::transport::Server::builder()
-            .add_service(IdentityServer::new(self.clone()))
-            .add_service(ControllerServer::new(self.clone()))
-            .add_service(NodeServer::new(self))
+            // WireMessage: an injected status message that is not UTF-8
+            // (tests/hostpath-driver/src/faults.rs, `wire_message`).
+            .add_service(WireMessage(IdentityServer::new(self.clone())))
+            .add_service(WireMessage(ControllerServer::new(self.clone())))
+            .add_service(WireMessage(NodeServer::new(self)))
             .serve_with_incoming_shutdown(incoming, shutdown);
         // After the shutdown signal, in-flight calls get SHUTDOWN_GRACE to
         // finish and clients to close their connections; a client that keeps
@@ -422,7 +424,7 @@ impl Driver {
         let _running = self.inner.faults.admit(method)?;
         let pending = self.inner.faults.before(method, target).await?;
         let reply = pending.reply.clone();
-        let mut result = body.await;
+        let mut result = crate::faults::with_work(pending.work, body).await;
         if let (Ok(message), Some(reply)) = (result.as_mut(), reply.as_ref()) {
             message.tamper(reply);
         }
@@ -460,7 +462,10 @@ impl Driver {
         Fut: Future<Output = Result<T, Status>> + Send + 'static,
         T: Send + 'static,
     {
-        match tokio::spawn(body(self.clone())).await {
+        // A `work_ms` rule's work goes on in the task when the caller goes.
+        let work = crate::faults::current_work();
+        let task = crate::faults::with_work(work, body(self.clone()));
+        match tokio::spawn(task).await {
             Ok(result) => result,
             Err(e) => Err(Status::internal(format!("request task failed: {e}"))),
         }

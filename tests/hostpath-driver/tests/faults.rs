@@ -1,5 +1,7 @@
 //! Fault injection: error counts, targets, delays, probe readiness, a bad
-//! faults file, and exit_after_backend_change with the real binary.
+//! faults file, exit_after_backend_change with the real binary, backend
+//! work that outlives its caller, a busy name, and a status message that is
+//! not UTF-8 on the wire.
 
 mod common;
 
@@ -150,6 +152,112 @@ async fn probe_not_ready_and_bad_faults_file() {
     assert!(err.message().contains("Nope"), "{}", err.message());
     csi_hostpath::faults::clear(&server.config.faults_file).expect("clear");
     assert_eq!(ready(id.probe(csi::ProbeRequest {}).await), Some(true));
+    server.stop().await.expect("clean stop");
+}
+
+/// `work_ms`: the caller gives up (its deadline) during the work, the
+/// volume is created all the same; with `name_busy`, a repeat meanwhile is
+/// answered at once with its code, and a repeat after the work gets the
+/// volume the first call made.
+#[tokio::test]
+async fn slow_work_outlives_its_caller_and_a_busy_name_is_refused() {
+    const WORK: Duration = Duration::from_millis(1500);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    Faults {
+        name_busy: Some("ALREADY_EXISTS".to_owned()),
+        ..Faults::with_rules(vec![Fault::work("CreateVolume", WORK).times(1)])
+    }
+    .write(&server.config.faults_file)
+    .expect("write faults");
+    let mut c = server.controller();
+    let started = Instant::now();
+    let mut first = tonic::Request::new(create_req("slow", MIB));
+    first.set_timeout(Duration::from_millis(300));
+    let err = c
+        .create_volume(first)
+        .await
+        .expect_err("the caller gives up");
+    assert!(
+        matches!(err.code(), Code::Cancelled | Code::DeadlineExceeded),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < WORK,
+        "the caller did not wait for the work"
+    );
+    let records = || backend_volumes(&server.config.state_dir).expect("records");
+    assert!(records().is_empty(), "the work is still running");
+    let busy = create(&mut c, create_req("slow", MIB))
+        .await
+        .expect_err("the name is busy");
+    assert_eq!(busy.code(), Code::AlreadyExists);
+    assert!(
+        busy.message().contains("being created"),
+        "{}",
+        busy.message()
+    );
+    create(&mut c, create_req("other", MIB))
+        .await
+        .expect("another name is not busy");
+    while !records().iter().any(|r| r.name == "slow") {
+        assert!(
+            started.elapsed() < WORK + Duration::from_secs(5),
+            "the work did not create the volume"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(started.elapsed() >= WORK);
+    let made = records()
+        .into_iter()
+        .find(|r| r.name == "slow")
+        .expect("the volume of the first call");
+    let again = create(&mut c, create_req("slow", MIB))
+        .await
+        .expect("the repeat after the work");
+    assert_eq!(again.volume_id, made.id, "the volume the first call made");
+    server.stop().await.expect("clean stop");
+}
+
+/// `wire_message`: the bytes reach the client as written; tonic's client
+/// cannot decode `%E9` (Latin-1 "é", not UTF-8) and, as the sidecar sees
+/// it, reports `Unknown` "Error deserializing status message header". The
+/// carrier metadata does not reach the client.
+#[tokio::test]
+async fn a_wire_message_that_is_not_utf8_reaches_the_client() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start_in(dir.path(), |_| {}).await;
+    Faults::with_rules(vec![
+        Fault::error("CreateVolume", Code::Unavailable)
+            .with_wire_message("caf%E9 indisponible")
+            .times(1),
+        Fault::error("CreateVolume", Code::Unavailable)
+            .with_wire_message("caf%C3%A9 indisponible")
+            .times(1),
+    ])
+    .write(&server.config.faults_file)
+    .expect("write faults");
+    let mut c = server.controller();
+    let err = create(&mut c, create_req("v", MIB))
+        .await
+        .expect_err("injected");
+    assert_eq!(err.code(), Code::Unknown, "{err:?}");
+    assert!(
+        err.message()
+            .starts_with("Error deserializing status message header"),
+        "{}",
+        err.message()
+    );
+    assert!(err.metadata().get("x-hostpath-wire-message").is_none());
+    // The same path with valid UTF-8: the driver's code and text arrive.
+    let err = create(&mut c, create_req("v", MIB))
+        .await
+        .expect_err("injected");
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(err.message(), "café indisponible");
+    create(&mut c, create_req("v", MIB))
+        .await
+        .expect("rules spent");
     server.stop().await.expect("clean stop");
 }
 
