@@ -19,6 +19,11 @@
 //! before a pause would still sleep in the limiter (seconds, under a burst
 //! at a low `--kube-api-qps`) and be sent after the wake-up, past the lease.
 //!
+//! Below that, hyper writes a request's bytes from its own connection
+//! task, after the layer's last check: every connection of the client is a
+//! [`FencedIo`], which writes nothing past the deadline or once the Lease
+//! is lost ([`Fence::allows_bytes`]).
+//!
 //! Stepping down closes the fence before the Lease is released
 //! ([`crate::leader::Leadership::step_down`]), and a closed fence stays
 //! closed until the next acquisition: a renewal that was under way then
@@ -42,6 +47,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct Fence {
     /// `None`: not leading (a candidate, or the Lease is lost).
     until: Arc<Mutex<Option<Instant>>>,
+    /// The Lease was lost (not given up): no byte leaves on the client's
+    /// connections any more ([`Fence::allows_bytes`]).
+    lost: Arc<std::sync::atomic::AtomicBool>,
     /// Without leader election: every write passes.
     disabled: bool,
 }
@@ -68,7 +76,9 @@ impl Fence {
     /// Leading until `until` (the acquisition's start plus the renew
     /// deadline).
     pub fn lead_until(&self, until: Instant) {
-        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+        let mut current = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        *current = Some(until);
+        self.lost.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// A renewal: leading until `until` (its start plus the renew
@@ -86,6 +96,37 @@ impl Fence {
     /// Not leading any more.
     pub fn close(&self) {
         *self.until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The Lease was lost (the renewal failed, or another holder took
+    /// it): closed, and no byte leaves on the client's connections until
+    /// the Lease is acquired again ([`Fence::allows_bytes`]). Not for a
+    /// step-down, whose release must still go out.
+    pub fn lose(&self) {
+        let mut current = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        *current = None;
+        self.lost.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether bytes may be written on the client's connections now
+    /// ([`FencedIo`]): not once the Lease is lost, nor while leading past
+    /// the last renewal's deadline. The request layer checks each write
+    /// before it is handed to the connection, but hyper writes the bytes
+    /// later, from its connection task; a pause between the two would let
+    /// them out on waking, after another replica took over (chaos seed
+    /// 60003). Reads are stopped too: the connection cannot tell them
+    /// apart, and the process is about to exit.
+    pub fn allows_bytes(&self) -> bool {
+        if self.disabled {
+            return true;
+        }
+        if self.lost.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        self.until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|until| Instant::now() < until)
     }
 
     /// Whether a write may be sent now.
@@ -205,6 +246,108 @@ where
     }
 }
 
+/// Wraps a connector so that every connection it makes is a [`FencedIo`]
+/// (`crate::kube_client::build_client`).
+#[derive(Debug, Clone)]
+pub struct FencedConnector<C> {
+    pub inner: C,
+    pub fence: Fence,
+}
+
+impl<C> Service<http::Uri> for FencedConnector<C>
+where
+    C: Service<http::Uri>,
+    C::Future: Send + 'static,
+    C::Response: 'static,
+{
+    type Response = FencedIo<C::Response>;
+    type Error = C::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let fence = self.fence.clone();
+        let connecting = self.inner.call(uri);
+        Box::pin(async move {
+            Ok(FencedIo {
+                io: connecting.await?,
+                fence,
+            })
+        })
+    }
+}
+
+/// A connection that writes nothing once [`Fence::allows_bytes`] says no:
+/// the check made where hyper writes a request's bytes.
+#[derive(Debug)]
+pub struct FencedIo<T> {
+    io: T,
+    fence: Fence,
+}
+
+impl<T> FencedIo<T> {
+    fn refused() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::BrokenPipe, Fenced)
+    }
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for FencedIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for FencedIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if !self.fence.allows_bytes() {
+            return Poll::Ready(Err(Self::refused()));
+        }
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        if !self.fence.allows_bytes() {
+            return Poll::Ready(Err(Self::refused()));
+        }
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<T: hyper_util::client::legacy::connect::Connection>
+    hyper_util::client::legacy::connect::Connection for FencedIo<T>
+{
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        self.io.connected()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -292,6 +435,46 @@ mod tests {
         );
         assert!(read.await.expect("read task").is_ok(), "a read goes on");
         assert_eq!(sent.load(Ordering::SeqCst), 1, "only the read was sent");
+    }
+
+    /// The connection-level check: bytes go while leading within the
+    /// deadline, as a candidate and after a step-down (the release goes
+    /// out); none past the deadline, nor once the Lease is lost.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_writes_nothing_past_the_deadline_or_once_the_lease_is_lost() {
+        use hyper::rt::Write as _;
+        let (ours, _theirs) = tokio::io::duplex(1024);
+        let fence = Fence::closed();
+        let mut io = FencedIo {
+            io: hyper_util::rt::TokioIo::new(ours),
+            fence: fence.clone(),
+        };
+        let write = async |io: &mut FencedIo<_>| {
+            std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write(cx, b"GET"))
+                .await
+                .is_ok()
+        };
+        assert!(write(&mut io).await, "a candidate reads");
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        assert!(write(&mut io).await, "leading");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(!write(&mut io).await, "woken past the deadline");
+        fence.extend(Instant::now() + Duration::from_secs(10));
+        assert!(write(&mut io).await, "a late renewal still counts");
+        fence.close();
+        assert!(write(&mut io).await, "stepped down: the release goes out");
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        fence.lose();
+        assert!(!write(&mut io).await, "the Lease lost");
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        assert!(write(&mut io).await, "acquired again");
+        let (unfenced, _other_end) = tokio::io::duplex(1024);
+        let mut open = FencedIo {
+            io: hyper_util::rt::TokioIo::new(unfenced),
+            fence: Fence::disabled(),
+        };
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(write(&mut open).await, "no leader election");
     }
 
     /// A renewal that completes after the leader stepped down (the renewer

@@ -259,8 +259,70 @@ pub fn build_client(
     if let Ok(value) = http::HeaderValue::from_str(&agent) {
         config.headers.push((http::header::USER_AGENT, value));
     }
-    let builder = kube::client::ClientBuilder::try_from(config)?;
+    // A proxy or an exec credential plugin: kube's own stack (its proxy
+    // connectors, the expiry of an exec plugin's certificate), fenced at
+    // our request layer only.
+    if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
+        let builder = kube::client::ClientBuilder::try_from(config)?;
+        return Ok(builder.with_layer(&layers(limits, fence)).build());
+    }
+    let service = fenced_stack(&config, fence.clone())?;
+    let builder = kube::client::ClientBuilder::new(service, config.default_namespace.clone());
     Ok(builder.with_layer(&layers(limits, fence)).build())
+}
+
+/// The service under our [`layers`]: kube's requests in, boxed bodies out
+/// (as kube's own `GenericService`).
+type ClientStack = tower::util::BoxService<
+    http::Request<kube::client::Body>,
+    http::Response<Box<kube::client::DynBody>>,
+    tower::BoxError,
+>;
+
+/// The stack kube's `ClientBuilder::try_from` builds (TLS, the
+/// connection timeouts, base URI, retries of the server's 429/503, auth,
+/// extra headers; not its tracing layer), with each connection wrapped in
+/// a [`crate::fence::FencedIo`]: a write checked by the fence layer but
+/// handed to hyper's connection task before a pause is not written after
+/// the wake-up (src/fence.rs, [`crate::fence::Fence::allows_bytes`]).
+fn fenced_stack(
+    config: &kube::Config,
+    fence: crate::fence::Fence,
+) -> Result<ClientStack, kube::Error> {
+    use http_body_util::BodyExt as _;
+    use kube::client::ConfigExt as _;
+    use tower::ServiceExt as _;
+
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let mut connector = hyper_timeout::TimeoutConnector::new(crate::fence::FencedConnector {
+        inner: https,
+        fence,
+    });
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .build(connector);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.default_retry.then(|| {
+            tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry())
+        }))
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(client);
+    Ok(service
+        .map_response(|response: http::Response<hyper::body::Incoming>| {
+            response.map(|body| {
+                Box::new(body.map_err(tower::BoxError::from)) as Box<kube::client::DynBody>
+            })
+        })
+        .boxed())
 }
 
 /// The User-Agent client-go sends by default (`rest.DefaultKubernetesUserAgent`):

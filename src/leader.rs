@@ -595,7 +595,7 @@ impl Elector {
                         });
                     }
                     Err(not_held) => {
-                        elector.fence.close();
+                        elector.fence.lose();
                         crate::metrics::set_leader(LEADER_METRIC_NAME, false);
                         elector.health.set(State::Lost);
                         match not_held {
