@@ -5,12 +5,14 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+#[path = "support/csi_requests.rs"]
+mod csi_requests;
+
 use csi_hostpath::faults::{self, Fault, Faults};
 use csi_proto::v1::identity_server::{Identity, IdentityServer};
 use csi_proto::v1::{
-    CapacityRange, CreateVolumeRequest, GetPluginCapabilitiesRequest,
-    GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, ProbeRequest,
-    ProbeResponse, VolumeCapability, volume_capability,
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, ProbeRequest, ProbeResponse,
 };
 use csi_provisioner::csi::connection::connect_and_probe;
 use csi_provisioner::csi::{Driver, ErrorClass, StartupError};
@@ -45,25 +47,6 @@ impl RunningDriver {
             .await
             .expect("connect");
         Driver::discover(channel, timeout).await.expect("discover")
-    }
-}
-
-fn request(name: &str, bytes: i64) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.to_owned(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: bytes,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![VolumeCapability {
-            access_type: Some(volume_capability::AccessType::Mount(
-                volume_capability::MountVolume::default(),
-            )),
-            access_mode: Some(volume_capability::AccessMode {
-                mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-            }),
-        }],
-        ..CreateVolumeRequest::default()
     }
 }
 
@@ -145,17 +128,17 @@ async fn create_is_idempotent_and_conflicts_are_final() {
     let running = RunningDriver::start(|_| {});
     let driver = running.driver(Duration::from_secs(2)).await;
     let first = driver
-        .create_volume(request("pvc-a", 1 << 20), false)
+        .create_volume(csi_requests::mount_volume("pvc-a", 1 << 20), false)
         .await
         .expect("create");
     let again = driver
-        .create_volume(request("pvc-a", 1 << 20), false)
+        .create_volume(csi_requests::mount_volume("pvc-a", 1 << 20), false)
         .await
         .expect("repeat");
     let (first, again) = (first.volume.expect("volume"), again.volume.expect("volume"));
     assert_eq!(first.volume_id, again.volume_id, "same name, same volume");
     let conflict = driver
-        .create_volume(request("pvc-a", 1 << 30), false)
+        .create_volume(csi_requests::mount_volume("pvc-a", 1 << 30), false)
         .await
         .expect_err("incompatible size");
     assert_eq!(conflict.code(), Code::AlreadyExists);
@@ -177,11 +160,11 @@ async fn resource_exhausted_is_non_final() {
     });
     let driver = running.driver(Duration::from_secs(2)).await;
     driver
-        .create_volume(request("pvc-a", 2 << 20), false)
+        .create_volume(csi_requests::mount_volume("pvc-a", 2 << 20), false)
         .await
         .expect("fits");
     let full = driver
-        .create_volume(request("pvc-b", 1 << 20), false)
+        .create_volume(csi_requests::mount_volume("pvc-b", 1 << 20), false)
         .await
         .expect_err("full");
     assert_eq!(full.code(), Code::ResourceExhausted);
@@ -198,7 +181,7 @@ async fn our_deadline_fires_and_is_non_final() {
     )]));
     let started = Instant::now();
     let err = driver
-        .create_volume(request("pvc-slow", 1 << 20), false)
+        .create_volume(csi_requests::mount_volume("pvc-slow", 1 << 20), false)
         .await
         .expect_err("deadline");
     assert!(
@@ -223,7 +206,7 @@ async fn injected_errors_keep_their_code_and_class() {
             Fault::error("CreateVolume", code).times(1),
         ]));
         let err = driver
-            .create_volume(request("pvc-x", 1 << 20), false)
+            .create_volume(csi_requests::mount_volume("pvc-x", 1 << 20), false)
             .await
             .expect_err("injected");
         assert_eq!((err.code(), err.class()), (code, class));
@@ -512,17 +495,40 @@ fn sigterm_while_waiting_for_the_driver_exits_0() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
-    std::thread::sleep(Duration::from_millis(800));
+    // SIGTERM once it says it waits (not after a fixed pause: on a loaded
+    // machine its start-up took longer than the 800 ms this test slept,
+    // and the signal came before the line).
+    let stderr_pipe = child.stderr.take().expect("stderr piped");
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr_pipe).lines() {
+            let Ok(line) = line else { break };
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut stderr = String::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !stderr.contains("socket does not exist yet") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines_rx.recv_timeout(left) {
+            Ok(line) => {
+                stderr.push_str(&line);
+                stderr.push('\n');
+            }
+            Err(e) => panic!("no 'socket does not exist yet' line ({e})\n{stderr}"),
+        }
+    }
     assert!(child.try_wait().expect("poll").is_none(), "still waiting");
     Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
         .status()
         .expect("kill");
-    let output = child.wait_with_output().expect("wait");
-    assert_eq!(output.status.code(), Some(0));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("socket does not exist yet"), "{stderr}");
+    let status = child.wait().expect("wait");
+    reader.join().expect("the stderr reader");
+    stderr.extend(lines_rx.try_iter().map(|l| l + "\n"));
+    assert_eq!(status.code(), Some(0), "{stderr}");
     // What is wrong, the flag and the path, and what would be right.
     let told = format!(
         "still connecting to the CSI driver: socket does not exist yet at {} (--csi-address); the driver container must create it",
