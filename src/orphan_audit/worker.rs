@@ -106,6 +106,7 @@ impl Audit {
 
     /// One audit: lists, decides, reports. Returns what it found.
     pub async fn audit_once(&self) -> Result<Outcome, AuditError> {
+        let started = std::time::Instant::now();
         let listed = self.list_volumes().await?;
         // After ListVolumes, before the PVs: an operation that ends between
         // the two has saved its PV, which the list then holds.
@@ -127,15 +128,19 @@ impl Audit {
             naming: &self.naming,
         });
         *self.previous.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome.suspects.clone());
-        self.report(&outcome).await;
+        self.report(&outcome, started.elapsed()).await;
         Ok(outcome)
     }
 
     /// Gauges, a log line per orphan, the ConfigMap; at a process's first
     /// audit (nothing confirmed yet) only a log line.
-    async fn report(&self, outcome: &Outcome) {
+    /// `took`: the lists and the decision (its pages and their pauses), so
+    /// an operator sees what an audit costs at this cluster's size.
+    async fn report(&self, outcome: &Outcome, took: std::time::Duration) {
+        let took = crate::duration::format_go_duration(took);
         if !outcome.confirmed {
             tracing::info!(
+                took = %took,
                 listed = outcome.listed,
                 named = outcome.named,
                 in_flight = outcome.in_flight,
@@ -156,6 +161,7 @@ impl Audit {
             );
         }
         tracing::info!(
+            took = %took,
             listed = outcome.listed,
             named = outcome.named,
             in_flight = outcome.in_flight,

@@ -22,6 +22,9 @@
 //!   cargo bench --bench realcluster
 //!                                   # deletes among 50k volumes of another driver, half
 //!                                   # attached: requests and bytes per delete (a proxy)
+//! BENCH_SCENARIOS=orphan-audit BENCH_AUDIT_VOLUMES=50000 cargo bench --bench realcluster
+//!                                   # one orphan audit among 50k volumes and PVs: time,
+//!                                   # requests, bytes, memory (ours only; orphan_audit.rs)
 //! BENCH_BINARIES=ours BENCH_RS_BIN=/tmp/before/csi-provisioner cargo bench --bench realcluster
 //!                                   # another build of ours (before/after), alone
 //! ```
@@ -42,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use controlplane::{Binaries, Config, ControlPlane, GuardedChild, LagProxy};
 
+mod orphan_audit;
 mod scale;
 use futures_util::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -1602,6 +1606,9 @@ async fn main() {
             if smoke_mode() {
                 all.push_str(",choking");
             }
+            // Ours and our driver whatever the turn: after the others, so
+            // their turns stay as they were.
+            all.push_str(",orphan-audit");
             all
         })
         .split(',')
@@ -1638,6 +1645,8 @@ async fn main() {
     let delete_attached_n = env_usize("BENCH_DELETE_ATTACHED", 1000, 10);
     let scale_volumes = env_usize("BENCH_SCALE_VOLUMES", 50_000, 100);
     let scale_deletes = env_usize("BENCH_SCALE_DELETES", 500, 10);
+    let audit_volumes = env_usize("BENCH_AUDIT_VOLUMES", 50_000, 100);
+    let audit_orphans = env_usize("BENCH_AUDIT_ORPHANS", 10, 3);
     // `BENCH_BINARIES=ours` (or `upstream`): one binary only, such as an
     // earlier build of ours named by `BENCH_RS_BIN`; no ratio then.
     let binaries: Vec<String> = std::env::var("BENCH_BINARIES")
@@ -1666,6 +1675,28 @@ async fn main() {
                 results.extend(scale::run(&plane, *driver).await);
                 cleanup(&plane).await;
             }
+            continue;
+        }
+        if scenario == "orphan-audit" {
+            // Our binary and driver only: the Go image has no audit.
+            if !binaries.iter().any(|b| b == "ours") {
+                continue;
+            }
+            let background = orphan_audit::prepare(&plane, audit_volumes, audit_orphans).await;
+            let mut rounds = Vec::new();
+            for round in 0..runs {
+                next_run();
+                let mut result = orphan_audit::run(&plane, &background).await;
+                cleanup(&plane).await;
+                result["round"] = json!(round);
+                println!("{result}");
+                rounds.push(result);
+            }
+            let summary = orphan_audit::summarize(&rounds);
+            println!("{summary}");
+            results.push(summary);
+            results.extend(rounds);
+            remove_background(&plane).await;
             continue;
         }
         if scenario == "delete-at-scale"
