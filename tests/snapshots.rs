@@ -18,7 +18,9 @@ mod support;
 
 #[path = "snapshots/orphan_audit.rs"]
 mod orphan_audit;
-use orphan_audit::orphaned_volumes_are_reported_and_handed_over;
+use orphan_audit::{
+    orphaned_volumes_are_reported_and_handed_over, volumes_of_other_prefixes_are_left_out,
+};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -46,6 +48,7 @@ e2e_real!(ClusterConfig::standard().with_apiserver_feature_gates("CrossNamespace
     orphaned_source_finalizers_are_swept,
     the_sweep_keeps_the_finalizer_of_another_provisioners_restore,
     orphaned_volumes_are_reported_and_handed_over,
+    volumes_of_other_prefixes_are_left_out,
 );
 
 const MI: u64 = 1 << 20;

@@ -9,6 +9,12 @@
 //! reclaim policy Retain names leaves the report and stays, until that
 //! PV's policy is set to Delete.
 //!
+//! With our driver, which keeps a volume's parameters as its context (so
+//! `--extra-create-metadata` puts the PV name there): a volume whose
+//! context names a PV of another `--volume-name-prefix` is left out and
+//! counted (`madeByOtherPrefixes`), one that names a PV of ours or none is
+//! reported, and a claim's own volume never is.
+//!
 //! A module of the `snapshots` binary, which already runs
 //! `hostpathplugin` (CI's time: no binary of its own). It needs no
 //! snapshot component, and takes no [`super::turn`]: its driver and its
@@ -18,7 +24,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use csi_proto::v1::controller_client::ControllerClient;
-use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability, volume_capability};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use serde_json::{Value, json};
@@ -130,26 +135,26 @@ async fn gauge(port: u16, name: &str) -> Option<f64> {
 /// A volume made on the driver directly, as a crashed provisioner or a
 /// human leaves one: no journal entry, no PV.
 async fn create_behind_the_sidecars_back(env: &Env, name: &str, bytes: i64) -> String {
+    create_with_parameters(env, name, bytes, BTreeMap::new()).await
+}
+
+/// [`create_behind_the_sidecars_back`] with the parameters `parameters`
+/// (our driver keeps them as the volume's context).
+async fn create_with_parameters(
+    env: &Env,
+    name: &str,
+    bytes: i64,
+    parameters: BTreeMap<String, String>,
+) -> String {
     let channel = csi_proto::transport::connect_unix(&env.driver.endpoint)
         .await
-        .expect("connect to hostpathplugin");
+        .expect("connect to the driver");
+    let request = csi_proto::v1::CreateVolumeRequest {
+        parameters: parameters.into_iter().collect(),
+        ..support::csi_requests::mount_volume(name, bytes)
+    };
     ControllerClient::new(channel)
-        .create_volume(CreateVolumeRequest {
-            name: name.to_owned(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: bytes,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![VolumeCapability {
-                access_type: Some(volume_capability::AccessType::Mount(
-                    volume_capability::MountVolume::default(),
-                )),
-                access_mode: Some(volume_capability::AccessMode {
-                    mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-                }),
-            }],
-            ..CreateVolumeRequest::default()
-        })
+        .create_volume(request)
         .await
         .expect("CreateVolume")
         .into_inner()
@@ -299,6 +304,110 @@ pub async fn orphaned_volumes_are_reported_and_handed_over(backend: Backend) {
         "every backend volume deleted",
         Duration::from_secs(60),
         || async { backend_ids(&plugin).is_empty().then_some(()) },
+    )
+    .await;
+}
+
+pub async fn volumes_of_other_prefixes_are_left_out(backend: Backend) {
+    const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+    let mut env = Env::new(backend).await;
+    env.storage_class("fast", "Immediate", "Delete", json!({}))
+        .await;
+    let port = support::free_port();
+    let http = format!("--http-endpoint=127.0.0.1:{port}");
+    env.start_sidecar(&[
+        "--orphan-audit-interval=2s",
+        "--extra-create-metadata",
+        &http,
+    ])
+    .await;
+    let ns = env.ns.clone();
+    let name = csi_provisioner::orphan_audit::decide::report_name(&env.driver_name, None);
+    env.create_pvc(&ns, "a", "fast", "2Mi", json!({})).await;
+    let claims_volume = env
+        .wait_bound(&ns, "a")
+        .await
+        .spec
+        .and_then(|s| s.csi)
+        .map(|c| c.volume_handle)
+        .expect("a CSI handle");
+
+    let named = |pv: &str| BTreeMap::from([(PV_NAME.to_owned(), pv.to_owned())]);
+    let other = create_with_parameters(
+        &env,
+        &format!("other-{}", env.id),
+        MI,
+        named("other-0a1b2c3d-0000-4000-8000-000000000001"),
+    )
+    .await;
+    let ours = create_with_parameters(
+        &env,
+        &format!("ours-{}", env.id),
+        2 * MI,
+        named("pvc-0a1b2c3d-0000-4000-8000-000000000002"),
+    )
+    .await;
+    let unnamed =
+        create_behind_the_sidecars_back(&env, &format!("unnamed-{}", env.id), 3 * MI).await;
+    let expected = BTreeSet::from([ours.clone(), unnamed.clone()]);
+    let reported = wait_report(&env, &name, "with ours and the unnamed one", |r| {
+        expected.is_subset(&r.ids())
+    })
+    .await;
+    assert_eq!(
+        reported.ids(),
+        expected,
+        "not the other prefix's, nor the claim's {claims_volume}\n{:#?}",
+        reported.raw
+    );
+    assert_eq!(
+        reported
+            .summary
+            .get("madeByOtherPrefixes")
+            .map(String::as_str),
+        Some("1"),
+        "{:#?}",
+        reported.raw
+    );
+    assert_eq!(
+        reported.summary.get("volumeNamePrefix").map(String::as_str),
+        Some("pvc"),
+        "{:#?}",
+        reported.raw
+    );
+    let logs = env.logs();
+    assert!(
+        !logs
+            .lines()
+            .any(|l| l.contains(ORPHAN_LINE) && l.contains(other.as_str())),
+        "the other prefix's volume {other} was reported\n{logs}"
+    );
+
+    // Nothing left: the three on the driver directly, the claim's by its
+    // deletion.
+    let channel = csi_proto::transport::connect_unix(&env.driver.endpoint)
+        .await
+        .expect("connect to the driver");
+    for id in [&other, &ours, &unnamed] {
+        ControllerClient::new(channel.clone())
+            .delete_volume(csi_proto::v1::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("DeleteVolume");
+    }
+    env.delete_pvc(&ns, "a").await;
+    let state = support::state_dir(&env).to_owned();
+    env.wait_for(
+        "every backend volume deleted",
+        Duration::from_secs(60),
+        || async {
+            csi_hostpath::backend_volumes(&state)
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
     )
     .await;
 }

@@ -56,6 +56,8 @@ pub mod render;
 
 pub use controlplane::Config as ClusterConfig;
 
+#[allow(dead_code)]
+pub mod csi_requests;
 pub mod democratic;
 pub mod fake_nodes;
 pub mod sidecar;
@@ -1764,8 +1766,16 @@ pub fn state_dir(env: &Env) -> &Path {
 }
 
 /// `cargo build -p csi-hostpath --bin csi-hostpath` for the profile of
-/// `profile_dir` (`target/<profile>`): a no-op when the binary is current.
+/// `profile_dir` (`target/<profile>`), unless the binary there is newer
+/// than every source it is built from. Cargo's own check is not enough:
+/// `-p csi-hostpath` alone resolves the shared dependencies' features
+/// otherwise than `cargo test --workspace` (tokio, tracing-subscriber,
+/// ...), so under the workspace's run it compiled a second copy (26 s of
+/// CI's real-node test) of a binary that was current.
 pub fn build_driver(profile_dir: &Path) {
+    if driver_is_current(&profile_dir.join("csi-hostpath")) {
+        return;
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
     build.args([
@@ -1781,6 +1791,30 @@ pub fn build_driver(profile_dir: &Path) {
     }
     let status = build.status().expect("run cargo build");
     assert!(status.success(), "cargo build -p csi-hostpath failed");
+}
+
+/// The driver binary at `binary` was built after the last change to its
+/// package, the CSI protocol crate and `Cargo.lock`.
+fn driver_is_current(binary: &Path) -> bool {
+    fn newest(path: &Path) -> Option<std::time::SystemTime> {
+        let meta = std::fs::metadata(path).ok()?;
+        if !meta.is_dir() {
+            return meta.modified().ok();
+        }
+        std::fs::read_dir(path)
+            .ok()?
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name() != "target")
+            .filter_map(|entry| newest(&entry.path()))
+            .max()
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Some(built) = std::fs::metadata(binary).and_then(|m| m.modified()).ok() else {
+        return false;
+    };
+    ["tests/hostpath-driver", "proto", "Cargo.lock", "Cargo.toml"]
+        .iter()
+        .all(|source| newest(&workspace.join(source)).is_some_and(|changed| changed <= built))
 }
 
 /// A free TCP port on 127.0.0.1 (for `--http-endpoint`), below the
