@@ -210,6 +210,13 @@ where
         *self.applied.borrow()
     }
 
+    /// The revision this cache has applied, as it moves (read it with
+    /// `borrow`): for a reader that must know, when it starts, what the
+    /// cache already holds.
+    pub fn applied_revisions(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
     /// Waits at most `bound` until this cache has applied an event at or
     /// past `revision`; whether it has. A kind with no change since
     /// `revision` never gets there (the API server sends bookmarks about

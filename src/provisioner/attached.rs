@@ -9,11 +9,18 @@
 //! - the attachment cache, once it has applied an event at or past the
 //!   PV's revision (it then holds every attachment made before the
 //!   release), waiting for that at most [`CACHE_WAIT`];
-//! - else the last live list of attachments if it was made at or past that
-//!   revision, together with the cache (an attachment in either counts:
-//!   the error is only ever a wait);
-//! - else a live list of every VolumeAttachment, in pages, batched: the
-//!   deletes that ask while no list is under way share one.
+//! - else the last live read if it was made at or past that revision,
+//!   together with the cache (an attachment in either counts: the error
+//!   is only ever a wait);
+//! - else a live read, batched: the deletes that ask while none is under
+//!   way share one. It first tries a *catch-up* ([`catch_up`]): the
+//!   attachment events since the cache's revision, up to a bookmark at or
+//!   past the collection's current revision. That costs two small
+//!   requests whatever the number of attachments, but only an API server
+//!   whose watch cache can be brought up to date on demand (etcd's
+//!   progress requests, etcd 3.5.13 and later) gets there; on another the
+//!   catch-up ends without it and is not tried again for
+//!   [`CATCH_UP_PAUSE`]. Else a list of every VolumeAttachment, in pages.
 //!
 //! The cache keeps only this driver's attachments ([`crate::relevance`]),
 //! indexed by PV name ([`AttachmentIndex`]), so a check costs a lookup,
@@ -23,8 +30,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 
 use crate::informer::{Change, Informer};
 use crate::live_batch::LiveBatch;
@@ -47,6 +55,18 @@ pub const LIVE_LIST_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Page size of the live list, as the caches' own lists.
 const PAGE: u32 = 500;
+
+/// The timeout of a catch-up's watch. kube-apiserver sends a watch's
+/// bookmark two seconds before its timeout (at most once a minute
+/// otherwise), so this one comes about a second in; measured against
+/// kube-apiserver 1.36 on etcd 3.5.16, 1.0 to 1.7 s.
+const CATCH_UP_TIMEOUT_SECONDS: u32 = 3;
+
+/// After a catch-up that did not reach the collection's revision (an API
+/// server whose watch cache only moves with its own events, as on etcd
+/// 3.4), how long live reads are lists without trying one again: a failed
+/// catch-up costs its whole timeout.
+pub const CATCH_UP_PAUSE: Duration = Duration::from_secs(300);
 
 /// This driver's VolumeAttachments by the PV they attach: PV name →
 /// attachment name → node.
@@ -96,12 +116,45 @@ impl AttachmentIndex {
     }
 }
 
-/// A live list's answer: the index of the attachments it held and the
-/// revision it was read at.
-#[derive(Debug, Default)]
+/// A live read's answer: the attachments it saw and the revision it is
+/// current at, always read together with the cache (an attachment in
+/// either counts: the error is only ever a wait).
+/// - `whole`: every attachment at `revision` (a list, or a list brought
+///   forward by a catch-up, deletions applied);
+/// - not `whole`: only those created or changed after the cache's
+///   revision when the read began (a catch-up from the cache), so the
+///   cache must be read after the read (it has only moved on since);
+///   deletions are not applied.
+#[derive(Debug, Default, PartialEq)]
 pub struct ListedAttachments {
     pub revision: u64,
     pub index: AttachmentIndex,
+    pub whole: bool,
+}
+
+/// What a live read starts from: the cache's revision when it began, and
+/// the last live read's answer.
+#[derive(Debug, Default)]
+pub struct ReadBase {
+    pub cache: u64,
+    pub last: Option<Arc<ListedAttachments>>,
+}
+
+impl ReadBase {
+    /// Where a catch-up starts: from a whole last read newer than the
+    /// cache (a copy of it, brought forward), else from the cache (what
+    /// changed since, only). The former is what keeps catch-ups working
+    /// when the cache's revision is older than the API server keeps (after
+    /// its restart, a watch from there is `410 Gone` until an attachment
+    /// changes): the list made then is the next catch-up's start.
+    pub fn start(&self) -> (u64, Option<AttachmentIndex>) {
+        match &self.last {
+            Some(last) if last.whole && last.revision > self.cache => {
+                (last.revision, Some(last.index.clone()))
+            }
+            _ => (self.cache, None),
+        }
+    }
 }
 
 /// Where the answer for a PV at some revision comes from.
@@ -134,29 +187,39 @@ pub fn answer_from(revision: Option<u64>, cache: u64, last_list: Option<u64>) ->
 }
 
 /// The attachment check's state: the index the cache feeds, the live
-/// lists and the last one's answer.
+/// reads and the last one's answer.
 pub struct Attachments {
     index: Arc<Mutex<AttachmentIndex>>,
     live: LiveBatch<ListedAttachments>,
-    last_list: Mutex<Option<Arc<ListedAttachments>>>,
+    last_list: Arc<Mutex<Option<Arc<ListedAttachments>>>>,
 }
+
+type Reader = dyn Fn(ReadBase) -> futures_util::future::BoxFuture<'static, Result<ListedAttachments, String>>
+    + Send
+    + Sync;
 
 impl Attachments {
     /// Feeds the index from `cache` (call before the caches start) and
-    /// lists live through `client`, keeping `driver`'s attachments.
+    /// reads live through `client`, keeping `driver`'s attachments.
     pub fn new(cache: &Informer<VolumeAttachment>, client: Client, driver: &str) -> Self {
         let driver = driver.to_owned();
-        Self::with_lister(cache, move || {
+        let catch_up_paused: Arc<Mutex<Option<tokio::time::Instant>>> = Arc::default();
+        Self::with_lister(cache, move |base| {
             let api: Api<VolumeAttachment> = Api::all(client.clone());
             let driver = driver.clone();
-            Box::pin(async move { list_live(&api, &driver).await.map_err(|e| e.to_string()) })
+            let paused = Arc::clone(&catch_up_paused);
+            Box::pin(async move { read_live(&api, &driver, base, &paused).await })
         })
     }
 
-    /// With any list function (tests count the calls).
+    /// With any read function, given what the read starts from (tests
+    /// count the calls).
     pub fn with_lister(
         cache: &Informer<VolumeAttachment>,
-        lister: impl Fn() -> futures_util::future::BoxFuture<'static, Result<ListedAttachments, String>>
+        lister: impl Fn(
+            ReadBase,
+        )
+            -> futures_util::future::BoxFuture<'static, Result<ListedAttachments, String>>
         + Send
         + Sync
         + 'static,
@@ -173,11 +236,23 @@ impl Attachments {
                 crate::metrics::set_remembered("attached_volumes", index.len());
             });
         }
+        let last_list: Arc<Mutex<Option<Arc<ListedAttachments>>>> = Arc::default();
+        let lister: Arc<Reader> = Arc::new(lister);
         Self {
             index,
-            live: LiveBatch::with_reader(LIVE_WINDOW, move |_| lister())
-                .at_most_every(LIVE_LIST_INTERVAL),
-            last_list: Mutex::default(),
+            live: {
+                let applied = cache.applied_revisions();
+                let last_list = Arc::clone(&last_list);
+                LiveBatch::with_reader(LIVE_WINDOW, move |_| {
+                    let last = last_list.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    lister(ReadBase {
+                        cache: *applied.borrow(),
+                        last,
+                    })
+                })
+                .at_most_every(LIVE_LIST_INTERVAL)
+            },
+            last_list,
         }
     }
 
@@ -202,20 +277,22 @@ impl Attachments {
             cache.applied_revision(),
             last.as_ref().map(|l| l.revision),
         );
-        let cached = self
-            .index
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .node_of(pv)
-            .map(str::to_owned);
+        // Read after any live read below: a catch-up holds only what came
+        // after the cache's revision when it began.
+        let cached = || {
+            self.index
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .node_of(pv)
+                .map(str::to_owned)
+        };
         match from {
-            AnswerFrom::Cache => Ok(cached),
+            AnswerFrom::Cache => Ok(cached()),
             AnswerFrom::CacheAndLastList => {
-                Ok(cached.or_else(|| last.and_then(|l| l.index.node_of(pv).map(str::to_owned))))
+                Ok(cached().or_else(|| last.and_then(|l| l.index.node_of(pv).map(str::to_owned))))
             }
             AnswerFrom::LiveList => {
-                tracing::debug!(volume = %pv, ?revision, cache = cache.applied_revision(), "attachment cache behind the PV: listing VolumeAttachments live");
-                crate::metrics::count_live_read("list volumeattachments");
+                tracing::debug!(volume = %pv, ?revision, cache = cache.applied_revision(), "attachment cache behind the PV: reading VolumeAttachments live");
                 let listed = self.live.read("").await?;
                 {
                     let mut last = self.last_list.lock().unwrap_or_else(|p| p.into_inner());
@@ -223,8 +300,191 @@ impl Attachments {
                         *last = Some(Arc::clone(&listed));
                     }
                 }
-                Ok(cached.or_else(|| listed.index.node_of(pv).map(str::to_owned)))
+                Ok(cached().or_else(|| listed.index.node_of(pv).map(str::to_owned)))
             }
+        }
+    }
+}
+
+/// One live read: a catch-up ([`ReadBase::start`]) unless one ended
+/// short within [`CATCH_UP_PAUSE`], else (or when it does not get there)
+/// a list.
+async fn read_live(
+    api: &Api<VolumeAttachment>,
+    driver: &str,
+    base: ReadBase,
+    paused: &Mutex<Option<tokio::time::Instant>>,
+) -> Result<ListedAttachments, String> {
+    let now = tokio::time::Instant::now();
+    let (from, seed) = base.start();
+    let try_catch_up = from > 0
+        && paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|until| now >= until);
+    if try_catch_up {
+        crate::metrics::count_live_read("catch up volumeattachments");
+        match catch_up(api, driver, from, seed).await {
+            Ok(CatchUpEnd::Reached(listed)) => return Ok(listed),
+            Ok(CatchUpEnd::Short(short)) => {
+                tracing::info!(from, reached = ?short.reached, target = short.target, pause = ?CATCH_UP_PAUSE, "the API server's VolumeAttachment watch did not reach its current revision within {CATCH_UP_TIMEOUT_SECONDS}s (its watch cache moves only with its own events, as on etcd without progress requests): checking attachments with lists of every VolumeAttachment for a while");
+                *paused.lock().unwrap_or_else(|p| p.into_inner()) = Some(now + CATCH_UP_PAUSE);
+            }
+            Ok(CatchUpEnd::Ended(status)) => {
+                tracing::debug!(from, %status, "the API server ended the VolumeAttachment catch-up (410 Gone: it no longer has that revision); listing them");
+            }
+            // The list below reports an error that persists.
+            Err(e) => {
+                tracing::debug!(from, error = %e, "catching up with VolumeAttachments failed; listing them");
+            }
+        }
+    }
+    crate::metrics::count_live_read("list volumeattachments");
+    list_live(api, driver).await.map_err(|e| e.to_string())
+}
+
+/// How a catch-up ended.
+#[derive(Debug, PartialEq)]
+enum CatchUpEnd {
+    Reached(ListedAttachments),
+    /// The watch ended before the revision: the server's watch cache
+    /// does not get there on demand.
+    Short(CatchUpShort),
+    /// The server ended the watch with an error (410 Gone for a revision
+    /// it no longer has, or another): this start cannot be caught up from.
+    Ended(String),
+}
+
+/// Where a catch-up stopped short: the collection's revision it aimed at
+/// and the highest it saw.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CatchUpShort {
+    pub target: u64,
+    pub reached: Option<u64>,
+}
+
+/// The attachment events since revision `from` up to the collection's
+/// current one: a consistent `LIST ?limit=1` names that revision (and
+/// brings an API server's watch cache up to it when the server can ask
+/// etcd for progress), then a watch from `from` with bookmarks carries
+/// every change since, until an event or bookmark at or past it. `seed`:
+/// every attachment at `from` (the answer is then whole).
+async fn catch_up(
+    api: &Api<VolumeAttachment>,
+    driver: &str,
+    from: u64,
+    seed: Option<AttachmentIndex>,
+) -> Result<CatchUpEnd, kube::Error> {
+    let current = api.list(&ListParams::default().limit(1)).await?;
+    let Some(target) = current
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|rv| rv.parse::<u64>().ok())
+    else {
+        return Ok(CatchUpEnd::Short(CatchUpShort {
+            target: 0,
+            reached: None,
+        }));
+    };
+    let mut fold = CatchUp::new(driver, target, from, seed);
+    if fold.reached() {
+        return Ok(CatchUpEnd::Reached(fold.into_listed()));
+    }
+    let params = WatchParams::default().timeout(CATCH_UP_TIMEOUT_SECONDS);
+    let mut events = api.watch(&params, &from.to_string()).await?.boxed();
+    while let Some(event) = events.next().await {
+        match fold.on_event(event?) {
+            Step::More => {}
+            Step::Reached => return Ok(CatchUpEnd::Reached(fold.into_listed())),
+            Step::Ended(status) => return Ok(CatchUpEnd::Ended(status)),
+            Step::Short => break,
+        }
+    }
+    Ok(CatchUpEnd::Short(fold.short()))
+}
+
+/// What a catch-up does after an event.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    More,
+    Reached,
+    /// An ERROR event, described.
+    Ended(String),
+    /// A revision that is not a number: not an etcd-backed server.
+    Short,
+}
+
+/// A catch-up's fold over watch events (pure: tested with plain events).
+#[derive(Debug)]
+struct CatchUp {
+    driver: String,
+    target: u64,
+    seen: u64,
+    index: AttachmentIndex,
+    /// Started from every attachment at `from`: deletions apply.
+    whole: bool,
+}
+
+impl CatchUp {
+    fn new(driver: &str, target: u64, from: u64, seed: Option<AttachmentIndex>) -> Self {
+        Self {
+            driver: driver.to_owned(),
+            target,
+            seen: from,
+            whole: seed.is_some(),
+            index: seed.unwrap_or_default(),
+        }
+    }
+
+    fn reached(&self) -> bool {
+        self.seen >= self.target
+    }
+
+    fn on_event(&mut self, event: WatchEvent<VolumeAttachment>) -> Step {
+        let revision = match &event {
+            WatchEvent::Added(a) | WatchEvent::Modified(a) | WatchEvent::Deleted(a) => {
+                a.metadata.resource_version.as_deref()
+            }
+            WatchEvent::Bookmark(b) => Some(b.metadata.resource_version.as_str()),
+            WatchEvent::Error(status) => {
+                return Step::Ended(format!("{} {}", status.code, status.message));
+            }
+        };
+        match &event {
+            WatchEvent::Added(a) | WatchEvent::Modified(a) if a.spec.attacher == self.driver => {
+                self.index.applied(a);
+            }
+            WatchEvent::Deleted(a) if self.whole && a.spec.attacher == self.driver => {
+                self.index.deleted(a);
+            }
+            _ => {}
+        }
+        // A watch is ordered: past an event at a revision, every change
+        // up to it has come.
+        match revision.and_then(|rv| rv.parse::<u64>().ok()) {
+            Some(rv) => self.seen = self.seen.max(rv),
+            None => return Step::Short,
+        }
+        if self.reached() {
+            Step::Reached
+        } else {
+            Step::More
+        }
+    }
+
+    fn into_listed(self) -> ListedAttachments {
+        ListedAttachments {
+            revision: self.seen,
+            index: self.index,
+            whole: self.whole,
+        }
+    }
+
+    fn short(&self) -> CatchUpShort {
+        CatchUpShort {
+            target: self.target,
+            reached: (self.seen > 0).then_some(self.seen),
         }
     }
 }
@@ -235,7 +495,10 @@ async fn list_live(
     api: &Api<VolumeAttachment>,
     driver: &str,
 ) -> Result<ListedAttachments, kube::Error> {
-    let mut listed = ListedAttachments::default();
+    let mut listed = ListedAttachments {
+        whole: true,
+        ..ListedAttachments::default()
+    };
     let mut params = ListParams::default().limit(PAGE);
     loop {
         let page = api.list(&params).await?;

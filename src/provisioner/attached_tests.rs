@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -9,6 +10,7 @@ fn attachment(name: &str, pv: &str, node: &str) -> VolumeAttachment {
     VolumeAttachment {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
+            resource_version: Some("1".to_owned()),
             ..ObjectMeta::default()
         },
         spec: VolumeAttachmentSpec {
@@ -77,7 +79,7 @@ fn counting(
     at: u64,
 ) -> (Informer<VolumeAttachment>, Attachments) {
     let cache: Informer<VolumeAttachment> = Informer::new();
-    let attachments = Attachments::with_lister(&cache, move || {
+    let attachments = Attachments::with_lister(&cache, move |_base| {
         calls.fetch_add(1, Ordering::SeqCst);
         let mut index = AttachmentIndex::default();
         for a in &listed {
@@ -87,6 +89,7 @@ fn counting(
             Ok(ListedAttachments {
                 revision: at,
                 index,
+                whole: true,
             })
         })
     });
@@ -141,7 +144,7 @@ async fn concurrent_checks_share_one_live_list() {
 async fn a_failed_live_list_is_an_error_not_a_detach() {
     let cache: Informer<VolumeAttachment> = Informer::new();
     let attachments =
-        Attachments::with_lister(&cache, || Box::pin(async { Err("forbidden".to_owned()) }));
+        Attachments::with_lister(&cache, |_| Box::pin(async { Err("forbidden".to_owned()) }));
     let answer = attachments.attached_node(&cache, "pv", Some(3)).await;
     assert_eq!(answer, Err("forbidden".to_owned()));
 }
@@ -191,5 +194,200 @@ async fn the_check_waits_briefly_for_the_cache() {
         calls.load(Ordering::SeqCst),
         0,
         "the cache got there in time"
+    );
+}
+
+fn at(mut attachment: VolumeAttachment, revision: u64) -> VolumeAttachment {
+    attachment.metadata.resource_version = Some(revision.to_string());
+    attachment
+}
+
+fn bookmark(revision: &str) -> WatchEvent<VolumeAttachment> {
+    WatchEvent::Bookmark(kube::core::watch::Bookmark {
+        types: kube::core::TypeMeta::default(),
+        metadata: kube::core::watch::BookmarkMeta {
+            resource_version: revision.to_owned(),
+            annotations: BTreeMap::new(),
+        },
+    })
+}
+
+/// A catch-up from revision 10 to the collection's 20: this driver's
+/// attachments created or changed on the way are kept, another driver's
+/// are not, a deletion is not applied (an attachment in either the cache
+/// or the catch-up counts), and it ends at the first event or bookmark at
+/// or past 20, with that revision.
+#[test]
+fn a_catch_up_keeps_this_drivers_attachments_up_to_the_collections_revision() {
+    let mut fold = CatchUp::new("driver", 20, 10, None);
+    assert!(!fold.reached());
+    let mut theirs = at(attachment("theirs", "pv-t", "node-t"), 11);
+    theirs.spec.attacher = "other".to_owned();
+    let steps = [
+        fold.on_event(WatchEvent::Added(at(attachment("va-1", "pv-1", "n1"), 12))),
+        fold.on_event(WatchEvent::Added(theirs)),
+        fold.on_event(WatchEvent::Modified(at(
+            attachment("va-2", "pv-2", "n2"),
+            13,
+        ))),
+        fold.on_event(WatchEvent::Deleted(at(
+            attachment("va-2", "pv-2", "n2"),
+            14,
+        ))),
+        fold.on_event(bookmark("19")),
+    ];
+    assert!(steps.iter().all(|s| *s == Step::More), "{steps:?}");
+    assert_eq!(fold.on_event(bookmark("21")), Step::Reached);
+    let listed = fold.into_listed();
+    assert_eq!(listed.revision, 21);
+    assert_eq!(listed.index.node_of("pv-1"), Some("n1"));
+    assert_eq!(
+        listed.index.node_of("pv-2"),
+        Some("n2"),
+        "deleted: still counted"
+    );
+    assert_eq!(listed.index.node_of("pv-t"), None, "another driver's");
+
+    // An event at the revision ends it as well as a bookmark does.
+    let mut fold = CatchUp::new("driver", 20, 10, None);
+    assert_eq!(
+        fold.on_event(WatchEvent::Added(at(attachment("va", "pv", "n"), 20))),
+        Step::Reached
+    );
+    assert_eq!(fold.into_listed().index.node_of("pv"), Some("n"));
+
+    // A cache already at the revision needs no watch.
+    assert!(CatchUp::new("driver", 20, 20, None).reached());
+}
+
+/// A watch that cannot go on (410 Gone: the server no longer has the
+/// cache's revision) ends the catch-up, and a revision that is not a
+/// number ends it short, saying how far it got: the check then lists.
+#[test]
+fn a_catch_up_ends_short_on_an_error_or_a_revision_that_is_no_number() {
+    let mut fold = CatchUp::new("driver", 20, 10, None);
+    assert_eq!(fold.on_event(bookmark("15")), Step::More);
+    let gone = WatchEvent::Error(Box::new(
+        kube::core::Status::failure("too old resource version", "Expired").with_code(410),
+    ));
+    assert_eq!(
+        fold.on_event(gone),
+        Step::Ended("410 too old resource version".to_owned())
+    );
+    assert_eq!(
+        fold.short(),
+        CatchUpShort {
+            target: 20,
+            reached: Some(15)
+        }
+    );
+    let mut fold = CatchUp::new("driver", 20, 10, None);
+    assert_eq!(fold.on_event(bookmark("abc")), Step::Short);
+}
+
+/// The cache's answer is read *after* the live read: a catch-up holds only
+/// what came after the cache's revision when it began, so an attachment
+/// the cache applied while the check waited for its read (here at
+/// revision 15, before the read began from 15) is in neither a read of
+/// the cache taken before nor in the catch-up. Reading it before was
+/// right for a list, which holds everything.
+#[tokio::test(start_paused = true)]
+async fn the_cache_is_read_after_a_catch_up_that_starts_from_it() {
+    let cache = Arc::new(Informer::<VolumeAttachment>::new());
+    let froms = Arc::new(Mutex::new(Vec::new()));
+    let attachments = {
+        let froms = Arc::clone(&froms);
+        Arc::new(Attachments::with_lister(&cache, move |base| {
+            froms.lock().expect("froms").push(base.start().0);
+            // Nothing changed after the start: the catch-up saw nothing.
+            Box::pin(async move {
+                Ok(ListedAttachments {
+                    revision: 25,
+                    index: AttachmentIndex::default(),
+                    whole: false,
+                })
+            })
+        }))
+    };
+    cache.set_applied_revision_for_tests(10);
+    let arrives = {
+        let cache = Arc::clone(&cache);
+        let attachments = Arc::clone(&attachments);
+        tokio::spawn(async move {
+            // Past the cache wait, within the batch's window.
+            tokio::time::sleep(CACHE_WAIT + LIVE_WINDOW / 2).await;
+            attachments
+                .index
+                .lock()
+                .expect("index")
+                .applied(&attachment("va", "pv", "node-1"));
+            cache.set_applied_revision_for_tests(15);
+        })
+    };
+    let node = attachments
+        .attached_node(&cache, "pv", Some(20))
+        .await
+        .expect("read");
+    arrives.await.expect("task");
+    assert_eq!(
+        *froms.lock().expect("froms"),
+        vec![15],
+        "the read began from the cache's revision"
+    );
+    assert_eq!(node.as_deref(), Some("node-1"));
+}
+
+/// A catch-up started from a whole list (the cache older than it) brings
+/// the list forward: deletions apply, and the answer stays whole.
+#[test]
+fn a_catch_up_from_a_whole_list_applies_deletions() {
+    let mut listed = AttachmentIndex::default();
+    listed.applied(&attachment("va-1", "pv-1", "n1"));
+    listed.applied(&attachment("va-2", "pv-2", "n2"));
+    let mut fold = CatchUp::new("driver", 30, 20, Some(listed));
+    assert_eq!(
+        fold.on_event(WatchEvent::Deleted(at(
+            attachment("va-1", "pv-1", "n1"),
+            22
+        ))),
+        Step::More
+    );
+    assert_eq!(
+        fold.on_event(WatchEvent::Added(at(attachment("va-3", "pv-3", "n3"), 23))),
+        Step::More
+    );
+    assert_eq!(fold.on_event(bookmark("30")), Step::Reached);
+    let listed = fold.into_listed();
+    assert!(listed.whole);
+    assert_eq!(listed.index.node_of("pv-1"), None, "detached on the way");
+    assert_eq!(listed.index.node_of("pv-2"), Some("n2"));
+    assert_eq!(listed.index.node_of("pv-3"), Some("n3"));
+}
+
+/// Where a catch-up starts: a whole last read newer than the cache (after
+/// the API server's restart a watch from the cache's revision is 410 Gone
+/// until an attachment changes; the list made then is the next start),
+/// else the cache.
+#[test]
+fn a_catch_up_starts_from_the_newer_of_the_cache_and_a_whole_last_read() {
+    let read = |revision: u64, whole: bool| {
+        let mut index = AttachmentIndex::default();
+        index.applied(&attachment("va", "pv", "n"));
+        Some(Arc::new(ListedAttachments {
+            revision,
+            index,
+            whole,
+        }))
+    };
+    let start = |cache: u64, last| ReadBase { cache, last }.start();
+    assert_eq!(start(10, None), (10, None));
+    let (from, seed) = start(10, read(40, true));
+    assert_eq!(from, 40);
+    assert_eq!(seed.expect("seeded").node_of("pv"), Some("n"));
+    assert_eq!(start(50, read(40, true)), (50, None), "the cache is newer");
+    assert_eq!(
+        start(10, read(40, false)),
+        (10, None),
+        "changes only: not a start"
     );
 }

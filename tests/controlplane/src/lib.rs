@@ -157,6 +157,49 @@ pub fn verdict<T>(env: &BinEnv, found: Result<T, String>) -> Verdict<T> {
     }
 }
 
+/// The variable naming a folder with an etcd 3.5 (`etcd` in it), for the
+/// tests that need etcd's progress requests (3.5.13 and later; the etcd of
+/// `../shared/k8s/install.sh` is Debian bookworm's 3.4.23, which has none).
+/// Default: the workspace's `target/etcd-3.5`, where
+/// `tests/controlplane/install-etcd-3.5.sh target/etcd-3.5` puts Debian
+/// trixie's.
+pub const ETCD35_DIR_VAR: &str = "ETCD35_DIR";
+
+/// The etcd 3.5 binary for `test` ([`ETCD35_DIR_VAR`]): `None` after one
+/// `SKIPPED real-cluster test` line when it is missing and skipping is
+/// allowed; panics naming it when skipping is not allowed (CI).
+pub fn etcd35(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os(ETCD35_DIR_VAR)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/etcd-3.5"));
+    let path = dir.join("etcd");
+    let found = match RealFiles.file(&path) {
+        FileState::Executable => Ok(path),
+        FileState::NotExecutable => Err(format!("{} is not executable", path.display())),
+        FileState::Absent => Err(format!(
+            "{} has no etcd 3.5 (`bash tests/controlplane/install-etcd-3.5.sh target/etcd-3.5` \
+             installs it, or point {ETCD35_DIR_VAR} at a folder with one)",
+            dir.display()
+        )),
+    };
+    run_or_skip(found, test)
+}
+
+/// What `test` does about what a lookup `found`: the thing, or `None`
+/// after one `SKIPPED real-cluster test` line when skipping is allowed;
+/// panics naming what is missing when it is not ([`verdict`]).
+pub fn run_or_skip<T>(found: Result<T, String>, test: &str) -> Option<T> {
+    match verdict(&BinEnv::from_process(), found) {
+        Verdict::Run(found) => Some(found),
+        Verdict::Skip(missing) => {
+            skip(test, &missing);
+            None
+        }
+        Verdict::Fail(message) => panic!("real-cluster test {test}: {message}"),
+    }
+}
+
 /// Where the binaries are.
 #[derive(Debug, Clone)]
 pub struct Binaries {
@@ -294,14 +337,7 @@ impl Binaries {
             FileState::NotExecutable => Err(format!("{} is not executable", path.display())),
             FileState::Absent => Err(format!("{} has no {name}", self.dir.display())),
         };
-        match verdict(&BinEnv::from_process(), found) {
-            Verdict::Run(path) => Some(path),
-            Verdict::Skip(missing) => {
-                skip(test, &missing);
-                None
-            }
-            Verdict::Fail(message) => panic!("real-cluster test {test}: {message}"),
-        }
+        run_or_skip(found, test)
     }
 
     /// The folder `name` of the binaries' folder that `test` needs (the
@@ -314,14 +350,7 @@ impl Binaries {
         } else {
             Err(format!("{} has no folder {name}", self.dir.display()))
         };
-        match verdict(&BinEnv::from_process(), found) {
-            Verdict::Run(path) => Some(path),
-            Verdict::Skip(missing) => {
-                skip(test, &missing);
-                None
-            }
-            Verdict::Fail(message) => panic!("real-cluster test {test}: {message}"),
-        }
+        run_or_skip(found, test)
     }
 }
 
@@ -372,6 +401,10 @@ pub struct Config {
     /// `--kube-api-qps` of kube-controller-manager; `None`: its default
     /// (20), which paces binding and the storage-provisioner annotation.
     pub controller_manager_qps: Option<u32>,
+    /// An etcd binary of its own instead of the folder's or `PATH`'s (e.g.
+    /// etcd 3.5, whose progress requests kube-apiserver uses to bring its
+    /// watch cache up to date for a consistent read; see [`ETCD35_DIR_VAR`]).
+    pub etcd: Option<PathBuf>,
 }
 
 impl Config {
@@ -383,6 +416,7 @@ impl Config {
             apiserver_feature_gates: None,
             apiserver_runtime_config: None,
             controller_manager_qps: None,
+            etcd: None,
         }
     }
 
@@ -399,6 +433,7 @@ impl Config {
             apiserver_feature_gates: None,
             apiserver_runtime_config: None,
             controller_manager_qps: None,
+            etcd: None,
         }
     }
 
@@ -417,6 +452,12 @@ impl Config {
     /// kube-apiserver with `--feature-gates=<gates>`.
     pub fn with_apiserver_feature_gates(mut self, gates: &str) -> Config {
         self.apiserver_feature_gates = Some(gates.to_owned());
+        self
+    }
+
+    /// etcd from `binary` (see [`Config::etcd`]).
+    pub fn with_etcd(mut self, binary: &Path) -> Config {
+        self.etcd = Some(binary.to_owned());
         self
     }
 
@@ -518,7 +559,12 @@ impl ControlPlane {
         static PLANES: OnceLock<Mutex<HashMap<Config, Result<&'static ControlPlane, String>>>> =
             OnceLock::new();
         let bins = match Binaries::lookup_verdict(&config.needs()) {
-            Verdict::Run(bins) => bins,
+            Verdict::Run(mut bins) => {
+                if let Some(etcd) = &config.etcd {
+                    bins.etcd = etcd.clone();
+                }
+                bins
+            }
             Verdict::Skip(missing) => {
                 skip(test, &missing);
                 return None;

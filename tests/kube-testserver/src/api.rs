@@ -571,7 +571,10 @@ fn watch_request(
             rx,
             info,
             params.bookmarks,
-            inner.bookmark_interval,
+            *inner
+                .bookmark_interval
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
             params.timeout,
         ))
         .boxed_unsync(),

@@ -32,7 +32,8 @@ pub struct Inner {
     faults: Mutex<Faults>,
     observations: Mutex<Observations>,
     pub(crate) registry: Registry,
-    pub(crate) bookmark_interval: Duration,
+    /// How often a watch with bookmarks gets one ([`TestServer::set_bookmark_interval`]).
+    pub(crate) bookmark_interval: Mutex<Duration>,
     server_address: Mutex<String>,
 }
 
@@ -148,7 +149,7 @@ impl TestServerBuilder {
                 faults: Mutex::new(Faults::default()),
                 observations: Mutex::new(Observations::default()),
                 registry,
-                bookmark_interval: self.bookmark_interval,
+                bookmark_interval: Mutex::new(self.bookmark_interval),
                 server_address: Mutex::new("127.0.0.1:443".to_string()),
             }),
         }
@@ -270,6 +271,15 @@ impl TestServer {
     pub fn clear_faults(&self) {
         self.inner.lock_faults().clear();
         self.inner.lock_state().watch_lags.clear_all();
+    }
+
+    /// From now on, watches opened with `allowWatchBookmarks=true` get a
+    /// BOOKMARK after `interval` without a message (kube-apiserver: about a
+    /// minute; this server's default is 1 s, so that caches reach a
+    /// revision quickly). Either way a watch also gets one two seconds
+    /// before its timeout, as from kube-apiserver.
+    pub fn set_bookmark_interval(&self, interval: Duration) {
+        *lock(&self.inner.bookmark_interval) = interval;
     }
 
     /// Lags the watches of `resource` (plural, e.g. `"volumeattachments"`)

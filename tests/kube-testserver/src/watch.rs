@@ -151,12 +151,17 @@ struct StreamState {
     bookmarks: bool,
     bookmark_every: Duration,
     deadline: tokio::time::Instant,
+    /// kube-apiserver's bookmark two seconds before the timeout (when the
+    /// watch lasts longer than that), not yet sent.
+    heartbeat: Option<tokio::time::Instant>,
     guard: Guard,
 }
 
 /// The body stream of a watch: queued events as they come (each not before
-/// its time), a BOOKMARK every `bookmark_every` when requested, ending at
-/// the timeout or when the server closes the watch.
+/// its time), a BOOKMARK after `bookmark_every` without a message when
+/// requested and one two seconds before the timeout (as kube-apiserver
+/// sends, so that a short watch ends knowing the server's revision),
+/// ending at the timeout or when the server closes the watch.
 pub fn event_stream(
     state: Arc<Mutex<State>>,
     id: u64,
@@ -166,13 +171,18 @@ pub fn event_stream(
     bookmark_every: Duration,
     timeout: Duration,
 ) -> impl Stream<Item = Result<Frame<Bytes>, Infallible>> + Send {
+    let now = tokio::time::Instant::now();
+    let deadline = now + timeout;
     let st = StreamState {
         rx,
         next: None,
         info,
         bookmarks,
         bookmark_every,
-        deadline: tokio::time::Instant::now() + timeout,
+        deadline,
+        heartbeat: deadline
+            .checked_sub(HEARTBEAT_BEFORE_TIMEOUT)
+            .filter(|at| *at > now),
         guard: Guard { state, id },
     };
     futures_util::stream::unfold(st, |mut st| async move {
@@ -190,28 +200,44 @@ pub fn event_stream(
             };
             let tick = tokio::time::sleep(st.bookmark_every);
             let release = tokio::time::sleep_until(held_until.unwrap_or(st.deadline));
+            let heartbeat = tokio::time::sleep_until(st.heartbeat.unwrap_or(st.deadline));
             tokio::select! {
                 msg = st.rx.recv(), if held_until.is_none() => {
                     st.next = Some(msg?);
                 }
                 _ = release, if held_until.is_some() => {}
-                _ = tick, if st.bookmarks => {
-                    // Queue the bookmark behind every event already sent to
-                    // this watcher, under the state lock (held as long, when
-                    // its resource lags: it never overtakes a held event).
-                    if let Ok(s) = st.guard.state.lock()
-                        && let Some(w) = s.watchers.iter().find(|w| w.id == st.guard.id)
-                    {
-                        let _ = w.send(
-                            WatchMsg::Bookmark { rv: s.rv, initial_events_end: false },
-                            s.watch_due(w),
-                        );
-                    }
+                _ = tick, if st.bookmarks => st.queue_bookmark(),
+                _ = heartbeat, if st.bookmarks && st.heartbeat.is_some() => {
+                    st.heartbeat = None;
+                    st.queue_bookmark();
                 }
                 _ = tokio::time::sleep_until(st.deadline) => return None,
             }
         }
     })
+}
+
+/// kube-apiserver sends a watch with bookmarks one this long before its
+/// timeout.
+const HEARTBEAT_BEFORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl StreamState {
+    fn queue_bookmark(&self) {
+        // Queue the bookmark behind every event already sent to this
+        // watcher, under the state lock (held as long, when its resource
+        // lags: it never overtakes a held event).
+        if let Ok(s) = self.guard.state.lock()
+            && let Some(w) = s.watchers.iter().find(|w| w.id == self.guard.id)
+        {
+            let _ = w.send(
+                WatchMsg::Bookmark {
+                    rv: s.rv,
+                    initial_events_end: false,
+                },
+                s.watch_due(w),
+            );
+        }
+    }
 }
 
 /// A stream of one ERROR event (410 Gone for a too old resourceVersion).

@@ -182,6 +182,56 @@ async fn bookmarks_when_allowed() {
     );
 }
 
+/// As kube-apiserver: a watch with bookmarks gets one two seconds before
+/// its timeout, whatever the interval, at the server's revision (here past
+/// the watch's start: a write of another kind came since); one of two
+/// seconds or less gets none that way.
+#[tokio::test]
+async fn a_bookmark_comes_two_seconds_before_the_timeout() {
+    let s = TestServer::new();
+    s.set_bookmark_interval(Duration::from_secs(60));
+    let (_, a) = post(&s, CMS, cm("a")).await;
+    post(
+        &s,
+        "/api/v1/namespaces/default/secrets",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "other-kind"}}),
+    )
+    .await;
+    let opened = std::time::Instant::now();
+    let mut w = WatchReader::open(
+        &s,
+        &format!(
+            "{CMS}?watch=true&allowWatchBookmarks=true&timeoutSeconds=3&resourceVersion={}",
+            rv(&a)
+        ),
+    )
+    .await;
+    let b = w.next().await;
+    let after = opened.elapsed();
+    assert_eq!(b["type"], "BOOKMARK");
+    assert_eq!(rv(&b["object"]), s.resource_version());
+    assert!(rv(&b["object"]) > rv(&a));
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_millis(2500),
+        "{after:?}"
+    );
+    let mut short = WatchReader::open(
+        &s,
+        &format!(
+            "{CMS}?watch=true&allowWatchBookmarks=true&timeoutSeconds=2&resourceVersion={}",
+            rv(&a)
+        ),
+    )
+    .await;
+    assert!(
+        short
+            .next_within(Duration::from_millis(2500))
+            .await
+            .is_none(),
+        "a watch of 2 s gets no bookmark before its end"
+    );
+}
+
 #[tokio::test]
 async fn send_initial_events_ends_with_marked_bookmark() {
     let s = TestServer::new();
