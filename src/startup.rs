@@ -316,9 +316,26 @@ pub async fn run(
         shared.caches.start(&shared.client);
         match &elector {
             Some(elector) => {
-                // Kept as soon as won, not when the caches are ready too.
-                let acquire = async { leadership = Some(elector.acquire().await) };
-                tokio::join!(acquire, shared.caches.wait_until_ready());
+                // Kept as soon as won, not when the caches are ready too;
+                // and watched from then on: a lease lost before the caches
+                // are ready ends the process as it would later. Once lost,
+                // the fence lets no byte out (`crate::fence`), so those
+                // caches would never get ready and the process, neither
+                // leader nor candidate, would wait for ever (chaos seed
+                // 63423: no replica could take over from a frozen leader).
+                let ready = shared.caches.wait_until_ready();
+                let acquire = elector.acquire();
+                tokio::pin!(ready, acquire);
+                tokio::select! {
+                    won = &mut acquire => {
+                        leadership = Some(won);
+                        tokio::select! {
+                            () = &mut ready => {}
+                            lost = lease_lost(&mut leadership) => return Err(lost.into()),
+                        }
+                    }
+                    () = &mut ready => leadership = Some(acquire.await),
+                }
             }
             None => shared.caches.wait_until_ready().await,
         }

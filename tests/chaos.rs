@@ -1545,6 +1545,9 @@ impl Run {
         if child.try_wait().is_some() {
             return Freeze::NoLiveLeader;
         }
+        // One already in its exit when the signal came exits all the same:
+        // checked again before it is woken, by its pid.
+        let frozen_pid = child.id();
         let stopped = Instant::now();
         let deadline = stopped + TAKEN_OVER_WITHIN;
         // Another process leads, by the Lease as the API server has it
@@ -1563,6 +1566,18 @@ impl Run {
             self.pause(Duration::from_millis(100)).await;
         };
         tokio::time::sleep(FROZEN_AT_LEAST.saturating_sub(stopped.elapsed())).await;
+        // A SIGSTOP does not hold a process that was already exiting: then
+        // the Lease changed hands because it ended, and the runner may have
+        // started the replica's next process meanwhile (seed 63401: that
+        // process, rightly waiting for the Lease, was woken as the frozen
+        // leader and judged for not exiting). Its exit is judged as any
+        // other; nothing was frozen.
+        let still_frozen = self.replicas[frozen]
+            .as_mut()
+            .is_some_and(|child| child.id() == frozen_pid && child.is_running());
+        if !still_frozen {
+            return Freeze::NoLiveLeader;
+        }
         let Some(successor) = successor else {
             if let Some(child) = self.replicas[frozen].as_ref() {
                 child.signal("CONT");

@@ -16,6 +16,7 @@ use csi_hostpath::faults::Fault;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
+use kube_testserver::{RequestMatch, Verb};
 use serde_json::json;
 use support::sidecar::Sidecar;
 use support::{Backend, ClusterConfig, Env, free_port, http_get};
@@ -191,6 +192,51 @@ async fn a_partitioned_leader_stops_itself_and_the_other_takes_over() {
         .await;
     env.wait_bound(&env.ns, "after").await;
     env.assert_consistent().await;
+}
+
+/// A lease lost while the caches are still filling ends the process, as a
+/// lease lost later does. Here the PV cache cannot fill (every list and
+/// watch of PVs fails) when the sidecar wins the Lease, then its renewals
+/// fail: once lost, the fence lets no byte out, so the caches could never
+/// get ready, and a process waiting for them would hang for ever, neither
+/// leader nor candidate (chaos seed 63423: no replica took over from a
+/// frozen leader while the other one hung so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_before_the_caches_are_ready_ends_the_process() {
+    // Needs the API test server (fault injection).
+    let env = Env::new(Backend::TestServer).await;
+    for verb in [Verb::List, Verb::Watch] {
+        env.api().fail_next(
+            100_000,
+            RequestMatch::new(verb, "persistentvolumes").remote(),
+            500,
+        );
+    }
+    let mut a = start(&env, "a", &env.admin_kubeconfig(), ELECTION);
+    wait_log(&[&a], &a, &[BECAME_LEADER], Duration::from_secs(20)).await;
+    assert!(
+        !a.logged(&["provisioning loop running"]),
+        "the caches got ready: the test did not test the start-up\n{}",
+        a.dump()
+    );
+    let cut = Instant::now();
+    for verb in [Verb::Get, Verb::Update] {
+        env.api()
+            .fail_next(100_000, RequestMatch::new(verb, "leases").remote(), 500);
+    }
+    let code = a.wait_exit(Duration::from_secs(10));
+    assert!(
+        matches!(code, Some(c) if c != 0),
+        "a sidecar that lost its lease during start-up must exit non-zero, got {code:?} \
+         {:?} after its renewals began to fail\n{}",
+        cut.elapsed(),
+        a.dump()
+    );
+    assert!(
+        a.logged(&["failed to renew the leader lease within the renew deadline"]),
+        "{}",
+        a.dump()
+    );
 }
 
 async fn metrics_and_health_checks_over_http(backend: Backend) {
