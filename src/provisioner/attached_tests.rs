@@ -234,7 +234,6 @@ fn a_catch_up_keeps_this_drivers_attachments_up_to_the_collections_revision() {
             attachment("va-2", "pv-2", "n2"),
             14,
         ))),
-        fold.on_event(bookmark("19")),
     ];
     assert!(steps.iter().all(|s| *s == Step::More), "{steps:?}");
     assert_eq!(fold.on_event(bookmark("21")), Step::Reached);
@@ -261,12 +260,17 @@ fn a_catch_up_keeps_this_drivers_attachments_up_to_the_collections_revision() {
 }
 
 /// A watch that cannot go on (410 Gone: the server no longer has the
-/// cache's revision) ends the catch-up, and a revision that is not a
-/// number ends it short, saying how far it got: the check then lists.
+/// cache's revision) ends the catch-up; a bookmark below the target (a
+/// watch cache that its consistent list did not bring up to date: etcd
+/// without progress requests) and a revision that is not a number end it
+/// short at once, saying how far it got: the check then lists.
 #[test]
-fn a_catch_up_ends_short_on_an_error_or_a_revision_that_is_no_number() {
+fn a_catch_up_ends_short_on_an_error_a_bookmark_below_its_target_or_no_number() {
     let mut fold = CatchUp::new("driver", 20, 10, None);
-    assert_eq!(fold.on_event(bookmark("15")), Step::More);
+    assert_eq!(
+        fold.on_event(WatchEvent::Added(at(attachment("va", "pv", "n"), 15))),
+        Step::More
+    );
     let gone = WatchEvent::Error(Box::new(
         kube::core::Status::failure("too old resource version", "Expired").with_code(410),
     ));
@@ -283,6 +287,78 @@ fn a_catch_up_ends_short_on_an_error_or_a_revision_that_is_no_number() {
     );
     let mut fold = CatchUp::new("driver", 20, 10, None);
     assert_eq!(fold.on_event(bookmark("abc")), Step::Short);
+
+    let mut fold = CatchUp::new("driver", 20, 10, None);
+    assert_eq!(fold.on_event(bookmark("19")), Step::Short);
+    assert_eq!(
+        fold.short(),
+        CatchUpShort {
+            target: 20,
+            reached: Some(19)
+        }
+    );
+}
+
+/// A delete waits on a catch-up only where one has reached its target;
+/// unknown (at the start, or once a pause after a short one runs out), a
+/// read lists and one catch-up at a time learns beside it; never from a
+/// cache that has applied nothing.
+#[test]
+fn a_delete_waits_on_a_catch_up_only_where_one_has_reached() {
+    use CatchUpSupport::{Reaches, Short, Unknown};
+    use LivePlan::{CatchUp, List, ListAndLearn};
+    let now = tokio::time::Instant::now();
+    let later = now + Duration::from_secs(1);
+    let earlier = now - Duration::from_secs(1);
+    for (from, support, learning, plan) in [
+        (0, Reaches, false, List),
+        (0, Unknown, false, List),
+        (7, Reaches, false, CatchUp),
+        (7, Reaches, true, CatchUp),
+        (7, Unknown, false, ListAndLearn),
+        (7, Unknown, true, List),
+        (7, Short { until: later }, false, List),
+        (7, Short { until: now }, false, ListAndLearn),
+        (7, Short { until: earlier }, false, ListAndLearn),
+        (7, Short { until: earlier }, true, List),
+    ] {
+        assert_eq!(
+            plan_live_read(from, support, learning, now),
+            plan,
+            "from {from}, {support:?}, learning {learning}"
+        );
+    }
+}
+
+/// Reached, the server gets there; short, it does not for the pause from
+/// the catch-up's start; a 410 (about its start, which the list made then
+/// replaces) or a failed request (about the moment) changes nothing.
+#[test]
+fn what_a_catch_ups_end_says_of_the_server() {
+    use CatchUpSupport::{Reaches, Short, Unknown};
+    let now = tokio::time::Instant::now();
+    let short = || {
+        Ok(CatchUpEnd::Short(CatchUpShort {
+            target: 20,
+            reached: Some(19),
+        }))
+    };
+    let reached = || Ok(CatchUpEnd::Reached(ListedAttachments::default()));
+    let gone = || Ok(CatchUpEnd::Ended("410 too old resource version".to_owned()));
+    let failed = || {
+        Err(kube::Error::Service(Box::new(std::io::Error::other(
+            "connection reset",
+        ))))
+    };
+    let paused = Short {
+        until: now + CATCH_UP_PAUSE,
+    };
+    for before in [Unknown, Reaches, paused] {
+        assert_eq!(support_after(&reached(), before, now), Reaches);
+        assert_eq!(support_after(&short(), before, now), paused);
+        assert_eq!(support_after(&gone(), before, now), before);
+        assert_eq!(support_after(&failed(), before, now), before);
+    }
 }
 
 /// The cache's answer is read *after* the live read: a catch-up holds only
