@@ -62,7 +62,9 @@ done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/Cargo.toml" | head -n 1)
+# sed itself stops at the first match: `sed | head -n 1` fails under pipefail
+# (141) when head exits before sed has finished writing.
+version=$(sed -n '/^version = "/{s/^version = "\(.*\)"$/\1/p;q;}' "$repo/Cargo.toml")
 [ -n "$version" ] || { echo "build-oci.sh: no version in Cargo.toml" >&2; exit 1; }
 registry=ghcr.io/csi-provisioner-rs
 source_url=https://github.com/csi-provisioner-rs/csi-provisioner-rs

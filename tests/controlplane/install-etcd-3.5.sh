@@ -14,7 +14,14 @@ version=3.5.16-4
 sha256=0875921bb0d023f2af9b8e15cdfbe417a03e65731345fb832c40f9c2dd72967b
 url="${DEBIAN_MIRROR:-http://deb.debian.org/debian}/pool/main/e/etcd/etcd-server_${version}_amd64.deb"
 
-if [ -x "$dest/etcd" ] && "$dest/etcd" --version 2>/dev/null | grep -q '^etcd Version: 3\.5\.'; then
+# No `etcd --version | grep -q` or `| head` under pipefail: the reader exits
+# at its first line, etcd writes three more and dies of SIGPIPE, and the
+# pipeline fails with 141 (CI failed so after 7 s, at the `head` below).
+installed=""
+if [ -x "$dest/etcd" ]; then
+  installed=$("$dest/etcd" --version 2>/dev/null || true)
+fi
+if [[ $installed == "etcd Version: 3.5."* ]]; then
   echo "etcd 3.5 already in $dest" >&2
   exit 0
 fi
@@ -26,4 +33,5 @@ curl -fsSL --retry 3 -o "$work/etcd.deb" "$url"
 echo "$sha256  $work/etcd.deb" | sha256sum -c --quiet -
 dpkg-deb -x "$work/etcd.deb" "$work/root"
 install -m 0755 "$work/root/usr/bin/etcd" "$dest/etcd"
-"$dest/etcd" --version | head -1 >&2
+installed=$("$dest/etcd" --version)
+printf '%s\n' "${installed%%$'\n'*}" >&2
