@@ -1052,9 +1052,12 @@ impl Run {
         } else if let Some(method) = self.startup_failure(replica, status, &log) {
             format!("sidecar's {method} failed at start-up, exited 1 and restarted")
         } else {
+            // With the driver's last lines: a start-up call that failed
+            // with no fault on it is the driver's answer or its absence.
             self.violations.push(format!(
-                "sidecar replica-{replica} exited on its own ({status}) without losing its lease; its last lines:\n{}",
-                last_lines(&log, 5)
+                "sidecar replica-{replica} exited on its own ({status}) without losing its lease; its last lines:\n{}\nthe driver's last lines:\n{}",
+                last_lines(&log, 5),
+                last_lines(&without_colours(&self.env.driver_log()), 15)
             ));
             format!("sidecar exited ({status}) and restarted")
         };

@@ -421,6 +421,9 @@ impl Driver {
         target: Option<&str>,
         body: impl Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
+        // At arrival too: with the "ok" below, the log shows how long the
+        // driver took over a call (a caller's deadline passing first).
+        tracing::debug!(method, target, "call");
         let _running = self.inner.faults.admit(method)?;
         let pending = self.inner.faults.before(method, target).await?;
         let reply = pending.reply.clone();
