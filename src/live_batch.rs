@@ -23,11 +23,51 @@ type Reader<T> = Arc<dyn Fn(String) -> BoxFuture<'static, Result<T, String>> + S
 pub struct LiveBatch<T> {
     reader: Reader<T>,
     window: Duration,
-    /// The least time between the starts of two reads of one key (their
-    /// cost bound: a batch waits out the rest, and gathers meanwhile).
-    min_interval: Duration,
+    /// How far apart two reads of one key start (their cost bound: a
+    /// batch waits out the rest, and gathers meanwhile).
+    spacing: Spacing,
     open: Arc<Mutex<HashMap<String, watch::Receiver<Answer<T>>>>>,
-    last_start: Arc<Mutex<HashMap<String, tokio::time::Instant>>>,
+    last_read: Arc<Mutex<HashMap<String, LastRead>>>,
+}
+
+/// The least time between the starts of two reads of one key: `most`, or
+/// with `per_took`, that many times the last read's duration when that is
+/// shorter. A read that is cheap for the API server (one page of a list)
+/// may then follow its predecessor sooner; one that takes long keeps the
+/// full spacing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spacing {
+    pub most: Duration,
+    pub per_took: Option<u32>,
+}
+
+impl Spacing {
+    /// No spacing: a read may start as soon as the previous one has.
+    pub const NONE: Spacing = Spacing::every(Duration::ZERO);
+
+    /// Always `most` apart.
+    pub const fn every(most: Duration) -> Spacing {
+        Spacing {
+            most,
+            per_took: None,
+        }
+    }
+
+    /// The spacing after a read that took `took` (`None`: still under
+    /// way, or never timed).
+    pub fn after(self, took: Option<Duration>) -> Duration {
+        match (took, self.per_took) {
+            (Some(took), Some(per_took)) => took.saturating_mul(per_took).min(self.most),
+            _ => self.most,
+        }
+    }
+}
+
+/// When the last read of a key started, and how long it took once done.
+#[derive(Debug, Clone, Copy)]
+struct LastRead {
+    start: tokio::time::Instant,
+    took: Option<Duration>,
 }
 
 impl<T> Clone for LiveBatch<T> {
@@ -35,9 +75,9 @@ impl<T> Clone for LiveBatch<T> {
         Self {
             reader: Arc::clone(&self.reader),
             window: self.window,
-            min_interval: self.min_interval,
+            spacing: self.spacing,
             open: Arc::clone(&self.open),
-            last_start: Arc::clone(&self.last_start),
+            last_read: Arc::clone(&self.last_read),
         }
     }
 }
@@ -51,16 +91,16 @@ impl<T: Send + Sync + 'static> LiveBatch<T> {
         Self {
             reader: Arc::new(reader),
             window,
-            min_interval: Duration::ZERO,
+            spacing: Spacing::NONE,
             open: Arc::default(),
-            last_start: Arc::default(),
+            last_read: Arc::default(),
         }
     }
 
-    /// Starts two reads of one key at least `interval` apart: the reads
-    /// asked for meanwhile wait and share the next one.
-    pub fn at_most_every(mut self, interval: Duration) -> Self {
-        self.min_interval = interval;
+    /// Starts two reads of one key as far apart as `spacing` says: the
+    /// reads asked for meanwhile wait and share the next one.
+    pub fn spaced(mut self, spacing: Spacing) -> Self {
+        self.spacing = spacing;
         self
     }
 
@@ -94,25 +134,37 @@ impl<T: Send + Sync + 'static> LiveBatch<T> {
         tokio::spawn(async move {
             tokio::time::sleep(this.window).await;
             let previous = this
-                .last_start
+                .last_read
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&key)
                 .copied();
             if let Some(previous) = previous {
-                tokio::time::sleep_until(previous + this.min_interval).await;
+                tokio::time::sleep_until(previous.start + this.spacing.after(previous.took)).await;
             }
-            this.last_start
+            let start = tokio::time::Instant::now();
+            this.last_read
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(key.clone(), tokio::time::Instant::now());
+                .insert(key.clone(), LastRead { start, took: None });
             // Close the batch before the request goes out: whoever asks from
             // now on gets a read of their own.
             this.open
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
-            let result = (this.reader)(key).await.map(Arc::new);
+            let result = (this.reader)(key.clone()).await.map(Arc::new);
+            // Timed only while it is still the last read of the key (one
+            // started meanwhile spaces the next by its own).
+            if let Some(last) = this
+                .last_read
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(&key)
+                .filter(|last| last.start == start)
+            {
+                last.took = Some(start.elapsed());
+            }
             // Nobody waiting any more is fine.
             let _ = tx.send(Some(result));
         });
@@ -136,7 +188,7 @@ mod tests {
                 let n = calls.fetch_add(1, Ordering::SeqCst);
                 Box::pin(async move { Ok(n) })
             })
-            .at_most_every(Duration::from_secs(1))
+            .spaced(Spacing::every(Duration::from_secs(1)))
         };
         let started = tokio::time::Instant::now();
         assert_eq!(*batch.read("k").await.expect("first"), 0);
@@ -149,5 +201,76 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_secs(1), "spaced");
         assert_eq!(*batch.read("other").await.expect("other"), 2, "keys apart");
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn spacing_follows_the_last_reads_duration_up_to_its_most() {
+        let spacing = Spacing {
+            most: Duration::from_secs(1),
+            per_took: Some(10),
+        };
+        let ms = Duration::from_millis;
+        for (took, want) in [
+            (None, ms(1000)),
+            (Some(ms(0)), ms(0)),
+            (Some(ms(20)), ms(200)),
+            (Some(ms(99)), ms(990)),
+            (Some(ms(100)), ms(1000)),
+            (Some(ms(3000)), ms(1000)),
+            (Some(Duration::MAX), ms(1000)),
+        ] {
+            assert_eq!(spacing.after(took), want, "after {took:?}");
+        }
+        assert_eq!(Spacing::NONE.after(None), Duration::ZERO);
+        assert_eq!(Spacing::NONE.after(Some(ms(5))), Duration::ZERO);
+        let every = Spacing::every(ms(1000));
+        assert_eq!(every.after(None), ms(1000));
+        assert_eq!(every.after(Some(ms(5))), ms(1000), "whatever the read took");
+    }
+
+    /// A quick read is followed sooner than a slow one, and a read still
+    /// under way keeps the whole spacing.
+    #[tokio::test(start_paused = true)]
+    async fn a_quick_read_is_followed_sooner() {
+        let ms = Duration::from_millis;
+        let took = Arc::new(Mutex::new(ms(20)));
+        let batch = {
+            let took = Arc::clone(&took);
+            // Answers when it started.
+            LiveBatch::with_reader(Duration::ZERO, move |_| {
+                let took = *took.lock().expect("took");
+                Box::pin(async move {
+                    let start = tokio::time::Instant::now();
+                    tokio::time::sleep(took).await;
+                    Ok(start)
+                })
+            })
+            .spaced(Spacing {
+                most: Duration::from_secs(1),
+                per_took: Some(10),
+            })
+        };
+        let first = *batch.read("k").await.expect("first");
+        let second = *batch.read("k").await.expect("second");
+        assert_eq!(second - first, ms(200), "ten times 20 ms");
+        *took.lock().expect("took") = ms(300);
+        let third = *batch.read("k").await.expect("third");
+        assert_eq!(third - second, ms(200));
+        *took.lock().expect("took") = ms(20);
+        let fourth = *batch.read("k").await.expect("fourth");
+        assert_eq!(fourth - third, ms(1000), "at most a second after 300 ms");
+        // A read asked for while the last one is under way: the whole
+        // second, since how long that one takes is not known yet.
+        *took.lock().expect("took") = ms(1500);
+        let slow = tokio::spawn({
+            let batch = batch.clone();
+            async move { *batch.read("k").await.expect("slow") }
+        });
+        tokio::time::sleep(ms(300)).await;
+        *took.lock().expect("took") = ms(20);
+        let sixth = *batch.read("k").await.expect("sixth");
+        let fifth = slow.await.expect("slow task");
+        assert_eq!(fifth - fourth, ms(200));
+        assert_eq!(sixth - fifth, ms(1000), "the fifth was still under way");
     }
 }
