@@ -154,14 +154,17 @@ impl<T: Send + Sync + 'static> LiveBatch<T> {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
             let result = (this.reader)(key.clone()).await.map(Arc::new);
-            // Timed only while it is still the last read of the key (one
+            // Timed only when it answered (a quick failure, a 429 or a
+            // 403, must not bring the next read sooner: it keeps the whole
+            // spacing) and while it is still the last read of the key (one
             // started meanwhile spaces the next by its own).
-            if let Some(last) = this
-                .last_read
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_mut(&key)
-                .filter(|last| last.start == start)
+            if result.is_ok()
+                && let Some(last) = this
+                    .last_read
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(&key)
+                    .filter(|last| last.start == start)
             {
                 last.took = Some(start.elapsed());
             }
@@ -272,5 +275,38 @@ mod tests {
         let fifth = slow.await.expect("slow task");
         assert_eq!(fifth - fourth, ms(200));
         assert_eq!(sixth - fifth, ms(1000), "the fifth was still under way");
+    }
+
+    /// A read that failed, however quickly, keeps the whole spacing.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_read_keeps_the_whole_spacing() {
+        let ms = Duration::from_millis;
+        let fail = Arc::new(Mutex::new(true));
+        let batch = {
+            let fail = Arc::clone(&fail);
+            LiveBatch::with_reader(Duration::ZERO, move |_| {
+                let fail = *fail.lock().expect("fail");
+                Box::pin(async move {
+                    let start = tokio::time::Instant::now();
+                    tokio::time::sleep(ms(2)).await;
+                    if fail {
+                        Err(format!("{start:?}"))
+                    } else {
+                        Ok(start)
+                    }
+                })
+            })
+            .spaced(Spacing {
+                most: Duration::from_secs(1),
+                per_took: Some(10),
+            })
+        };
+        let started = tokio::time::Instant::now();
+        assert!(batch.read("k").await.is_err());
+        *fail.lock().expect("fail") = false;
+        let second = *batch.read("k").await.expect("second");
+        assert_eq!(second - started, ms(1000), "not 20 ms after a failure");
+        let third = *batch.read("k").await.expect("third");
+        assert_eq!(third - second, ms(20), "ten times 2 ms after an answer");
     }
 }

@@ -982,6 +982,11 @@ impl Run {
         }
     }
 
+    /// The driver's last 15 log lines, for a failure it may explain.
+    fn driver_last_lines(&self) -> String {
+        last_lines(&without_colours(&self.env.driver_log()), 15)
+    }
+
     /// The driver ended, and no fault ended it (a fault's exit is
     /// [`csi_hostpath::faults::EXIT_CODE`]): the seed fails, with the
     /// driver's last lines; once it has done so [`DRIVER_CRASH_LOOP`] times
@@ -994,7 +999,7 @@ impl Run {
             .entry("driver exited on its own".to_owned())
             .or_default() += 1;
         self.driver_exits.push(status);
-        let lines = last_lines(&without_colours(&self.env.driver_log()), 15);
+        let lines = self.driver_last_lines();
         let exits = self.driver_exits.len();
         if exits < DRIVER_CRASH_LOOP {
             self.violations.push(format!(
@@ -1057,7 +1062,7 @@ impl Run {
             self.violations.push(format!(
                 "sidecar replica-{replica} exited on its own ({status}) without losing its lease; its last lines:\n{}\nthe driver's last lines:\n{}",
                 last_lines(&log, 5),
-                last_lines(&without_colours(&self.env.driver_log()), 15)
+                self.driver_last_lines()
             ));
             format!("sidecar exited ({status}) and restarted")
         };
