@@ -50,6 +50,9 @@ pub struct Fence {
     /// The Lease was lost (not given up): no byte leaves on the client's
     /// connections any more ([`Fence::allows_bytes`]).
     lost: Arc<std::sync::atomic::AtomicBool>,
+    /// Writes whose bytes may have left after the fence closed
+    /// ([`Fence::wrote_late`]).
+    late_writes: Arc<std::sync::atomic::AtomicU64>,
     /// Without leader election: every write passes.
     disabled: bool,
 }
@@ -129,6 +132,30 @@ impl Fence {
             .is_none_or(|until| Instant::now() < until)
     }
 
+    /// Bytes that the connection let out ([`Fence::allows_bytes`] said
+    /// yes) but that, by the time the write returned, the fence would have
+    /// refused: the process was paused (or not scheduled) between the check
+    /// and the write's system call, and the pause outlasted the deadline.
+    /// No check in the process closes that gap (Kubernetes has no fencing
+    /// token an API server would check), so it is said: an error naming
+    /// the request, which may reach the API server although another
+    /// replica leads by now. Chaos seed 67061 (test server, 2026-11-30): a
+    /// PV patch of a leader frozen just then arrived on its wake-up.
+    pub fn wrote_late(&self, written: &[u8], len: usize) {
+        self.late_writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tracing::error!(
+            request = %request_line(written),
+            bytes = len,
+            "{LATE_WRITE}: this process was paused between the fence's last check and the write, longer than its renew deadline; another replica may lead already, and this request may still reach the API server"
+        );
+    }
+
+    /// How many writes [`Fence::wrote_late`] has reported.
+    pub fn late_writes(&self) -> u64 {
+        self.late_writes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Whether a write may be sent now.
     pub fn allows_writes(&self) -> bool {
         self.disabled
@@ -137,6 +164,34 @@ impl Fence {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .is_some_and(|until| Instant::now() < until)
+    }
+}
+
+/// The words of the log line of [`Fence::wrote_late`] (the chaos harness
+/// looks for them).
+pub const LATE_WRITE: &str =
+    "bytes of a request left after this replica stopped holding the leader Lease";
+
+/// What a log line names written bytes by: the request line they begin
+/// with (`PATCH /api/v1/persistentvolumes/pv-1`, without the query and the
+/// protocol), or their length when they begin none (a body, a TLS record).
+pub fn request_line(written: &[u8]) -> String {
+    let line = written
+        .split(|b| *b == b'\r' || *b == b'\n')
+        .next()
+        .unwrap_or_default();
+    let mut words = line.split(|b| *b == b' ');
+    let method = words.next().unwrap_or_default();
+    let target = words.next().unwrap_or_default();
+    let is_method = !method.is_empty() && method.iter().all(u8::is_ascii_uppercase);
+    let path = target.split(|b| *b == b'?').next().unwrap_or_default();
+    match (
+        is_method,
+        std::str::from_utf8(method),
+        std::str::from_utf8(path),
+    ) {
+        (true, Ok(method), Ok(path)) if path.starts_with('/') => format!("{method} {path}"),
+        _ => format!("{} bytes that begin no request", written.len()),
     }
 }
 
@@ -239,7 +294,7 @@ where
             .as_ref()
             .is_some_and(|fence| !fence.allows_writes())
         {
-            tracing::warn!(path = %self.path, "write dropped before it was sent: this replica no longer holds the leader Lease");
+            tracing::warn!(path = %self.path, "write dropped: this replica no longer holds the leader Lease; nothing more of it is sent");
             return Poll::Ready(Err(Box::new(Fenced)));
         }
         self.call.as_mut().poll(cx).map_err(Into::into)
@@ -292,6 +347,18 @@ impl<T> FencedIo<T> {
     fn refused() -> std::io::Error {
         std::io::Error::new(std::io::ErrorKind::BrokenPipe, Fenced)
     }
+
+    /// After a write the fence let through: bytes written although the
+    /// fence would refuse them now left late ([`Fence::wrote_late`]).
+    /// `first` is the start of what was offered, to name the request.
+    fn account(&self, written: &Poll<std::io::Result<usize>>, first: &[u8]) {
+        if let Poll::Ready(Ok(len)) = written
+            && *len > 0
+            && !self.fence.allows_bytes()
+        {
+            self.fence.wrote_late(first, *len);
+        }
+    }
 }
 
 impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for FencedIo<T> {
@@ -313,7 +380,9 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for FencedIo<T> {
         if !self.fence.allows_bytes() {
             return Poll::Ready(Err(Self::refused()));
         }
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.account(&written, buf);
+        written
     }
 
     fn poll_write_vectored(
@@ -324,7 +393,13 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for FencedIo<T> {
         if !self.fence.allows_bytes() {
             return Poll::Ready(Err(Self::refused()));
         }
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        let first = bufs
+            .iter()
+            .find(|b| !b.is_empty())
+            .map_or(&[][..], |b| &b[..]);
+        self.account(&written, first);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -475,6 +550,105 @@ mod tests {
         };
         tokio::time::advance(Duration::from_secs(60)).await;
         assert!(write(&mut open).await, "no leader election");
+    }
+
+    /// The gap no check in the process closes: a pause between the
+    /// connection's check and the write's system call lets the bytes out
+    /// after the deadline. They are reported, named by the request they
+    /// begin; the next write is refused as ever.
+    #[tokio::test(start_paused = true)]
+    async fn bytes_let_out_across_a_pause_are_reported() {
+        use hyper::rt::Write as _;
+        /// A socket whose write, when `pause` is set, happens after the
+        /// fence's deadline went by (the process stopped in between).
+        struct PausedBeforeWrite {
+            fence: Fence,
+            pause: bool,
+            sent: Vec<u8>,
+        }
+        impl hyper::rt::Write for PausedBeforeWrite {
+            fn poll_write(
+                mut self: Pin<&mut Self>,
+                _cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                if self.pause {
+                    self.fence.lead_until(Instant::now());
+                }
+                self.sent.extend_from_slice(buf);
+                Poll::Ready(Ok(buf.len()))
+            }
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+        }
+        let fence = Fence::closed();
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        let mut io = FencedIo {
+            io: PausedBeforeWrite {
+                fence: fence.clone(),
+                pause: false,
+                sent: Vec::new(),
+            },
+            fence: fence.clone(),
+        };
+        let patch = b"PATCH /api/v1/persistentvolumes/pv-1?fieldManager=x HTTP/1.1\r\n\r\n";
+        let write = async |io: &mut FencedIo<PausedBeforeWrite>, vectored: bool| {
+            std::future::poll_fn(|cx| {
+                if vectored {
+                    let slices = [std::io::IoSlice::new(&[]), std::io::IoSlice::new(patch)];
+                    Pin::new(&mut *io).poll_write_vectored(cx, &slices)
+                } else {
+                    Pin::new(&mut *io).poll_write(cx, patch)
+                }
+            })
+            .await
+            .is_ok()
+        };
+        assert!(write(&mut io, false).await);
+        assert_eq!(fence.late_writes(), 0, "written within the deadline");
+        io.io.pause = true;
+        assert!(write(&mut io, false).await, "checked in time, so written");
+        assert_eq!(fence.late_writes(), 1, "and reported as late");
+        assert_eq!(io.io.sent.len(), 2 * patch.len());
+        assert!(!write(&mut io, false).await, "the next write is refused");
+        fence.lead_until(Instant::now() + Duration::from_secs(10));
+        assert!(write(&mut io, true).await);
+        assert_eq!(fence.late_writes(), 2, "a vectored write too");
+    }
+
+    #[test]
+    fn late_bytes_are_named_by_the_request_they_begin() {
+        for (bytes, want) in [
+            (
+                &b"PATCH /api/v1/persistentvolumes/pv-1?fieldManager=x HTTP/1.1\r\nhost: a\r\n"[..],
+                "PATCH /api/v1/persistentvolumes/pv-1",
+            ),
+            (
+                b"DELETE /api/v1/namespaces/ns/configmaps/j HTTP/1.1\r\n",
+                "DELETE /api/v1/namespaces/ns/configmaps/j",
+            ),
+            (
+                b"POST /api/v1/namespaces/ns/events",
+                "POST /api/v1/namespaces/ns/events",
+            ),
+            (b"{\"metadata\":{}}", "15 bytes that begin no request"),
+            (b"patch /x HTTP/1.1", "17 bytes that begin no request"),
+            (b"PUT x HTTP/1.1", "14 bytes that begin no request"),
+            (b"", "0 bytes that begin no request"),
+            (
+                &[0x17, 0x03, 0x03, 0x00][..],
+                "4 bytes that begin no request",
+            ),
+        ] {
+            assert_eq!(request_line(bytes), want, "{bytes:?}");
+        }
     }
 
     /// A renewal that completes after the leader stepped down (the renewer

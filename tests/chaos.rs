@@ -56,6 +56,9 @@
 //! least [`RULES_CHECKED_FROM`] seeds fails when a rule it injected never
 //! struck (a fault that cannot fire tests nothing) or when a rule was not
 //! injected in two seeds; a shorter run says that it did not check.
+//! It also prints the stalls of the machine its test process saw
+//! (`chaos/stalls.rs`), and a failed seed's report those of its span: a
+//! deadline missed while the machine stood still is not a hang.
 
 mod support;
 
@@ -63,6 +66,8 @@ mod support;
 mod invariants;
 #[path = "chaos/plan.rs"]
 mod plan;
+#[path = "chaos/stalls.rs"]
+mod stalls;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::os::unix::process::ExitStatusExt;
@@ -294,6 +299,7 @@ struct RuleTally {
 }
 
 async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &str) {
+    stalls::watch();
     let started = Instant::now();
     let outcomes: Vec<(u64, Tally, Result<(), String>)> =
         futures_util::stream::iter(seeds.first..seeds.first + seeds.count)
@@ -358,6 +364,7 @@ async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &
         total.settle,
         total.steps,
     );
+    println!("chaos {test}: {}", stalls::summary(&stalls::all()));
     let mut dead = Vec::new();
     let mut rare = Vec::new();
     for rule in plan::rules(kind) {
@@ -409,6 +416,7 @@ async fn run_seeds(seeds: &Seeds, kind: plan::Backend, backend: Backend, test: &
 }
 
 async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> (Tally, Result<(), String>) {
+    let began = Instant::now();
     let plan = plan::plan(seed, kind);
     let mut run = Run::new(plan.clone(), backend).await;
     let outcome = run.execute().await;
@@ -457,10 +465,12 @@ async fn run_seed(seed: u64, kind: plan::Backend, backend: Backend) -> (Tally, R
             };
             let tail: Vec<&str> = logs.lines().rev().take(keep).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
+            let stalled = stalls::overlapping(&stalls::all(), began, Instant::now());
             let report = format!(
-                "chaos seed {seed} ({:?}) FAILED:\n  {}\nplan: {:#?}\nlast log lines:\n{}\nreproduce: CHAOS_SEED={seed} cargo test --test chaos {} -- --nocapture",
+                "chaos seed {seed} ({:?}) FAILED:\n  {}\n{}\nplan: {:#?}\nlast log lines:\n{}\nreproduce: CHAOS_SEED={seed} cargo test --test chaos {} -- --nocapture",
                 kind,
                 violations.join("\n  "),
+                stalls::report(&stalled, began),
                 plan.steps,
                 tail.join("\n"),
                 match kind {
@@ -560,8 +570,14 @@ struct FenceCheck {
 enum Trace {
     /// Test server: the frozen process's listener, and how many requests
     /// the server had received when it was woken (it sent nothing while
-    /// frozen; one sent before may be answered later).
-    Listener { port: u16, mark: u64 },
+    /// frozen; one sent before may be answered later); when it was
+    /// stopped and woken, to place its requests in the report.
+    Listener {
+        port: u16,
+        mark: u64,
+        stopped: Instant,
+        woken: Instant,
+    },
     /// Real cluster: the replica's user, the audit log's length and the
     /// instant when the process was woken (a request the API server took
     /// before was sent before the freeze, however late it finished), and
@@ -1613,6 +1629,8 @@ impl Run {
             None => Trace::Listener {
                 port: self.listener_ports[frozen],
                 mark: self.env.api().requests_received(),
+                stopped,
+                woken: Instant::now(),
             },
             Some(plane) => Trace::Audit {
                 user: self.users[frozen]
@@ -1674,26 +1692,84 @@ impl Run {
     /// The frozen leaders' API writes after another replica led (the
     /// Lease's own excepted, as the fence lets them pass: how a Lease is
     /// held, and refused once another holds it): each fails the seed.
-    fn fence_violations(&self) -> Vec<String> {
+    fn fence_violations(&mut self) -> Vec<String> {
         let mut out = Vec::new();
+        let mut in_the_gap = 0;
         for check in &self.fence_checks {
+            let log = std::fs::read_to_string(&check.log).unwrap_or_default();
+            // What the process itself says left in the one gap no check in
+            // it closes: paused between the connection's last check and
+            // the write's system call (`Fence::wrote_late`, seed 67061).
+            let mut said_late = late_requests(&log);
+            let mut late = |request: String| {
+                let said = said_late.iter().position(|said| *said == request);
+                said.map(|at| said_late.swap_remove(at)).is_some()
+            };
             let writes: Vec<String> = match &check.trace {
-                Trace::Listener { port, mark } => {
+                Trace::Listener {
+                    port,
+                    mark,
+                    stopped,
+                    woken,
+                } => {
                     // By the order of receipt, not of the log (answers):
                     // a write sent before the freeze and held by an
                     // injected latency is answered after the mark (seed
                     // 50521: `ApiLatency` of 931 ms on every request).
-                    let requests = self.env.api().requests();
-                    requests
+                    let mut requests: Vec<_> = self
+                        .env
+                        .api()
+                        .requests()
+                        .into_iter()
+                        .filter(|r| r.origin == Origin::Http(*port))
+                        .collect();
+                    requests.sort_by_key(|r| r.received);
+                    let after: Vec<_> = requests
                         .iter()
                         .filter(|r| {
-                            r.received >= *mark
-                                && r.origin == Origin::Http(*port)
-                                && r.verb.is_write()
-                                && r.resource != "leases"
+                            r.received >= *mark && r.verb.is_write() && r.resource != "leases"
                         })
+                        .collect();
+                    let writes: Vec<String> = after
+                        .iter()
+                        .filter(|r| !late(format!("{} {}", http_method(r.verb), r.path)))
                         .map(|r| format!("{} {} {} -> {}", r.verb, r.resource, r.name, r.status))
-                        .collect()
+                        .collect();
+                    in_the_gap += after.len() - writes.len();
+                    if !writes.is_empty() {
+                        // When each of its requests came, against the
+                        // freeze: a write the process decided after its
+                        // wake-up, or one held somewhere since before it.
+                        let at = |t: Instant| {
+                            if t >= *woken {
+                                format!("+{:.3} s", (t - *woken).as_secs_f64())
+                            } else {
+                                format!("-{:.3} s", (*woken - t).as_secs_f64())
+                            }
+                        };
+                        let around: Vec<String> = requests
+                            .iter()
+                            .filter(|r| r.received_at + Duration::from_secs(1) >= *stopped)
+                            .map(|r| {
+                                format!(
+                                    "\n    #{} at {} from SIGCONT: {} {} {} -> {}",
+                                    r.received,
+                                    at(r.received_at),
+                                    r.verb,
+                                    r.resource,
+                                    r.name,
+                                    r.status
+                                )
+                            })
+                            .collect();
+                        out.push(format!(
+                            "replica-{}'s requests from 1 s before its SIGSTOP ({} from SIGCONT; requests #{mark} on came after the wake-up):{}",
+                            check.replica,
+                            at(*stopped),
+                            around.concat()
+                        ));
+                    }
+                    writes
                 }
                 Trace::Audit {
                     user,
@@ -1704,8 +1780,8 @@ impl Run {
                     let Some(plane) = self.env.plane() else {
                         continue;
                     };
-                    audit_after(plane, *offset)
-                        .iter()
+                    let after: Vec<_> = audit_after(plane, *offset)
+                        .into_iter()
                         .filter(|r| {
                             &r.user.username == user
                                 && r.is_write()
@@ -1713,6 +1789,13 @@ impl Run {
                                 && r.request_received_timestamp
                                     .parse::<Timestamp>()
                                     .is_ok_and(|at| *from <= at && at < *until)
+                        })
+                        .collect();
+                    let writes: Vec<String> = after
+                        .iter()
+                        .filter(|r| {
+                            let path = r.request_uri.split('?').next().unwrap_or_default();
+                            !late(format!("{} {path}", audit_method(&r.verb)))
                         })
                         .map(|r| {
                             let name = r
@@ -1728,11 +1811,12 @@ impl Run {
                                 r.request_received_timestamp
                             )
                         })
-                        .collect()
+                        .collect();
+                    in_the_gap += after.len() - writes.len();
+                    writes
                 }
             };
             if !writes.is_empty() {
-                let log = std::fs::read_to_string(&check.log).unwrap_or_default();
                 out.push(format!(
                     "replica-{}, frozen past its Lease ({}), wrote to the API after {} led: {} write(s): {}; its last lines:\n{}",
                     check.replica,
@@ -1743,6 +1827,16 @@ impl Run {
                     last_lines(&log, 25)
                 ));
             }
+        }
+        if in_the_gap > 0 {
+            *self
+                .tally
+                .steps
+                .entry(
+                    "frozen leader's write left on its wake-up, paused between the fence's check and the write (its log says so)"
+                        .to_owned(),
+                )
+                .or_default() += in_the_gap as u64;
         }
         out
     }
@@ -2988,14 +3082,16 @@ async fn a_write_of_a_frozen_leader_is_told() {
         listener.client().expect("a client of the listener"),
         &run.env.ns,
     );
+    let ns = run.env.ns.clone();
     let configmap = |name: &str| -> ConfigMap {
-        serde_json::from_value(json!({"metadata": {"name": name, "namespace": run.env.ns}}))
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}}))
             .expect("a ConfigMap")
     };
     let slow = RequestMatch::new(Verb::Create, "configmaps");
     run.env
         .api()
         .add_latency(slow.clone(), Duration::from_secs(3));
+    let stopped = Instant::now();
     let early = {
         let (configmaps, object) = (configmaps.clone(), configmap("early-write"));
         tokio::spawn(async move { configmaps.create(&PostParams::default(), &object).await })
@@ -3008,7 +3104,12 @@ async fn a_write_of_a_frozen_leader_is_told() {
         replica: 0,
         frozen: "replica-0_frozen".to_owned(),
         successor: "replica-1_next".to_owned(),
-        trace: Trace::Listener { port, mark },
+        trace: Trace::Listener {
+            port,
+            mark,
+            stopped,
+            woken: Instant::now(),
+        },
         log: run.replica_logs[0].clone(),
     });
     early.await.expect("joined").expect("created");
@@ -3032,6 +3133,55 @@ async fn a_write_of_a_frozen_leader_is_told() {
         found.iter().any(|v| v.contains("replica-0, frozen past its Lease (replica-0_frozen), wrote to the API after replica-1_next led")
             && v.contains("create configmaps  -> 201")),
         "{found:?}"
+    );
+    // Placed against the freeze: the early write before the wake-up, the
+    // late one after.
+    let placed = found
+        .iter()
+        .find(|v| v.contains("replica-0's requests from 1 s before its SIGSTOP"))
+        .unwrap_or_else(|| panic!("the frozen process's requests, placed: {found:?}"));
+    let line = |sign: &str| {
+        placed.lines().any(|l| {
+            l.contains(&format!(" at {sign}"))
+                && l.contains("from SIGCONT: create configmaps  -> 201")
+        })
+    };
+    assert!(line("-") && line("+"), "{placed}");
+
+    // A write the process says left late (paused between the fence's
+    // check and the write: `Fence::wrote_late`) is accounted for, once;
+    // another to the same path is still told.
+    {
+        use std::io::Write as _;
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&run.replica_logs[0])
+            .expect("the replica's log");
+        writeln!(
+            log,
+            "E1130 12:00:00.000000 1 fence.rs:1] \"{}: ...\" request=\"POST /api/v1/namespaces/{}/configmaps\" bytes=300",
+            csi_provisioner::fence::LATE_WRITE,
+            run.env.ns
+        )
+        .expect("a line appended");
+    }
+    configmaps
+        .create(&PostParams::default(), &configmap("later-write"))
+        .await
+        .expect("created");
+    run.tally.steps.clear();
+    let found = run.fence_violations();
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("wrote to the API after replica-1_next led: 1 write(s)")),
+        "one of the two writes after the mark is accounted for: {found:?}"
+    );
+    assert_eq!(
+        run.tally.steps.values().sum::<u64>(),
+        1,
+        "{:?}",
+        run.tally.steps
     );
 }
 
@@ -3159,6 +3309,40 @@ fn port_taken(status: ExitStatus, log: &str) -> bool {
             .rev()
             .find(|line| !line.trim().is_empty())
             .is_some_and(|last| last.contains("(--http-endpoint): Address already in use"))
+}
+
+/// The requests a sidecar's log says left after its Lease
+/// (`csi_provisioner::fence::LATE_WRITE`), as `METHOD /path`.
+fn late_requests(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|line| line.contains(csi_provisioner::fence::LATE_WRITE))
+        .filter_map(|line| {
+            let (_, rest) = line.split_once("request=\"")?;
+            Some(rest.split('"').next()?.to_owned())
+        })
+        .collect()
+}
+
+/// The HTTP method of a test server's verb.
+fn http_method(verb: Verb) -> &'static str {
+    match verb {
+        Verb::Create => "POST",
+        Verb::Update => "PUT",
+        Verb::Patch => "PATCH",
+        Verb::Delete | Verb::DeleteCollection => "DELETE",
+        Verb::Get | Verb::List | Verb::Watch | Verb::NonResource => "GET",
+    }
+}
+
+/// The HTTP method of an audit event's verb.
+fn audit_method(verb: &str) -> &'static str {
+    match verb {
+        "create" => "POST",
+        "update" => "PUT",
+        "patch" => "PATCH",
+        "delete" | "deletecollection" => "DELETE",
+        _ => "GET",
+    }
 }
 
 /// The last `n` lines of a log, for a failure message.

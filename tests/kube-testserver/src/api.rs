@@ -189,6 +189,7 @@ pub async fn handle(
     body: Bytes,
 ) -> Outcome {
     let received = inner.receive();
+    let received_at = std::time::Instant::now();
     let path = parts.uri.path().to_string();
     let query = parse_query(parts.uri.query());
     let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
@@ -220,6 +221,7 @@ pub async fn handle(
         path: path.clone(),
         injected: false,
         received,
+        received_at,
     };
 
     let decision = {

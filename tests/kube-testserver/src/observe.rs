@@ -94,6 +94,9 @@ pub struct RequestRecord {
     /// changes: [`crate::TestServer::requests_received`] taken at an
     /// instant tells the requests received after it by this number.
     pub received: u64,
+    /// When the server received it (its body read whole, before any
+    /// injected latency): to place it against what a test did meanwhile.
+    pub received_at: std::time::Instant,
 }
 
 /// Log and counters.
