@@ -147,7 +147,7 @@ impl Fence {
         tracing::error!(
             request = %request_line(written),
             bytes = len,
-            "{LATE_WRITE}: this process was paused between the fence's last check and the write, longer than its renew deadline; another replica may lead already, and this request may still reach the API server"
+            "{LATE_WRITE}: this process was paused between the fence's last check and the write until past its renew deadline (or the Lease was lost meanwhile); another replica may lead already, and this request may still reach the API server"
         );
     }
 
@@ -406,7 +406,12 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for FencedIo<T> {
         self.io.is_write_vectored()
     }
 
+    /// Fenced too: below us a TLS stream may hold ciphertext that a
+    /// write accepted (the socket was full) and sends it on the flush.
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if !self.fence.allows_bytes() {
+            return Poll::Ready(Err(Self::refused()));
+        }
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
@@ -534,6 +539,12 @@ mod tests {
         assert!(write(&mut io).await, "leading");
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(!write(&mut io).await, "woken past the deadline");
+        assert!(
+            std::future::poll_fn(|cx| Pin::new(&mut io).poll_flush(cx))
+                .await
+                .is_err(),
+            "nor flushed (what a TLS stream below holds would go)"
+        );
         fence.extend(Instant::now() + Duration::from_secs(10));
         assert!(write(&mut io).await, "a late renewal still counts");
         fence.close();
