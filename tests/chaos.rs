@@ -9,7 +9,9 @@
 //! Lease with `CreateVolume` calls of its own held in the driver (it must
 //! write nothing to the API once another replica leads: the test server's
 //! request log, per sidecar process, or the real cluster's audit log, per
-//! replica), every gRPC error code from the
+//! replica; but for a write its own log reports as left in the fence's
+//! last gap, paused between the check and the system call:
+//! `Fence::wrote_late`), every gRPC error code from the
 //! driver, driver calls slower than `--timeout`, the driver process ending
 //! between its backend change and its reply (on `CreateVolume` and
 //! `DeleteVolume`, and in every fifth seed on one of `Probe`, polled through
