@@ -1734,7 +1734,7 @@ impl Run {
                         .collect();
                     let writes: Vec<String> = after
                         .iter()
-                        .filter(|r| !late(format!("{} {}", http_method(r.verb), r.path)))
+                        .filter(|r| !late(format!("{} {}", http_method(r.verb.as_str()), r.path)))
                         .map(|r| format!("{} {} {} -> {}", r.verb, r.resource, r.name, r.status))
                         .collect();
                     in_the_gap += after.len() - writes.len();
@@ -1797,7 +1797,7 @@ impl Run {
                         .iter()
                         .filter(|r| {
                             let path = r.request_uri.split('?').next().unwrap_or_default();
-                            !late(format!("{} {path}", audit_method(&r.verb)))
+                            !late(format!("{} {path}", http_method(&r.verb)))
                         })
                         .map(|r| {
                             let name = r
@@ -3325,19 +3325,9 @@ fn late_requests(log: &str) -> Vec<String> {
         .collect()
 }
 
-/// The HTTP method of a test server's verb.
-fn http_method(verb: Verb) -> &'static str {
-    match verb {
-        Verb::Create => "POST",
-        Verb::Update => "PUT",
-        Verb::Patch => "PATCH",
-        Verb::Delete | Verb::DeleteCollection => "DELETE",
-        Verb::Get | Verb::List | Verb::Watch | Verb::NonResource => "GET",
-    }
-}
-
-/// The HTTP method of an audit event's verb.
-fn audit_method(verb: &str) -> &'static str {
+/// The HTTP method of a Kubernetes verb: an audit event's, or the test
+/// server's (`Verb::as_str` names them alike).
+fn http_method(verb: &str) -> &'static str {
     match verb {
         "create" => "POST",
         "update" => "PUT",
